@@ -1,0 +1,317 @@
+"""The SVI / SVI+ / batch-VI engine.
+
+One update (seed 000, Algorithm 1; DESIGN.md "The math in one page")::
+
+    local step     q(θ_n) for n ∈ S_t given λ                  (the model)
+    weights        w_n = 1 + ε_n − ε̄,  ε_n ~ N(0, |S_t|/M − 1)   (SVI+; w_n = 1 for SVI)
+    target         λ̂_t = η + (N/|S_t|) Σ_n w_n E_q[t(θ_n)]
+    step           λ ← (1 − ρ_t) λ + ρ_t λ̂_t
+
+Special cases: M = |S_t| (or ``effective_batch_size=None``) is plain SVI, bit
+for bit; S_t = all data, N = |S_t|, ρ = 1 is batch VI (CAVI); S_t = all data
+with M < N is the batch SVI+ of seed 000 §IV-A.
+
+N (``n_total``) is the data-set size. On an unbounded stream there is none;
+set it to the population size α of population variational Bayes (McInerney,
+Ranganath & Blei 2015): the size of the data set the posterior should
+represent. Larger α makes the posterior more confident.
+
+Keeping λ in its domain. SVI+ weights can be negative, and then λ̂_t may lie
+outside the natural-parameter domain (a negative Dirichlet count, a Wishart
+scale that is not positive definite). The domain is convex and the current λ
+is inside it, so the segment from λ towards λ̂_t leaves it at some s_max > 0,
+computed in closed form per block of parameters by the model
+(``max_step``). For each block whose step ρ_t would go further than
+``boundary_fraction · s_max`` the engine takes the step
+``boundary_fraction · s_max`` instead, in the same natural-gradient direction
+(the fraction-to-boundary rule of interior-point methods). Other blocks keep
+ρ_t. The step is never lengthened, so the schedule's guarantees are kept; the
+number of shortened blocks is in ``UpdateInfo.domain_clipped``. With
+non-negative weights (SVI, batch VI) λ̂_t is always inside and nothing is
+checked.
+
+Examples
+--------
+>>> import numpy as np
+>>> from streamsvi.models import BayesianGMM
+>>> rng = np.random.default_rng(0)
+>>> X = np.concatenate([rng.normal(-3, 1, (500, 2)), rng.normal(3, 1, (500, 2))])
+>>> engine = SVI(BayesianGMM(2, 2), n_total=len(X), effective_batch_size=20)
+>>> state = engine.init(X, seed=1)
+>>> state, infos = engine.fit(state, X, n_steps=50, batch_size=100)
+>>> state.step, state.records_seen
+(50, 5000)
+>>> infos[-1].noise_std
+2.0
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..models.base import NatParams
+from .schedules import Constant, RobbinsMonro, Schedule
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Everything an update changes: step t, λ, the random stream, records seen.
+
+    Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
+    numpy PCG64 state as a JSON-serialisable dict.
+    """
+
+    step: int
+    lam: NatParams
+    rng_state: dict
+    records_seen: int
+
+    def rng(self) -> np.random.Generator:
+        g = np.random.Generator(np.random.PCG64())
+        g.bit_generator.state = self.rng_state
+        return g
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    """What one update measured.
+
+    Attributes
+    ----------
+    step : int
+        t, the 1-based number of this update.
+    rho : float
+        ρ_t from the schedule.
+    batch_size : int
+        |S_t|.
+    effective_batch_size : float
+        M (= |S_t| for plain SVI).
+    noise_std : float
+        √(|S_t|/M − 1), the standard deviation of the SVI+ ε_n.
+    elbo : float
+        L_t = E_q[log p(β) − log q(β)] + (N/|S_t|) Σ_n (E_q[log p(x_n, θ_n|β)] − E_q[log q(θ_n)]),
+        at the λ before this update and the local factors fitted to it.
+    elbo_per_record : float
+        L_t / N.
+    grad_variance : float
+        N² tr(Σ̂_t) / M_eff, Σ̂_t the sample covariance of E_q[t(θ_n)] over the
+        batch, M_eff = M (SVI+) or |S_t| (SVI): the estimated total variance of
+        the natural gradient.
+    grad_norm : float
+        ‖ĝ_t‖ = ‖η + N λ'_t − λ‖ (Euclidean over all coordinates).
+    domain_clipped : int
+        Blocks whose step was shortened to stay in the domain (see module docs).
+    domain_blocks : int
+        Blocks checked (0 when every weight was ≥ 0).
+    min_weight : float
+        Smallest SVI+ weight w_n in the batch (1.0 for SVI).
+    """
+
+    step: int
+    rho: float
+    batch_size: int
+    effective_batch_size: float
+    noise_std: float
+    elbo: float
+    elbo_per_record: float
+    grad_variance: float
+    grad_norm: float
+    domain_clipped: int = 0
+    domain_blocks: int = 0
+    min_weight: float = 1.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_positive_number(name, v, allow_none=False):
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    return v
+
+
+@dataclass
+class SVI:
+    """Stochastic variational inference with optional SVI+ annealing.
+
+    Parameters
+    ----------
+    model :
+        A conjugate model (see :mod:`streamsvi.models.base`).
+    n_total : float
+        N, the data-set size, or the population size α for an unbounded stream.
+    schedule : Schedule
+        ρ_t; default ``RobbinsMonro(tau0=1, kappa=0.7)``.
+    effective_batch_size : float or None
+        M, the SVI+ effective batch size, 0 < M ≤ |S_t|. None is plain SVI.
+    effective_fraction : float or None
+        Alternative to M for batches of varying size: M = fraction · |S_t|,
+        fraction in (0, 1].
+    boundary_fraction : float
+        In (0, 1): how far towards the domain boundary a step may go (module docs).
+    """
+
+    model: object
+    n_total: float
+    schedule: Schedule = field(default_factory=RobbinsMonro)
+    effective_batch_size: float | None = None
+    effective_fraction: float | None = None
+    boundary_fraction: float = 0.5
+
+    def __post_init__(self):
+        _check_positive_number("n_total", self.n_total)
+        if not isinstance(self.schedule, Schedule):
+            raise ValueError(f"schedule must be a Schedule, got {type(self.schedule).__name__}")
+        _check_positive_number("effective_batch_size (M)", self.effective_batch_size, allow_none=True)
+        if self.effective_fraction is not None:
+            if self.effective_batch_size is not None:
+                raise ValueError("set effective_batch_size or effective_fraction, not both")
+            if not (0 < self.effective_fraction <= 1):
+                raise ValueError(f"effective_fraction must be in (0, 1], got {self.effective_fraction}")
+        if not (0 < self.boundary_fraction < 1):
+            raise ValueError(f"boundary_fraction must be in (0, 1), got {self.boundary_fraction}")
+
+    # ----------------------------------------------------------------- init
+    def init(self, x_init, seed: int = 0) -> EngineState:
+        """A fresh state: λ from ``model.init_params`` on ``x_init``, step 0."""
+        rng = np.random.Generator(np.random.PCG64(seed))
+        lam = self.model.init_params(rng, self.model.check_batch(x_init), self.n_total)
+        return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0)
+
+    def state_from_params(self, lam: NatParams, seed: int = 0) -> EngineState:
+        """A fresh state (step 0) at a given λ."""
+        rng = np.random.Generator(np.random.PCG64(seed))
+        return EngineState(step=0, lam=lam.copy(), rng_state=rng.bit_generator.state, records_seen=0)
+
+    # --------------------------------------------------------------- update
+    def effective_size(self, batch_size: int) -> float:
+        """M for a batch of ``batch_size`` records; raises if it is not in (0, |S|]."""
+        if self.effective_fraction is not None:
+            return self.effective_fraction * batch_size
+        if self.effective_batch_size is None:
+            return float(batch_size)
+        M = float(self.effective_batch_size)
+        if M > batch_size:
+            raise ValueError(f"effective batch size M={self.effective_batch_size} must be <= "
+                             f"the batch size |S|={batch_size}")
+        return M
+
+    def update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """One SVI+ step on the minibatch ``x``; returns the new state and its info.
+
+        The input state is not modified. Raises ``ValueError`` for a bad batch
+        and ``FloatingPointError`` if the update would make λ non-finite; in
+        both cases nothing changed.
+        """
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        M = self.effective_size(S)
+        N = float(self.n_total)
+        lam = state.lam
+        rng_state = state.rng_state
+
+        local = model.local_step(lam, x)
+        noise_var = S / M - 1.0
+        if noise_var > 0:
+            rng = state.rng()
+            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
+            weights = 1.0 + eps - eps.mean()
+            rng_state = rng.bit_generator.state
+            stats_w = model.suffstats(local, x, weights)
+            stats = model.suffstats(local, x)
+            min_w = float(weights.min())
+        else:
+            weights = None
+            stats = stats_w = model.suffstats(local, x)
+            min_w = 1.0
+        scale = N / S
+        eta = model.prior()
+        target = eta + stats_w * scale
+
+        t = state.step + 1
+        rho = self.schedule(t)
+        clipped = blocks = 0
+        if min_w < 0:
+            rho_arr = {}
+            for names, limit in model.max_step(lam, target):
+                limit = np.asarray(limit, float)
+                rho_b = np.minimum(rho, self.boundary_fraction * limit)
+                clipped += int(np.count_nonzero(rho_b < rho))
+                blocks += int(limit.size)
+                for nm in names:
+                    rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
+            new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
+                                 for k in lam})
+        else:
+            new_lam = NatParams({k: (1.0 - rho) * lam[k] + rho * target[k] for k in lam})
+        if not new_lam.all_finite():
+            raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
+
+        # metrics
+        elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(local)))
+        if S > 1:
+            mean_sq = (stats * (1.0 / S)).sqnorm()
+            tr_cov = max(0.0, (float(np.sum(model.suffstats_sqnorm(local, x))) - S * mean_sq) / (S - 1))
+            grad_var = N * N * tr_cov / M
+        else:
+            grad_var = float("nan")
+        grad_norm = math.sqrt((target - lam).sqnorm())
+        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
+                          elbo_per_record=elbo / N, grad_variance=grad_var, grad_norm=grad_norm,
+                          domain_clipped=clipped, domain_blocks=blocks, min_weight=min_w)
+        new_state = EngineState(step=t, lam=new_lam, rng_state=rng_state,
+                                records_seen=state.records_seen + S)
+        return new_state, info
+
+    # ----------------------------------------------------- in-memory driver
+    def fit(self, state: EngineState, X, n_steps: int, batch_size: int | None = None,
+            callback=None) -> tuple[EngineState, list[UpdateInfo]]:
+        """Run ``n_steps`` updates on minibatches drawn from the array ``X``.
+
+        Each S_t is drawn uniformly without replacement with the state's random
+        stream (so runs are reproducible); ``batch_size=None`` uses all of ``X``
+        every step. ``callback(state, info)`` is called after every update.
+        """
+        X = self.model.check_batch(X)
+        n = X.shape[0]
+        if batch_size is not None and not (1 <= batch_size <= n):
+            raise ValueError(f"batch_size must be in [1, {n}] or None, got {batch_size}")
+        infos = []
+        for _ in range(int(n_steps)):
+            if batch_size is None or batch_size == n:
+                xb = X
+            else:
+                rng = state.rng()
+                idx = rng.choice(n, size=batch_size, replace=False)
+                state = EngineState(state.step, state.lam, rng.bit_generator.state, state.records_seen)
+                xb = X[np.sort(idx)]
+            state, info = self.update(state, xb)
+            infos.append(info)
+            if callback is not None:
+                callback(state, info)
+        return state, infos
+
+    def elbo(self, lam: NatParams, X) -> float:
+        """The full-data ELBO at λ with optimal local factors (N = len(X))."""
+        X = self.model.check_batch(X)
+        local = self.model.local_step(lam, X)
+        return self.model.global_elbo(lam) + float(np.sum(self.model.local_elbo(local)))
+
+    def to_dict(self) -> dict:
+        """Engine settings (not the model's) as JSON-serialisable values."""
+        return {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
+                "effective_batch_size": self.effective_batch_size,
+                "effective_fraction": self.effective_fraction,
+                "boundary_fraction": self.boundary_fraction}
+
+
+def batch_vi(model, n_total) -> SVI:
+    """Batch VI (CAVI): ρ = 1, use with ``fit(..., batch_size=None)`` and N = len(X)."""
+    return SVI(model, n_total, schedule=Constant(1.0))

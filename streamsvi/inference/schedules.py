@@ -1,0 +1,108 @@
+"""Step-size schedules ρ_t for the natural-gradient update.
+
+The update is ``λ ← (1 − ρ_t) λ + ρ_t λ̂_t``. Step ``t`` is 1-based: the first
+update of a fresh state uses ``t = 1``.
+
+* :class:`RobbinsMonro` — ``ρ_t = (τ0 + t)^(−κ)`` with ``κ ∈ (0.5, 1]`` and
+  ``τ0 ≥ 0`` (Hoffman et al. 2013, eq. 26; seed 004). These satisfy
+  ``Σ ρ_t = ∞, Σ ρ_t² < ∞``. An optional floor ``rho_min`` keeps the step
+  from vanishing on a drifting stream; with a floor the schedule is *no
+  longer Robbins–Monro* (Σ ρ_t² diverges) and the iterates track the stream
+  instead of converging.
+* :class:`Constant` — ``ρ_t = ρ``. ``Constant(1.0)`` on the full data set is
+  batch VI (CAVI).
+
+Examples
+--------
+>>> s = RobbinsMonro(tau0=1.0, kappa=0.5 + 0.5)
+>>> round(s(1), 6), round(s(3), 6)
+(0.5, 0.25)
+>>> RobbinsMonro(kappa=0.3)
+Traceback (most recent call last):
+...
+ValueError: kappa must be in (0.5, 1], got 0.3
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+class Schedule:
+    """A step-size schedule: ``schedule(t) -> ρ_t`` for 1-based step ``t``."""
+
+    def __call__(self, t: int) -> float:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:
+        raise NotImplementedError  # pragma: no cover - interface
+
+
+@dataclass(frozen=True)
+class RobbinsMonro(Schedule):
+    """``ρ_t = max(rho_min, (τ0 + t)^(−κ))``.
+
+    Parameters
+    ----------
+    tau0 : float
+        Delay τ0 ≥ 0; larger values down-weight the first steps.
+    kappa : float
+        Forgetting rate κ ∈ (0.5, 1].
+    rho_min : float or None
+        Optional floor in (0, 1]. Leaves Robbins–Monro (see module docs).
+    """
+
+    tau0: float = 1.0
+    kappa: float = 0.7
+    rho_min: float | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.kappa, (int, float)) and 0.5 < self.kappa <= 1.0):
+            raise ValueError(f"kappa must be in (0.5, 1], got {self.kappa}")
+        if not (isinstance(self.tau0, (int, float)) and math.isfinite(self.tau0) and self.tau0 >= 0):
+            raise ValueError(f"tau0 must be a finite number >= 0, got {self.tau0}")
+        if self.rho_min is not None and not (0.0 < self.rho_min <= 1.0):
+            raise ValueError(f"rho_min must be in (0, 1] or None, got {self.rho_min}")
+
+    def __call__(self, t: int) -> float:
+        if t < 1:
+            raise ValueError(f"step t is 1-based, got {t}")
+        rho = (self.tau0 + t) ** (-self.kappa)
+        rho = min(rho, 1.0)
+        if self.rho_min is not None:
+            rho = max(rho, self.rho_min)
+        return float(rho)
+
+    def to_dict(self) -> dict:
+        return {"kind": "robbins_monro", "tau0": self.tau0, "kappa": self.kappa,
+                "rho_min": self.rho_min}
+
+
+@dataclass(frozen=True)
+class Constant(Schedule):
+    """``ρ_t = rho`` for every step; ``rho`` in (0, 1]."""
+
+    rho: float = 1.0
+
+    def __post_init__(self):
+        if not (isinstance(self.rho, (int, float)) and 0.0 < self.rho <= 1.0):
+            raise ValueError(f"rho must be in (0, 1], got {self.rho}")
+
+    def __call__(self, t: int) -> float:
+        if t < 1:
+            raise ValueError(f"step t is 1-based, got {t}")
+        return float(self.rho)
+
+    def to_dict(self) -> dict:
+        return {"kind": "constant", "rho": self.rho}
+
+
+def schedule_from_dict(d: dict) -> Schedule:
+    """Inverse of ``Schedule.to_dict`` (used by checkpoints and configs)."""
+    d = dict(d)
+    kind = d.pop("kind", None)
+    if kind == "robbins_monro":
+        return RobbinsMonro(**d)
+    if kind == "constant":
+        return Constant(**d)
+    raise ValueError(f"schedule kind must be 'robbins_monro' or 'constant', got {kind!r}")

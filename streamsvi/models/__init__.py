@@ -1,0 +1,23 @@
+"""Conjugate-exponential-family models: one file per model (see ``base``)."""
+from .base import NatParams
+from .gauss1d import KnownVarianceGMM1D
+from .gmm import BayesianGMM
+
+#: name -> class, for rebuilding a model from saved settings.
+MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D)}
+
+
+def model_from_dict(d: dict):
+    """Rebuild a model from ``{"name": ..., "params": {...}}``."""
+    name = d.get("name")
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
+    return MODELS[name](**d.get("params", {}))
+
+
+def model_to_dict(model) -> dict:
+    return {"name": model.name, "params": model.get_params()}
+
+
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "MODELS", "model_from_dict",
+           "model_to_dict"]

@@ -1,0 +1,157 @@
+"""The interface a conjugate-exponential-family model implements.
+
+A model owns the math of one family (DESIGN.md "Seams"); the inference engine
+owns the update ``λ ← (1 − ρ) λ + ρ (η + N λ')``, the step size, the data-set
+size N and the SVI+ weights. A model never sees ρ, N or the noise.
+
+Global natural parameters (λ, the prior η, and sums of expected sufficient
+statistics) are :class:`NatParams`: named float64 arrays that add and scale.
+
+Methods a model provides (all pure functions of their arguments):
+
+``prior() -> NatParams``
+    η, the prior's natural parameter.
+``check_batch(x) -> x``
+    Validate and coerce a minibatch; raise ``ValueError`` saying what is wrong.
+``init_params(rng, x, n_total) -> NatParams``
+    A random initial λ built from the records ``x`` (scaled to ``n_total``).
+``local_step(lam, x) -> local``
+    Fit the local variational factors q(θ_n) of every record given λ.
+``suffstats(local, x, weights=None) -> NatParams``
+    Σ_n w_n E_q[t(θ_n)]: the (weighted) expected sufficient statistics.
+``suffstats_sqnorm(local, x) -> ndarray``
+    ‖E_q[t(θ_n)]‖² per record (for the gradient-variance estimate).
+``local_elbo(local) -> ndarray``
+    E_q[log p(x_n, θ_n | β)] − E_q[log q(θ_n)] per record.
+``global_elbo(lam) -> float``
+    E_q[log p(β)] − E_q[log q(β)].
+``max_step(lam, target) -> list[(names, limits)]``
+    For each block of parameters (rows along axis 0 of the named arrays), the
+    largest s ≥ 0 such that ``lam + s (target − lam)`` is still inside the
+    natural-parameter domain (``inf`` where the whole segment is inside).
+``get_params() -> dict``
+    The constructor settings as JSON-serialisable values.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import numpy as np
+
+
+class NatParams(Mapping):
+    """Named float64 arrays with ``+``, ``-`` and scalar ``*``.
+
+    Used for natural parameters λ and η and for sums of sufficient statistics,
+    so that statistics of two half-batches merge with ``+`` (STYLE.md §6).
+
+    Examples
+    --------
+    >>> a = NatParams(alpha=[1.0, 2.0])
+    >>> b = NatParams(alpha=[0.5, 0.5])
+    >>> (a + 2 * b)["alpha"].tolist()
+    [2.0, 3.0]
+    """
+
+    __slots__ = ("_d",)
+
+    def __init__(self, mapping=None, **arrays):
+        d = dict(mapping or {}, **arrays)
+        self._d = {k: np.asarray(v, dtype=np.float64) for k, v in d.items()}
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+    def __repr__(self):
+        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._d.items())
+        return f"NatParams({shapes})"
+
+    def _check_keys(self, other):
+        if not isinstance(other, NatParams) or other._d.keys() != self._d.keys():
+            raise TypeError("NatParams operands must have the same names")
+
+    def __add__(self, other):
+        self._check_keys(other)
+        return NatParams({k: v + other._d[k] for k, v in self._d.items()})
+
+    def __sub__(self, other):
+        self._check_keys(other)
+        return NatParams({k: v - other._d[k] for k, v in self._d.items()})
+
+    def __mul__(self, s):
+        return NatParams({k: v * float(s) for k, v in self._d.items()})
+
+    __rmul__ = __mul__
+
+    def copy(self):
+        return NatParams({k: v.copy() for k, v in self._d.items()})
+
+    def sqnorm(self) -> float:
+        """Σ of squares over every coordinate."""
+        return float(sum(np.vdot(v, v) for v in self._d.values()))
+
+    def allclose(self, other, rtol=1e-10, atol=0.0) -> bool:
+        self._check_keys(other)
+        return all(np.allclose(v, other._d[k], rtol=rtol, atol=atol) for k, v in self._d.items())
+
+    def array_equal(self, other) -> bool:
+        self._check_keys(other)
+        return all(np.array_equal(v, other._d[k]) for k, v in self._d.items())
+
+    def all_finite(self) -> bool:
+        return all(np.all(np.isfinite(v)) for v in self._d.values())
+
+
+def check_matrix(x, n_features: int | None, name: str = "x") -> np.ndarray:
+    """Coerce ``x`` to a finite 2-D float64 array with ``n_features`` columns."""
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numeric, got {type(x).__name__}: {exc}") from None
+    if arr.ndim == 1 and n_features is not None and arr.shape[0] == n_features:
+        arr = arr[None, :]
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (records × features), got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} must hold at least one record, got 0")
+    if n_features is not None and arr.shape[1] != n_features:
+        raise ValueError(f"{name} must have {n_features} features per record, got {arr.shape[1]}")
+    if not np.all(np.isfinite(arr)):
+        bad = np.flatnonzero(~np.all(np.isfinite(arr), axis=1))
+        raise ValueError(f"{name} has non-finite values in records {bad[:10].tolist()}")
+    return arr
+
+
+def segment_limit_positive(cur: np.ndarray, tgt: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """Largest s ≥ 0 with ``cur + s (tgt − cur) > floor`` elementwise (inf if always).
+
+    ``cur`` must already be ``> floor``.
+    """
+    d = tgt - cur
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(d < 0, (floor - cur) / d, np.inf)
+    return s
+
+
+def segment_limit_pd(cur: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+    """Largest s ≥ 0 with ``cur + s (tgt − cur)`` positive definite, per matrix.
+
+    ``cur`` is a stack (..., p, p) of positive definite matrices. With
+    ``cur = L Lᵀ`` the matrix ``cur + s Δ`` is PD iff ``I + s L⁻¹ Δ L⁻ᵀ`` is,
+    i.e. iff ``1 + s μ_min > 0`` for the smallest eigenvalue μ_min of
+    ``L⁻¹ Δ L⁻ᵀ``. Returns ``−1/μ_min`` (or inf when μ_min ≥ 0).
+    """
+    L = np.linalg.cholesky(cur)
+    Linv = np.linalg.inv(L)
+    delta = tgt - cur
+    Msym = Linv @ delta @ np.swapaxes(Linv, -1, -2)
+    Msym = 0.5 * (Msym + np.swapaxes(Msym, -1, -2))
+    mu_min = np.linalg.eigvalsh(Msym)[..., 0]
+    with np.errstate(divide="ignore"):
+        return np.where(mu_min < 0, -1.0 / mu_min, np.inf)
