@@ -21,10 +21,11 @@ outside the natural-parameter domain (a negative Dirichlet count, a Wishart
 scale that is not positive definite). The domain is convex and the current λ
 is inside it, so the segment from λ towards λ̂_t leaves it at some s_max > 0,
 computed in closed form per block of parameters by the model
-(``max_step``). For each block whose step ρ_t would go further than
-``boundary_fraction · s_max`` the engine takes the step
-``boundary_fraction · s_max`` instead, in the same natural-gradient direction
-(the fraction-to-boundary rule of interior-point methods). Other blocks keep
+(``max_step``). For each block whose step ρ_t would reach or cross the
+boundary (ρ_t ≥ s_max) the engine takes the step ``boundary_fraction · s_max``
+instead, in the same natural-gradient direction (the fraction-to-boundary
+rule of interior-point methods), so λ stays strictly inside and the block
+still moves towards its target. Other blocks keep
 ρ_t. The step is never lengthened, so the schedule's guarantees are kept; the
 number of shortened blocks is in ``UpdateInfo.domain_clipped``. With
 non-negative weights (SVI, batch VI) λ̂_t is always inside and nothing is
@@ -72,6 +73,24 @@ class EngineState:
         g = np.random.Generator(np.random.PCG64())
         g.bit_generator.state = self.rng_state
         return g
+
+
+@dataclass(frozen=True)
+class Target:
+    """The stochastic natural-gradient target of one minibatch (see ``SVI.stochastic_target``).
+
+    ``target`` is λ̂_t; ``stats`` the unweighted Σ_n E_q[t(θ_n)]; ``weights``
+    the SVI+ w_n (None for SVI); ``rng_state`` the random stream after drawing them.
+    """
+
+    target: NatParams
+    x: np.ndarray
+    local: object
+    stats: NatParams
+    weights: np.ndarray | None
+    effective_batch_size: float
+    noise_var: float
+    rng_state: dict
 
 
 @dataclass(frozen=True)
@@ -201,6 +220,33 @@ class SVI:
                              f"the batch size |S|={batch_size}")
         return M
 
+    def stochastic_target(self, state: EngineState, x) -> "Target":
+        """λ̂_t = η + (N/|S_t|) Σ_n w_n E_q[t(θ_n)] for the minibatch ``x`` at ``state``.
+
+        The first half of :meth:`update` (local step, SVI+ weights, target),
+        exposed so that the noise of λ'_t can be studied on its own.
+        """
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        M = self.effective_size(S)
+        local = model.local_step(state.lam, x)
+        noise_var = S / M - 1.0
+        rng_state = state.rng_state
+        if noise_var > 0:
+            rng = state.rng()
+            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
+            weights = 1.0 + eps - eps.mean()
+            rng_state = rng.bit_generator.state
+            stats_w = model.suffstats(local, x, weights)
+            stats = model.suffstats(local, x)
+        else:
+            weights = None
+            stats = stats_w = model.suffstats(local, x)
+        target = model.prior() + stats_w * (float(self.n_total) / S)
+        return Target(target=target, x=x, local=local, stats=stats, weights=weights,
+                      effective_batch_size=M, noise_var=noise_var, rng_state=rng_state)
+
     def update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """One SVI+ step on the minibatch ``x``; returns the new state and its info.
 
@@ -209,30 +255,15 @@ class SVI:
         both cases nothing changed.
         """
         model = self.model
-        x = model.check_batch(x)
+        tg = self.stochastic_target(state, x)
+        x, local, stats, target, M = tg.x, tg.local, tg.stats, tg.target, tg.effective_batch_size
         S = x.shape[0]
-        M = self.effective_size(S)
         N = float(self.n_total)
-        lam = state.lam
-        rng_state = state.rng_state
-
-        local = model.local_step(lam, x)
-        noise_var = S / M - 1.0
-        if noise_var > 0:
-            rng = state.rng()
-            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
-            weights = 1.0 + eps - eps.mean()
-            rng_state = rng.bit_generator.state
-            stats_w = model.suffstats(local, x, weights)
-            stats = model.suffstats(local, x)
-            min_w = float(weights.min())
-        else:
-            weights = None
-            stats = stats_w = model.suffstats(local, x)
-            min_w = 1.0
         scale = N / S
-        eta = model.prior()
-        target = eta + stats_w * scale
+        lam = state.lam
+        min_w = 1.0 if tg.weights is None else float(tg.weights.min())
+        noise_var = tg.noise_var
+        rng_state = tg.rng_state
 
         t = state.step + 1
         rho = self.schedule(t)
@@ -241,8 +272,9 @@ class SVI:
             rho_arr = {}
             for names, limit in model.max_step(lam, target):
                 limit = np.asarray(limit, float)
-                rho_b = np.minimum(rho, self.boundary_fraction * limit)
-                clipped += int(np.count_nonzero(rho_b < rho))
+                leaves = limit <= rho
+                rho_b = np.where(leaves, self.boundary_fraction * limit, rho)
+                clipped += int(np.count_nonzero(leaves))
                 blocks += int(limit.size)
                 for nm in names:
                     rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))

@@ -29,6 +29,8 @@ Methods a model provides (all pure functions of their arguments):
     For each block of parameters (rows along axis 0 of the named arrays), the
     largest s ≥ 0 such that ``lam + s (target − lam)`` is still inside the
     natural-parameter domain (``inf`` where the whole segment is inside).
+``in_domain(lam) -> bool``
+    Whether λ is a valid natural parameter of q(β).
 ``get_params() -> dict``
     The constructor settings as JSON-serialisable values.
 """

@@ -139,6 +139,9 @@ class KnownVarianceGMM1D:
         kl = 0.5 * (s2 / t2 + (m - mu0) ** 2 / t2 - 1.0 + np.log(t2 / s2))
         return float(-kl.sum())
 
+    def in_domain(self, lam) -> bool:
+        return lam.all_finite() and bool(np.all(lam["eta2"] < 0))
+
     def max_step(self, lam, target):
         return [(("eta1", "eta2"), segment_limit_positive(-lam["eta2"], -target["eta2"]))]
 

@@ -357,18 +357,29 @@ class BayesianGMM:
         return float(-self._kl_const - kl_pi - kl_wish.sum() - kl_gauss.sum())
 
     # -------------------------------------------------------------- domain
-    def max_step(self, lam: NatParams, target: NatParams):
+    def _block(self, p: NatParams) -> np.ndarray:
+        """[[Psi_k, beta_m_k], [beta_m_kᵀ, beta_k]]: PD iff β_k > 0 and W_k⁻¹ ≻ 0."""
         K, D = self.n_components, self.n_features
+        A = np.empty((K, D + 1, D + 1))
+        A[:, :D, :D] = p["Psi"]
+        A[:, :D, D] = p["beta_m"]
+        A[:, D, :D] = p["beta_m"]
+        A[:, D, D] = p["beta"]
+        return A
 
-        def block(p):
-            A = np.empty((K, D + 1, D + 1))
-            A[:, :D, :D] = p["Psi"]
-            A[:, :D, D] = p["beta_m"]
-            A[:, D, :D] = p["beta_m"]
-            A[:, D, D] = p["beta"]
-            return A
+    def in_domain(self, lam: NatParams) -> bool:
+        """True when λ is a valid Dirichlet × Normal-Wishart natural parameter."""
+        if not lam.all_finite() or np.any(lam["alpha"] <= 0) or np.any(lam["nu"] <= self.n_features - 1):
+            return False
+        try:
+            np.linalg.cholesky(self._block(lam))
+        except np.linalg.LinAlgError:
+            return False
+        return True
 
-        lim_nw = np.minimum(segment_limit_pd(block(lam), block(target)),
+    def max_step(self, lam: NatParams, target: NatParams):
+        D = self.n_features
+        lim_nw = np.minimum(segment_limit_pd(self._block(lam), self._block(target)),
                             segment_limit_positive(lam["nu"], target["nu"], floor=D - 1.0))
         return [(("alpha",), segment_limit_positive(lam["alpha"], target["alpha"])),
                 (("beta", "beta_m", "Psi", "nu"), lim_nw)]

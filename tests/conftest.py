@@ -1,0 +1,44 @@
+"""Shared fixtures: one case per model, found by the check suite (STYLE.md §8)."""
+import numpy as np
+import pytest
+
+from streamsvi.datasets import make_blobs
+from streamsvi.models import MODELS, BayesianGMM, KnownVarianceGMM1D
+
+
+def _gmm_case():
+    X, _ = make_blobs(400, seed=11)
+    return BayesianGMM(n_components=4, n_features=2, weight_concentration=0.8,
+                       mean_precision=0.2, degrees_of_freedom=3.0, scale=0.7), X
+
+
+def _gmm3d_case():
+    rng = np.random.default_rng(5)
+    X = np.concatenate([rng.normal(-2, 1.0, (150, 3)), rng.normal(2, 0.6, (150, 3)),
+                        rng.normal([0, 3, -3], 0.8, (100, 3))])
+    return BayesianGMM.paper_prior(3, 3), X
+
+
+def _dp_case():
+    X, _ = make_blobs(300, seed=3)
+    return BayesianGMM.dp_approximation(n_features=2, concentration=1.0, n_components=12), X
+
+
+def _gauss1d_case():
+    rng = np.random.default_rng(2)
+    X = np.concatenate([rng.normal(-3, 1, 150), rng.normal(0.5, 1, 100), rng.normal(4, 1, 150)])[:, None]
+    return KnownVarianceGMM1D(n_components=3, sigma2=1.0, prior_mean=0.0, prior_var=25.0), X
+
+
+#: (id, factory) — every registered model must appear here (checked below).
+MODEL_CASES = [("gmm", _gmm_case), ("gmm_paper_prior_3d", _gmm3d_case), ("gmm_dp", _dp_case),
+               ("gauss1d", _gauss1d_case)]
+
+
+@pytest.fixture(params=[f for _, f in MODEL_CASES], ids=[i for i, _ in MODEL_CASES])
+def model_case(request):
+    return request.param()
+
+
+def registered_model_names():
+    return set(MODELS)
