@@ -113,9 +113,9 @@ class BayesianGMM:
             raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
         if D < 1 or D != n_features:
             raise ValueError(f"n_features must be an integer >= 1, got {n_features}")
-        a0 = np.broadcast_to(np.asarray(weight_concentration, float), (K,)).copy() \
-            if np.ndim(weight_concentration) in (0, 1) else None
-        if a0 is None or a0.shape != (K,) or not np.all(a0 > 0) or not np.all(np.isfinite(a0)):
+        a0 = np.asarray(weight_concentration, float)
+        a0 = np.full(K, float(a0)) if a0.ndim == 0 else a0
+        if a0.shape != (K,) or not np.all(a0 > 0) or not np.all(np.isfinite(a0)):
             raise ValueError(f"weight_concentration must be > 0 (a number or {K} numbers), "
                              f"got {weight_concentration}")
         if not (np.isscalar(mean_precision) and mean_precision > 0 and math.isfinite(mean_precision)):
