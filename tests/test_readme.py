@@ -1,0 +1,23 @@
+"""The README's first screen and its code blocks stay true."""
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_first_screen_has_exactly_two_setup_commands():
+    text = README.read_text()
+    first = re.search(r"```bash\n(.*?)```", text, re.S).group(1).strip().splitlines()
+    assert len(first) == 2
+    assert first[0].startswith("pip install -e . && streamsvi demo")
+    assert first[1].startswith("pip install -e '.[test]' && python -m pytest")
+    assert text.index("```bash") < 1200     # on the first screen
+
+
+@pytest.mark.parametrize("i", range(len(re.findall(r"```python\n", README.read_text()))))
+def test_python_blocks_run(i, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[i]
+    exec(compile(block, f"README.md block {i}", "exec"), {})
