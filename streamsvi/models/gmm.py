@@ -151,6 +151,11 @@ class BayesianGMM:
         self._W0inv = np.linalg.inv(W0)
         self._triu = np.triu_indices(D)
         self._triu_w = np.where(self._triu[0] == self._triu[1], -0.5, -1.0)
+        self._triu_flat = self._triu[0] * D + self._triu[1]
+        self._half_j = 0.5 * np.arange(D)
+        self._g_const = 0.5 * D * (math.log(2.0) - _LOG_2PI)
+        self._W0inv_flat = self._W0inv.ravel()
+        self._m0_outer_flat = np.outer(m0, m0).ravel()
         # prior-only constants of the KL terms
         self._kl_const = (-gammaln(a0.sum()) + gammaln(a0).sum()
                           + K * (0.5 * nu0 * np.linalg.slogdet(W0)[1] + multigammaln(0.5 * nu0, D)))
@@ -262,30 +267,31 @@ class BayesianGMM:
         """Everything about q(β) the local step and the ELBO need, computed once per λ.
 
         One Cholesky per component; cached for the last λ seen (λ is never
-        mutated, so identity is a safe key).
+        mutated, so identity is a safe key). This runs once per update, so it
+        is written for few numpy calls.
         """
         cache = self._cache
         if cache is not None and cache[0] is lam:
             return cache[1]
-        alpha, beta, m, Winv, nu = self.standard(lam)
-        D = self.n_features
+        alpha, beta, bm, nu = lam["alpha"], lam["beta"], lam["beta_m"], lam["nu"]
+        K, D = self.n_components, self.n_features
+        m = bm / beta[:, None]
+        Winv = lam["Psi"] - bm[:, :, None] * m[:, None, :]  # Cholesky reads the lower triangle
         C = np.linalg.cholesky(Winv)                       # Winv = C Cᵀ
         Cinv = np.linalg.inv(C)
         W = np.swapaxes(Cinv, 1, 2) @ Cinv                 # W = Winv⁻¹
         logdet_Winv = 2.0 * np.log(np.diagonal(C, axis1=1, axis2=2)).sum(axis=1)
-        E_log_pi = digamma(alpha) - digamma(alpha.sum())
-        psi_D = digamma(0.5 * (nu[:, None] - np.arange(D)[None, :])).sum(axis=1)
-        E_logdet_Lam = psi_D + D * math.log(2.0) - logdet_Winv
-        Wm = np.einsum("kij,kj->ki", W, m)
-        mWm = np.einsum("ki,ki->k", m, Wm)
+        psi_D = digamma(0.5 * nu[:, None] - self._half_j).sum(axis=1)
+        Wm = (W @ m[:, :, None])[:, :, 0]
+        mWm = (m * Wm).sum(axis=1)
         # log ρ_nk = E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½(D/β_k + ν_k (x−m_k)ᵀW_k(x−m_k))
-        iu, ju = self._triu
-        G = np.empty((iu.size + D + 1, self.n_components))
-        G[:iu.size] = (nu[:, None] * self._triu_w * W[:, iu, ju]).T
-        G[iu.size:iu.size + D] = (nu[:, None] * Wm).T
-        G[-1] = (E_log_pi + 0.5 * E_logdet_Lam - 0.5 * D * _LOG_2PI - 0.5 * D / beta
-                 - 0.5 * nu * mWm)
-        ex = {"alpha": alpha, "beta": beta, "m": m, "W": W, "nu": nu,
+        T = self._triu_flat.size
+        G = np.empty((T + D + 1, K))
+        G[:T] = (W.reshape(K, D * D).take(self._triu_flat, axis=1) * (nu[:, None] * self._triu_w)).T
+        G[T:T + D] = (nu[:, None] * Wm).T
+        G[T + D] = (digamma(alpha) - digamma(alpha.sum()) + 0.5 * (psi_D - logdet_Winv)
+                    + self._g_const - 0.5 * D / beta - 0.5 * nu * mWm)
+        ex = {"alpha": alpha, "beta": beta, "m": m, "W": W, "nu": nu, "Wm": Wm, "mWm": mWm,
               "logdet_Winv": logdet_Winv, "psi_D": psi_D, "G": G}
         self._cache = (lam, ex)
         return ex
@@ -347,12 +353,12 @@ class BayesianGMM:
         A = alpha.sum()
         kl_pi = (gammaln(A) - gammaln(alpha).sum()
                  + ((alpha - a0) * (digamma(alpha) - digamma(A))).sum())
-        tr = np.einsum("ij,kji->k", self._W0inv, W)
+        Wf = W.reshape(len(nu), D * D)
+        tr = Wf @ self._W0inv_flat
         kl_wish = (0.5 * (nu - nu0) * ex["psi_D"] + 0.5 * nu0 * ex["logdet_Winv"]
                    + 0.5 * nu * (tr - D) - _multigammaln(0.5 * nu, D))
-        # E_q(Λ) KL of the conditional Gaussians
-        dm = m - m0
-        quad = np.einsum("ki,kij,kj->k", dm, W, dm)
+        # E_q(Λ) KL of the conditional Gaussians; (m − m0)ᵀW(m − m0) expanded
+        quad = ex["mWm"] - 2.0 * (ex["Wm"] @ m0) + Wf @ self._m0_outer_flat
         kl_gauss = 0.5 * (D * b0 / beta - D + D * np.log(beta / b0) + b0 * nu * quad)
         return float(-self._kl_const - kl_pi - kl_wish.sum() - kl_gauss.sum())
 
