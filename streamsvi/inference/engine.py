@@ -48,7 +48,7 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -126,6 +126,8 @@ class UpdateInfo:
         Blocks checked (0 when every weight was ≥ 0).
     min_weight : float
         Smallest SVI+ weight w_n in the batch (1.0 for SVI).
+    gradient : NatParams
+        ĝ_t = λ̂_t − λ itself (not in ``to_dict``).
     """
 
     step: int
@@ -140,9 +142,11 @@ class UpdateInfo:
     domain_clipped: int = 0
     domain_blocks: int = 0
     min_weight: float = 1.0
+    gradient: NatParams | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The scalar fields (everything but ``gradient``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gradient"}
 
 
 def _check_positive_number(name, v, allow_none=False):
@@ -173,6 +177,10 @@ class SVI:
         fraction in (0, 1].
     boundary_fraction : float
         In (0, 1): how far towards the domain boundary a step may go (module docs).
+    short_batches : {"error", "svi"}
+        What a batch smaller than M means: an error (default), or a plain SVI
+        step with M = |S_t| for that batch (the daemon's choice: a stream
+        delivers a short batch when ``max_wait_seconds`` expires).
     """
 
     model: object
@@ -181,6 +189,7 @@ class SVI:
     effective_batch_size: float | None = None
     effective_fraction: float | None = None
     boundary_fraction: float = 0.5
+    short_batches: str = "error"
 
     def __post_init__(self):
         _check_positive_number("n_total", self.n_total)
@@ -194,6 +203,8 @@ class SVI:
                 raise ValueError(f"effective_fraction must be in (0, 1], got {self.effective_fraction}")
         if not (0 < self.boundary_fraction < 1):
             raise ValueError(f"boundary_fraction must be in (0, 1), got {self.boundary_fraction}")
+        if self.short_batches not in ("error", "svi"):
+            raise ValueError(f"short_batches must be 'error' or 'svi', got {self.short_batches!r}")
 
     # ----------------------------------------------------------------- init
     def init(self, x_init, seed: int = 0) -> EngineState:
@@ -215,6 +226,8 @@ class SVI:
         if self.effective_batch_size is None:
             return float(batch_size)
         M = float(self.effective_batch_size)
+        if M > batch_size and self.short_batches == "svi":
+            return float(batch_size)
         if M > batch_size:
             raise ValueError(f"effective batch size M={self.effective_batch_size} must be <= "
                              f"the batch size |S|={batch_size}")
@@ -293,11 +306,13 @@ class SVI:
             grad_var = N * N * tr_cov / M
         else:
             grad_var = float("nan")
-        grad_norm = math.sqrt((target - lam).sqnorm())
+        gradient = target - lam
+        grad_norm = math.sqrt(gradient.sqnorm())
         info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
                           noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
                           elbo_per_record=elbo / N, grad_variance=grad_var, grad_norm=grad_norm,
-                          domain_clipped=clipped, domain_blocks=blocks, min_weight=min_w)
+                          domain_clipped=clipped, domain_blocks=blocks, min_weight=min_w,
+                          gradient=gradient)
         new_state = EngineState(step=t, lam=new_lam, rng_state=rng_state,
                                 records_seen=state.records_seen + S)
         return new_state, info
@@ -341,7 +356,7 @@ class SVI:
         return {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
                 "effective_batch_size": self.effective_batch_size,
                 "effective_fraction": self.effective_fraction,
-                "boundary_fraction": self.boundary_fraction}
+                "boundary_fraction": self.boundary_fraction, "short_batches": self.short_batches}
 
 
 def batch_vi(model, n_total) -> SVI:

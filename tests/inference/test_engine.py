@@ -89,3 +89,15 @@ def test_load_refuses_non_state_files(tmp_path, setup):
     np.savez(p, **{"meta.json": np.array([{"a": 1}], dtype=object)})
     with pytest.raises(ValueError, match="pickle"):
         load_state(p)
+
+
+def test_short_batches_policy(setup):
+    model, X = setup
+    engine = SVI(model, n_total=len(X), effective_batch_size=50, short_batches="svi")
+    state = engine.init(X, seed=0)
+    _, info = engine.update(state, X[:20])          # shorter than M: a plain SVI step
+    assert info.effective_batch_size == 20 and info.noise_std == 0.0
+    _, info = engine.update(state, X[:100])
+    assert info.effective_batch_size == 50
+    with pytest.raises(ValueError, match="short_batches"):
+        SVI(model, n_total=10, short_batches="drop")
