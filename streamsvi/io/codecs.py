@@ -1,0 +1,478 @@
+"""Record codecs: bytes of one message (or one file line) <-> float64 rows.
+
+A codec only turns bytes into numbers and back; whether the numbers are
+acceptable (finite, in range) is :mod:`streamsvi.io.validate`'s job. Every
+failure raises :class:`DecodeError` with a short, stable ``reason`` code that
+ends up in the dead-letter record and in the per-reason counters
+(DESIGN.md "The delivery contract with Kafka").
+
+Reason codes raised here
+------------------------
+``json_invalid``   not UTF-8 or not JSON
+``wrong_shape``    wrong number of values / columns, or not an array/object
+``not_numeric``    a value is not a number (string, bool, null, nested list)
+``missing_field``  a named field is absent from a JSON object
+``out_of_range``   a number too large for float64
+``bad_header``     binary: wrong magic or reserved bytes
+``bad_version``    binary: unknown format version
+``bad_dtype``      binary: unknown dtype code
+``truncated``      binary: fewer bytes than the header announces
+``trailing_data``  binary: more bytes than the header announces
+
+Two message layouts are supported:
+
+* :class:`JsonCodec` — one record per message, a JSON array of D numbers or a
+  JSON object.
+* :class:`BinaryBatchCodec` — one message carries a whole minibatch as a typed
+  little-endian array behind a fixed 16-byte header (no pickle).
+
+:class:`CsvCodec` decodes one CSV line; :class:`~streamsvi.io.sources.FileSource`
+uses it for ``fmt="csv"``.
+
+Examples
+--------
+>>> import numpy as np
+>>> codec = JsonCodec(2)
+>>> codec.decode(b"[1.5, -2]").tolist()
+[1.5, -2.0]
+>>> JsonCodec(2, fields=["a", "b"]).decode(b'{"b": 2, "a": 1, "id": "x"}').tolist()
+[1.0, 2.0]
+>>> binary = BinaryBatchCodec(2)
+>>> X = np.arange(6.0).reshape(3, 2)
+>>> np.array_equal(binary.decode(binary.encode(X)), X)
+True
+>>> try:
+...     codec.decode(b"[1, 2, 3]")
+... except DecodeError as exc:
+...     print(exc.reason)
+wrong_shape
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import struct
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["DecodeError", "Codec", "JsonCodec", "BinaryBatchCodec", "CsvCodec",
+           "codec_from_config", "CODECS"]
+
+
+class DecodeError(ValueError):
+    """A message could not be turned into records.
+
+    Parameters
+    ----------
+    reason : str
+        Short stable code (see the module docstring), used as the dead-letter
+        reason and as a metric label.
+    message : str
+        What exactly was wrong, for a person.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"[{reason}] {message}")
+        self.reason = reason
+        self.message = message
+
+
+def _check_n_features(n_features) -> int:
+    if isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer)) or n_features < 1:
+        raise ValueError(f"n_features must be an integer >= 1, got {n_features!r}")
+    return int(n_features)
+
+
+class Codec:
+    """Interface of a record codec.
+
+    Attributes
+    ----------
+    name : str
+        The name used by :func:`codec_from_config`.
+    n_features : int
+        D, the number of values per record.
+    rows_per_message : int or None
+        1 when every message holds exactly one record, None when it varies.
+    """
+
+    name = "codec"
+    rows_per_message: int | None = 1
+
+    def __init__(self, n_features: int):
+        self.n_features = _check_n_features(n_features)
+
+    def decode_rows(self, payload: bytes) -> np.ndarray:
+        """Decode one message into a float64 array of shape (n, D)."""
+        raise NotImplementedError
+
+    def encode_rows(self, x) -> bytes:
+        """Encode a (n, D) array into one message."""
+        raise NotImplementedError
+
+    def get_params(self) -> dict:
+        """The constructor settings as JSON-serialisable values."""
+        return {"n_features": self.n_features}
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+
+def _as_float(value, where: str) -> float:
+    # bool is an int subclass; a JSON true/false is not a measurement.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DecodeError("not_numeric", f"{where} must be a number, got {type(value).__name__} "
+                                         f"{_short(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise DecodeError("out_of_range", f"{where} = {_short(value)} does not fit in a float64") from None
+
+
+def _short(value, limit: int = 40) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class JsonCodec(Codec):
+    """One record per message, as JSON.
+
+    The value is a JSON array of D numbers, ``[x_1, ..., x_D]``, or a JSON
+    object. With ``fields`` the object's named fields are taken in that order
+    (other keys are ignored); without ``fields`` an object must hold the array
+    under the key ``"x"``: ``{"x": [x_1, ..., x_D], ...}``. A bare array of D
+    numbers is accepted in either case. Python's ``json``
+    reads the non-standard tokens ``NaN`` and ``Infinity``; they decode to
+    non-finite floats and are rejected by the validator, not here.
+
+    Parameters
+    ----------
+    n_features : int
+        D, the number of values per record.
+    fields : sequence of str, optional
+        Names of the object fields that make up a record, in order. Must have
+        length D.
+
+    Examples
+    --------
+    >>> codec = JsonCodec(3)
+    >>> codec.encode([1.0, 2.5, -3.0])
+    b'[1.0, 2.5, -3.0]'
+    >>> codec.decode(b'{"x": [1, 2, 3]}').tolist()
+    [1.0, 2.0, 3.0]
+    """
+
+    name = "json"
+    rows_per_message = 1
+
+    def __init__(self, n_features: int, fields: Sequence[str] | None = None):
+        super().__init__(n_features)
+        if fields is not None:
+            if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+                raise ValueError(f"fields must be a list of field names, got {fields!r}")
+            fields = list(fields)
+            if len(fields) != self.n_features:
+                raise ValueError(f"fields must name n_features={self.n_features} fields, "
+                                 f"got {len(fields)}: {fields}")
+            if len(set(fields)) != len(fields):
+                raise ValueError(f"fields must be distinct, got {fields}")
+        self.fields = fields
+
+    def get_params(self) -> dict:
+        return {"n_features": self.n_features, "fields": self.fields}
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        """Decode one message into a float64 array of shape (D,).
+
+        Raises
+        ------
+        DecodeError
+            ``json_invalid``, ``wrong_shape``, ``not_numeric``, ``missing_field``
+            or ``out_of_range``.
+        """
+        try:
+            obj = json.loads(payload)
+        except UnicodeDecodeError as exc:
+            raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
+        D = self.n_features
+        if isinstance(obj, dict):
+            if self.fields is not None:
+                missing = [f for f in self.fields if f not in obj]
+                if missing:
+                    raise DecodeError("missing_field", f"JSON object lacks field(s) {missing}; "
+                                                       f"expected fields {self.fields}")
+                return np.array([_as_float(obj[f], f"field {f!r}") for f in self.fields])
+            if "x" not in obj:
+                raise DecodeError("missing_field",
+                                  f"JSON object has no 'x' array (keys: {sorted(obj)[:10]}); "
+                                  f"send an array of {D} numbers, or configure fields=[...] "
+                                  f"to read named fields")
+            obj = obj["x"]
+        if not isinstance(obj, list):
+            raise DecodeError("wrong_shape", f"expected a JSON array of {D} numbers or an object, "
+                                             f"got {type(obj).__name__} {_short(obj)}")
+        if len(obj) != D:
+            raise DecodeError("wrong_shape", f"expected {D} values per record, got {len(obj)}")
+        if all(type(v) is float for v in obj):  # the common case, fast
+            return np.array(obj, dtype=np.float64)
+        return np.array([_as_float(v, f"value {i}") for i, v in enumerate(obj)])
+
+    def decode_rows(self, payload: bytes) -> np.ndarray:
+        return self.decode(payload)[None, :]
+
+    def encode(self, row) -> bytes:
+        """Encode one record (D values) as standard JSON.
+
+        Raises
+        ------
+        ValueError
+            If ``row`` does not hold D finite numbers (standard JSON has no NaN).
+        """
+        row = np.asarray(row, dtype=np.float64)
+        if row.shape != (self.n_features,):
+            raise ValueError(f"row must have shape ({self.n_features},), got {row.shape}")
+        values = row.tolist()
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"row has non-finite values {values}; JSON cannot carry them")
+        if self.fields is not None:
+            return json.dumps(dict(zip(self.fields, values))).encode()
+        return json.dumps(values).encode()
+
+    def encode_rows(self, x) -> bytes:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] != 1:
+            raise ValueError(f"JsonCodec carries one record per message, got shape {x.shape}")
+        return self.encode(x[0])
+
+
+class BinaryBatchCodec(Codec):
+    """A whole minibatch per message as a typed little-endian array (no pickle).
+
+    Layout (all little-endian)::
+
+        offset  size  field
+        0       4     magic b"SSVB"
+        4       1     format version (1)
+        5       1     dtype code: 1 = float32, 2 = float64
+        6       2     reserved, must be 0
+        8       4     n_rows (uint32)
+        12      4     n_cols (uint32), must equal D
+        16      ...   n_rows * n_cols values, row-major
+
+    The message length must be exactly ``16 + n_rows * n_cols * itemsize``.
+
+    Parameters
+    ----------
+    n_features : int
+        D, the number of columns.
+    dtype : {"float64", "float32"}
+        The element type :meth:`encode` writes. :meth:`decode` reads either
+        and always returns float64.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> codec = BinaryBatchCodec(3, dtype="float32")
+    >>> msg = codec.encode(np.ones((2, 3)))
+    >>> len(msg), msg[:4]
+    (40, b'SSVB')
+    >>> codec.decode(msg).shape
+    (2, 3)
+    """
+
+    name = "binary"
+    rows_per_message = None
+    MAGIC = b"SSVB"
+    VERSION = 1
+    HEADER = struct.Struct("<4sBBHII")
+    DTYPES = {1: np.dtype("<f4"), 2: np.dtype("<f8")}
+    _CODES = {"float32": 1, "float64": 2}
+
+    def __init__(self, n_features: int, dtype: str = "float64"):
+        super().__init__(n_features)
+        if dtype not in self._CODES:
+            raise ValueError(f"dtype must be one of {sorted(self._CODES)}, got {dtype!r}")
+        self.dtype = dtype
+
+    def get_params(self) -> dict:
+        return {"n_features": self.n_features, "dtype": self.dtype}
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        """Decode one message into a float64 array of shape (n, D).
+
+        Raises
+        ------
+        DecodeError
+            ``truncated``, ``bad_header``, ``bad_version``, ``bad_dtype``,
+            ``wrong_shape`` or ``trailing_data``.
+        """
+        H = self.HEADER.size
+        if len(payload) < H:
+            raise DecodeError("truncated", f"binary message has {len(payload)} bytes, "
+                                           f"less than the {H}-byte header")
+        magic, version, code, reserved, n_rows, n_cols = self.HEADER.unpack_from(payload)
+        if magic != self.MAGIC:
+            raise DecodeError("bad_header", f"binary message starts with {magic!r}, "
+                                            f"expected magic {self.MAGIC!r}")
+        if version != self.VERSION:
+            raise DecodeError("bad_version", f"binary format version {version} is not supported "
+                                             f"(this reader knows version {self.VERSION})")
+        if code not in self.DTYPES:
+            raise DecodeError("bad_dtype", f"binary dtype code {code} is unknown "
+                                           f"(1 = float32, 2 = float64)")
+        if reserved != 0:
+            raise DecodeError("bad_header", f"binary header reserved bytes must be 0, got {reserved}")
+        if n_cols != self.n_features:
+            raise DecodeError("wrong_shape", f"binary message has {n_cols} columns, "
+                                             f"expected n_features={self.n_features}")
+        dt = self.DTYPES[code]
+        expected = H + n_rows * n_cols * dt.itemsize
+        if len(payload) < expected:
+            raise DecodeError("truncated", f"binary message announces {n_rows}x{n_cols} {dt.name} "
+                                           f"({expected} bytes) but has {len(payload)} bytes")
+        if len(payload) > expected:
+            raise DecodeError("trailing_data", f"binary message announces {n_rows}x{n_cols} "
+                                               f"{dt.name} ({expected} bytes) but has "
+                                               f"{len(payload)} bytes")
+        data = np.frombuffer(payload, dtype=dt, count=n_rows * n_cols, offset=H)
+        return data.astype(np.float64).reshape(n_rows, n_cols)
+
+    decode_rows = decode
+
+    def encode(self, x) -> bytes:
+        """Encode a (n, D) array (a (D,) row counts as n = 1) into one message."""
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 1:
+            x = x[None, :]
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            raise ValueError(f"x must have shape (n, {self.n_features}), got {x.shape}")
+        if x.shape[0] >= 2 ** 32:
+            raise ValueError(f"a binary message holds fewer than 2**32 rows, got {x.shape[0]}")
+        code = self._CODES[self.dtype]
+        header = self.HEADER.pack(self.MAGIC, self.VERSION, code, 0, x.shape[0], x.shape[1])
+        return header + np.ascontiguousarray(x, dtype=self.DTYPES[code]).tobytes()
+
+    encode_rows = encode
+
+
+class CsvCodec(Codec):
+    """One record per CSV line.
+
+    Parameters
+    ----------
+    n_features : int
+        D, the number of values per record.
+    columns : sequence of int, optional
+        0-based column indices that make up a record, in order (default: the
+        line must have exactly D columns, all used).
+    delimiter : str
+        The field separator.
+
+    Examples
+    --------
+    >>> CsvCodec(2).decode(b"1.5,2").tolist()
+    [1.5, 2.0]
+    >>> CsvCodec(2, columns=[2, 0]).decode(b"1,id7,3").tolist()
+    [3.0, 1.0]
+    """
+
+    name = "csv"
+    rows_per_message = 1
+
+    def __init__(self, n_features: int, columns: Sequence[int] | None = None, delimiter: str = ","):
+        super().__init__(n_features)
+        if columns is not None:
+            columns = [int(c) for c in columns]
+            if len(columns) != self.n_features or min(columns) < 0:
+                raise ValueError(f"columns must be {self.n_features} non-negative indices, "
+                                 f"got {columns}")
+        self.columns = columns
+        self.delimiter = delimiter
+
+    def get_params(self) -> dict:
+        return {"n_features": self.n_features, "columns": self.columns, "delimiter": self.delimiter}
+
+    def split(self, payload: bytes) -> list[str]:
+        """The cells of one CSV line."""
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError("not_numeric", f"CSV line is not UTF-8 text: {exc}") from None
+        try:
+            rows = list(csv.reader([text], delimiter=self.delimiter, strict=True))
+        except csv.Error as exc:
+            raise DecodeError("wrong_shape", f"CSV line cannot be parsed: {exc}") from None
+        return rows[0] if rows else []
+
+    def decode(self, payload: bytes) -> np.ndarray:
+        """Decode one line into a float64 array of shape (D,)."""
+        cells = self.split(payload)
+        D = self.n_features
+        if self.columns is None:
+            if len(cells) != D:
+                raise DecodeError("wrong_shape", f"expected {D} CSV columns, got {len(cells)}")
+            picked = list(enumerate(cells))
+        else:
+            if len(cells) <= max(self.columns):
+                raise DecodeError("wrong_shape", f"CSV line has {len(cells)} columns, column "
+                                                 f"{max(self.columns)} is needed")
+            picked = [(c, cells[c]) for c in self.columns]
+        out = np.empty(D)
+        for j, (c, cell) in enumerate(picked):
+            try:
+                out[j] = float(cell)
+            except ValueError:
+                raise DecodeError("not_numeric", f"CSV column {c} is not a number: "
+                                                 f"{_short(cell)}") from None
+        return out
+
+    def decode_rows(self, payload: bytes) -> np.ndarray:
+        return self.decode(payload)[None, :]
+
+    def encode(self, row) -> bytes:
+        row = np.asarray(row, dtype=np.float64)
+        if row.shape != (self.n_features,) or self.columns is not None:
+            raise ValueError(f"CsvCodec.encode needs a row of shape ({self.n_features},) and "
+                             f"columns=None, got shape {row.shape}, columns={self.columns}")
+        return self.delimiter.join(repr(float(v)) for v in row).encode()
+
+    def encode_rows(self, x) -> bytes:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2 or x.shape[0] != 1:
+            raise ValueError(f"CsvCodec carries one record per line, got shape {x.shape}")
+        return self.encode(x[0])
+
+
+#: Codec classes by configuration name.
+CODECS = {"json": JsonCodec, "binary": BinaryBatchCodec}
+
+
+def codec_from_config(name: str, n_features: int, fields: Sequence[str] | None = None) -> Codec:
+    """Build the codec named in a configuration.
+
+    Parameters
+    ----------
+    name : {"json", "binary"}
+        The message layout.
+    n_features : int
+        D, the number of values per record.
+    fields : sequence of str, optional
+        JSON object field names (only for ``"json"``).
+
+    Examples
+    --------
+    >>> codec_from_config("binary", 4)
+    BinaryBatchCodec(n_features=4, dtype='float64')
+    """
+    if name not in CODECS:
+        raise ValueError(f"codec must be one of {sorted(CODECS)}, got {name!r}")
+    if name == "json":
+        return JsonCodec(n_features, fields=fields)
+    if fields is not None:
+        raise ValueError(f"fields={list(fields)} only applies to the 'json' codec, not {name!r}")
+    return BinaryBatchCodec(n_features)

@@ -1,0 +1,815 @@
+"""Record sources: Kafka, files and in-memory arrays behind one small interface.
+
+A :class:`Source` hands out minibatches (:class:`Batch`) assembled across
+partitions by record count and by a maximum wait. Decoding and validation
+happen inside the source, so a record that cannot be decoded or fails a
+check never reaches a batch's ``x``: it is in ``Batch.dead`` with its
+position and reason, and its offset still counts as consumed in
+``Batch.next_offsets`` so it is not read again.
+
+Positions are ``(source, partition) -> offset`` mappings (:data:`Offsets`);
+``offset`` is the *next* record to read (last consumed + 1), the Kafka
+convention. The delivery contract (DESIGN.md) is the caller's loop:
+
+1. ``batch = source.poll_batch(max_records, max_wait_s)``
+2. send ``batch.dead`` to a dead-letter sink; update the model with ``batch.x``
+3. write a checkpoint holding the merged ``next_offsets``; flush the sink
+4. ``source.commit(offsets)`` — only after the checkpoint is durable
+5. on restart: ``source.seek(checkpoint_offsets)`` before the first poll
+
+Examples
+--------
+>>> import numpy as np
+>>> src = MemorySource(np.array([[0.0, 1.0], [np.nan, 2.0], [3.0, 4.0]]))
+>>> batch = src.poll_batch(max_records=10)
+>>> batch.x.tolist(), batch.next_offsets
+([[0.0, 1.0], [3.0, 4.0]], {('memory', 0): 3})
+>>> [(d.position.offset, d.reason) for d in batch.dead]
+[(1, 'non_finite')]
+>>> src.exhausted(), src.poll_batch(10) is None
+(True, True)
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ._kafka import KafkaUnavailableError, client_config, connect_with_retry, offset_and_metadata
+from .codecs import Codec, CsvCodec, DecodeError, JsonCodec
+from .validate import RecordValidator
+
+__all__ = ["Position", "DeadLetter", "Batch", "Offsets", "Source", "SourceError",
+           "KafkaUnavailableError", "MemorySource", "FileSource", "KafkaSource"]
+
+log = logging.getLogger(__name__)
+
+#: ``{(source, partition): offset}`` — source is a topic name or a file path.
+Offsets = dict[tuple[str, int], int]
+
+
+class SourceError(RuntimeError):
+    """A source could not do what was asked (no assignment, failed commit, bad seek)."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a record came from.
+
+    Attributes
+    ----------
+    source : str
+        Topic name, file path (as given to the source) or memory source name.
+    partition : int
+        Kafka partition; 0 for files and memory.
+    offset : int
+        Kafka offset, 0-based line number in a file, or row index in memory.
+    """
+
+    source: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class DeadLetter:
+    """A record that did not reach the model, and why.
+
+    Attributes
+    ----------
+    position : Position
+        Where the message is.
+    reason : str
+        Stable reason code (``json_invalid``, ``wrong_shape``, ``non_finite``, ...).
+    message : str
+        What exactly was wrong.
+    payload : bytes
+        The raw message; for a rejected row of a binary minibatch, that one
+        row re-encoded as a one-row binary message.
+    row : int or None
+        Index of the rejected row inside a multi-row message, else None.
+    """
+
+    position: Position
+    reason: str
+    message: str
+    payload: bytes
+    row: int | None = None
+
+    def to_json(self) -> dict:
+        """The dead-letter record as written by the sinks."""
+        return {"reason": self.reason, "message": self.message,
+                "source": self.position.source, "partition": self.position.partition,
+                "offset": self.position.offset, "row": self.row,
+                "payload_b64": base64.b64encode(self.payload).decode("ascii")}
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "DeadLetter":
+        """Inverse of :meth:`to_json` (accepts a dict, str or bytes)."""
+        if isinstance(obj, (str, bytes)):
+            obj = json.loads(obj)
+        return cls(Position(obj["source"], int(obj["partition"]), int(obj["offset"])),
+                   obj["reason"], obj["message"], base64.b64decode(obj["payload_b64"]),
+                   obj.get("row"))
+
+
+@dataclass
+class Batch:
+    """One minibatch from a source.
+
+    Attributes
+    ----------
+    x : ndarray, shape (n, D), float64
+        The accepted records. n can be 0 when every message was rejected;
+        the offsets must still be checkpointed and committed then.
+    next_offsets : dict[(source, partition), int]
+        Last consumed offset + 1 for every partition that delivered a message
+        (accepted or rejected) in this batch. Merge into the running offsets
+        with ``offsets.update(batch.next_offsets)``.
+    dead : list of DeadLetter
+        Rejected records (and rows), in the order they were read.
+    n_messages : int
+        Messages (or lines) consumed, accepted or not.
+    """
+
+    x: np.ndarray
+    next_offsets: Offsets
+    dead: list[DeadLetter] = field(default_factory=list)
+    n_messages: int = 0
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.x.shape[0])
+
+
+def _check_poll_args(max_records, max_wait_s):
+    if isinstance(max_records, bool) or not isinstance(max_records, (int, np.integer)) \
+            or max_records < 1:
+        raise ValueError(f"max_records must be an integer >= 1, got {max_records!r}")
+    if not (isinstance(max_wait_s, (int, float)) and max_wait_s >= 0 and math.isfinite(max_wait_s)):
+        raise ValueError(f"max_wait_s must be a finite number >= 0, got {max_wait_s!r}")
+
+
+def _check_offsets(offsets) -> Offsets:
+    out = {}
+    for key, off in dict(offsets).items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)
+                and isinstance(key[1], (int, np.integer))):
+            raise ValueError(f"offset keys must be (source, partition) tuples, got {key!r}")
+        if isinstance(off, bool) or not isinstance(off, (int, np.integer)) or off < 0:
+            raise ValueError(f"offset for {key} must be an integer >= 0, got {off!r}")
+        out[(key[0], int(key[1]))] = int(off)
+    return out
+
+
+class _BatchBuilder:
+    """Decodes, validates and collects messages into one :class:`Batch`."""
+
+    def __init__(self, codec: Codec | None, validator: RecordValidator, n_features: int):
+        self.codec, self.validator, self.n_features = codec, validator, n_features
+        self.parts: list[np.ndarray] = []
+        self.dead: list[DeadLetter] = []
+        self.next_offsets: Offsets = {}
+        self.n_rows = 0
+        self.n_messages = 0
+
+    def add_messages(self, messages) -> None:
+        """Decode and validate ``(source, partition, offset, payload)`` messages.
+
+        Rows of one-record codecs are validated together (one vectorised
+        call per chunk); dead letters keep the order the messages were read.
+        """
+        single = self.codec.rows_per_message == 1
+        rows, row_meta = [], []          # one-record codecs: decoded rows, (seq, pos, payload)
+        dead: list[tuple[int, DeadLetter]] = []
+        for seq, (source, partition, offset, payload) in enumerate(messages):
+            self.n_messages += 1
+            self.next_offsets[(source, partition)] = offset + 1
+            pos = Position(source, partition, offset)
+            payload = b"" if payload is None else bytes(payload)
+            too_large = self.validator.check_size(payload)
+            if too_large is not None:
+                dead.append((seq, DeadLetter(pos, too_large[0], too_large[1], payload)))
+                continue
+            try:
+                x = self.codec.decode_rows(payload)
+            except DecodeError as exc:
+                dead.append((seq, DeadLetter(pos, exc.reason, exc.message, payload)))
+                continue
+            if single:
+                rows.append(x[0])
+                row_meta.append((seq, pos, payload))
+                continue
+            good, rejected = self.validator.validate(x)
+            for i, reason, message in rejected:
+                dead.append((seq, DeadLetter(pos, reason, f"row {i} of {x.shape[0]}: {message}",
+                                             self.codec.encode_rows(x[i:i + 1]), i)))
+            self._append(good)
+        if rows:
+            good, rejected = self.validator.validate(np.array(rows))
+            for i, reason, message in rejected:
+                seq, pos, payload = row_meta[i]
+                dead.append((seq, DeadLetter(pos, reason, message, payload)))
+            self._append(good)
+        dead.sort(key=lambda item: item[0])  # stable: rows of one message stay in order
+        self.dead.extend(d for _, d in dead)
+
+    def add_rows(self, source: str, offset0: int, x: np.ndarray):
+        """Rows already decoded (memory source): row i is message ``offset0 + i``."""
+        n = x.shape[0]
+        self.n_messages += n
+        self.next_offsets[(source, 0)] = offset0 + n
+        good, rejected = self.validator.validate(x)
+        for i, reason, message in rejected:
+            payload = json.dumps(x[i].tolist()).encode()
+            self.dead.append(DeadLetter(Position(source, 0, offset0 + i), reason, message, payload))
+        self._append(good)
+
+    def _append(self, good: np.ndarray):
+        if good.shape[0]:
+            self.parts.append(good)
+            self.n_rows += good.shape[0]
+
+    def batch(self) -> Batch | None:
+        if self.n_messages == 0:
+            return None
+        if self.parts:
+            # Always a fresh array: a part can be a view of the caller's data.
+            x = self.parts[0].copy() if len(self.parts) == 1 else np.concatenate(self.parts)
+        else:
+            x = np.empty((0, self.n_features))
+        return Batch(x, dict(self.next_offsets), self.dead, self.n_messages)
+
+
+class Source:
+    """Interface of a record source.
+
+    Subclasses implement :meth:`poll_batch`, :meth:`seek` and :meth:`lag`;
+    :meth:`commit` is a no-op except for Kafka, :meth:`exhausted` is False
+    for an unbounded stream.
+
+    Attributes
+    ----------
+    n_features : int
+        D, the number of values per record.
+    """
+
+    n_features: int
+
+    def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
+        """The next minibatch, or None if nothing arrived within ``max_wait_s``.
+
+        Reads until the batch holds ``max_records`` accepted rows, the wait
+        runs out, or the source drains. Rejected records do not count towards
+        ``max_records``. Messages are never split: with one-record codecs a
+        full batch has exactly ``max_records`` rows; a multi-row (binary)
+        message can take it past.
+        """
+        raise NotImplementedError
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Read each ``(source, partition)`` from ``offset`` on next."""
+        raise NotImplementedError
+
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Record ``offsets`` as processed where the source keeps them (Kafka only)."""
+
+    def lag(self) -> Offsets:
+        """Records not yet read per ``(source, partition)`` (highwater − position)."""
+        raise NotImplementedError
+
+    def exhausted(self) -> bool:
+        """Whether a bounded source has nothing left to read."""
+        return False
+
+    def close(self) -> None:
+        """Release files, sockets and group membership."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------- memory
+class MemorySource(Source):
+    """Rows of an in-memory array, one "message" per row (for tests and notebooks).
+
+    Parameters
+    ----------
+    x : array_like, shape (n, D)
+        The records; row i has offset i.
+    validator : RecordValidator, optional
+        Default ``RecordValidator(D)``. Rejected rows become dead letters
+        whose payload is the row as JSON.
+    name : str
+        The source name used in positions and offsets.
+    """
+
+    def __init__(self, x, validator: RecordValidator | None = None, name: str = "memory"):
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim != 2:
+            raise ValueError(f"x must be 2-D (records × features), got shape {x.shape}")
+        self.x = x
+        self.n_features = x.shape[1]
+        self.validator = validator or RecordValidator(self.n_features)
+        if self.validator.n_features != self.n_features:
+            raise ValueError(f"validator expects n_features={self.validator.n_features}, "
+                             f"x has {self.n_features} columns")
+        self.name = name
+        self._pos = 0
+
+    def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
+        _check_poll_args(max_records, max_wait_s)
+        b = _BatchBuilder(None, self.validator, self.n_features)
+        while b.n_rows < max_records and self._pos < len(self.x):
+            stop = min(self._pos + (max_records - b.n_rows), len(self.x))
+            b.add_rows(self.name, self._pos, self.x[self._pos:stop])
+            self._pos = stop
+        return b.batch()
+
+    def seek(self, offsets):
+        for key, off in _check_offsets(offsets).items():
+            if key != (self.name, 0):
+                raise SourceError(f"MemorySource {self.name!r} cannot seek to {key}: "
+                                  f"its only partition is ({self.name!r}, 0)")
+            self._pos = min(off, len(self.x))
+
+    def lag(self) -> Offsets:
+        return {(self.name, 0): len(self.x) - self._pos}
+
+    def exhausted(self) -> bool:
+        return self._pos >= len(self.x)
+
+
+# ------------------------------------------------------------------ file
+class FileSource(Source):
+    """Replay a JSON-lines or CSV file with the same batching as Kafka.
+
+    The offset of a record is its 0-based line number (a CSV header is line
+    0), so ``seek`` and checkpoints work as with Kafka. Blank lines are
+    skipped. Reading stops at the end of the file (:meth:`poll_batch`
+    returns None); lines appended later are read by later polls.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file.
+    n_features : int, optional
+        D. Needed unless ``codec`` is given.
+    fmt : {"jsonl", "csv"}
+        ``"jsonl"``: one JSON record per line, decoded by ``codec`` (default
+        ``JsonCodec(n_features, fields)``). ``"csv"``: one record per line.
+    codec : Codec, optional
+        The line codec (a :class:`JsonCodec` for jsonl, :class:`CsvCodec` for csv).
+    validator : RecordValidator, optional
+        Default ``RecordValidator(D)``; ``max_message_bytes`` limits the line length.
+    has_header : bool
+        CSV only: line 0 is a header.
+    fields : sequence of str, optional
+        JSON object fields, or CSV header columns (needs ``has_header``), that
+        make up a record, in order.
+    name : str, optional
+        The source name in positions and offsets. Default: ``str(path)``.
+    """
+
+    FORMATS = ("jsonl", "csv")
+
+    def __init__(self, path, n_features: int | None = None, fmt: str = "jsonl",
+                 codec: Codec | None = None, validator: RecordValidator | None = None,
+                 has_header: bool = False, fields: Sequence[str] | None = None,
+                 name: str | None = None):
+        if fmt not in self.FORMATS:
+            raise ValueError(f"fmt must be one of {self.FORMATS}, got {fmt!r}")
+        if fmt == "jsonl" and has_header:
+            raise ValueError("has_header applies only to fmt='csv'")
+        if codec is None and n_features is None:
+            raise ValueError("FileSource needs n_features (or a codec)")
+        if codec is not None and n_features is not None and codec.n_features != n_features:
+            raise ValueError(f"codec has n_features={codec.n_features}, but n_features={n_features}")
+        if codec is not None and fields is not None:
+            raise ValueError("give fields to the codec or to FileSource, not both")
+        self.path = Path(path)
+        self.name = os.fspath(path) if name is None else name
+        self.fmt, self.has_header = fmt, bool(has_header)
+        self._f = open(self.path, "rb")
+        self._line = 0
+        self._header: list[str] | None = None
+        self._line_count: tuple[int, int] | None = None  # (file size, lines) cache for lag()
+        try:
+            if fmt == "csv":
+                if has_header:
+                    self._header = CsvCodec(1).split(self._f.readline().rstrip(b"\r\n"))
+                    self._line = 1
+                if codec is None:
+                    codec = CsvCodec(n_features, columns=self._columns(fields, n_features))
+                elif not isinstance(codec, CsvCodec):
+                    raise ValueError(f"fmt='csv' needs a CsvCodec, got {type(codec).__name__}")
+            elif codec is None:
+                codec = JsonCodec(n_features, fields=fields)
+        except Exception:
+            self._f.close()
+            raise
+        self.codec = codec
+        self.n_features = codec.n_features
+        self.validator = validator or RecordValidator(self.n_features)
+        if self.validator.n_features != self.n_features:
+            self._f.close()
+            raise ValueError(f"validator expects n_features={self.validator.n_features}, "
+                             f"codec has {self.n_features}")
+        self._first_line = self._line
+
+    def _columns(self, fields, n_features):
+        if fields is None:
+            return None
+        if self._header is None:
+            raise ValueError("fields for fmt='csv' name header columns; set has_header=True")
+        missing = [f for f in fields if f not in self._header]
+        if missing:
+            raise ValueError(f"CSV header of {self.name} has no column(s) {missing}; "
+                             f"header is {self._header}")
+        return [self._header.index(f) for f in fields]
+
+    def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
+        """Up to ``max_records`` rows from the next lines (``max_wait_s`` is not used)."""
+        _check_poll_args(max_records, max_wait_s)
+        b = _BatchBuilder(self.codec, self.validator, self.n_features)
+        at_end = False
+        while b.n_rows < max_records and not at_end:
+            chunk = []
+            while len(chunk) < max_records - b.n_rows:
+                raw = self._f.readline()
+                if not raw:
+                    at_end = True
+                    break
+                self._line += 1
+                line = raw.rstrip(b"\r\n")
+                if line.strip():
+                    chunk.append((self.name, 0, self._line - 1, line))
+            b.add_messages(chunk)
+        batch = b.batch()
+        if batch is not None:
+            batch.next_offsets[(self.name, 0)] = self._line  # also past skipped blank lines
+        return batch
+
+    def seek(self, offsets):
+        for key, off in _check_offsets(offsets).items():
+            if key != (self.name, 0):
+                raise SourceError(f"FileSource {self.name!r} cannot seek to {key}: "
+                                  f"its only partition is ({self.name!r}, 0)")
+            off = max(off, self._first_line)
+            if off < self._line:
+                self._f.seek(0)
+                self._line = 0
+                for _ in range(self._first_line):
+                    self._f.readline()
+                    self._line += 1
+            while self._line < off and self._f.readline():
+                self._line += 1
+
+    def _count_lines(self) -> int:
+        size = os.fstat(self._f.fileno()).st_size
+        if self._line_count is None or self._line_count[0] != size:
+            n, last = 0, b"\n"
+            with open(self.path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    n += chunk.count(b"\n")
+                    last = chunk[-1:]
+            self._line_count = (size, n + (last != b"\n"))
+        return self._line_count[1]
+
+    def lag(self) -> Offsets:
+        """Lines left to read (blank lines included)."""
+        return {(self.name, 0): max(self._count_lines() - self._line, 0)}
+
+    def exhausted(self) -> bool:
+        return self._f.closed or self._f.peek(1) == b""
+
+    def close(self):
+        self._f.close()
+
+
+# ----------------------------------------------------------------- kafka
+def _rebalance_listener(source: "KafkaSource"):
+    from kafka import ConsumerRebalanceListener
+
+    class _Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked):
+            if revoked:
+                log.info("partitions revoked from %s: %s", source.group_id,
+                         sorted((tp.topic, tp.partition) for tp in revoked))
+
+        def on_partitions_assigned(self, assigned):
+            source._on_assigned(assigned)
+
+    return _Listener()
+
+
+class KafkaSource(Source):
+    """Minibatches from Kafka topics via a consumer group, auto-commit off.
+
+    Offsets are committed only by :meth:`commit`, which the daemon calls after
+    a checkpoint is durable. A :meth:`seek` to a partition that is not assigned
+    yet is remembered and applied the moment the group assigns it.
+
+    Parameters
+    ----------
+    bootstrap_servers : str or list of str
+        ``"host:port"`` of one or more brokers.
+    topics : str or sequence of str, optional
+        Topics to subscribe to.
+    pattern : str, optional
+        A regex of topic names to subscribe to instead of ``topics``.
+    group_id : str
+        The consumer group; committed offsets are kept per group.
+    codec : Codec
+        How a message becomes records.
+    validator : RecordValidator, optional
+        Default ``RecordValidator(codec.n_features)``.
+    client_id : str
+        Shown in broker logs.
+    session_timeout_ms, heartbeat_interval_ms : int
+        Group liveness. The defaults (2000 / 500) make group joins fast on the
+        local test broker; a production Kafka cluster refuses session timeouts
+        below its ``group.min.session.timeout.ms`` (6000 by default), so raise
+        them there.
+    auto_offset_reset : {"earliest", "latest"}
+        Where a partition with no committed offset starts.
+    max_partition_fetch_bytes, fetch_max_bytes : int
+        Fetch sizes; keep them above the largest message.
+    connect_attempts : int
+        How often to try to reach the brokers at start.
+    connect_backoff_s : float
+        Wait before the second attempt; doubles after each failure (max 10 s).
+    connect_timeout_s : float
+        How long one attempt waits for a broker.
+    consumer_config : dict, optional
+        Further ``kafka.KafkaConsumer`` settings (auto-commit cannot be enabled).
+
+    Raises
+    ------
+    KafkaUnavailableError
+        If no broker answered after ``connect_attempts`` attempts.
+    """
+
+    #: Poll length while waiting for a group assignment (see ``_await_assignment``).
+    JOIN_POLL_S = 0.5
+
+    def __init__(self, bootstrap_servers, topics: str | Sequence[str] | None = None,
+                 pattern: str | None = None, *, group_id: str, codec: Codec,
+                 validator: RecordValidator | None = None, client_id: str = "streamsvi",
+                 session_timeout_ms: int = 2000, heartbeat_interval_ms: int = 500,
+                 auto_offset_reset: str = "earliest",
+                 max_partition_fetch_bytes: int = 16 << 20, fetch_max_bytes: int = 64 << 20,
+                 connect_attempts: int = 5, connect_backoff_s: float = 0.5,
+                 connect_timeout_s: float = 10.0, consumer_config: dict | None = None):
+        from kafka import KafkaConsumer
+
+        if (topics is None) == (pattern is None):
+            raise ValueError("give exactly one of topics=[...] or pattern='regex'")
+        if isinstance(topics, str):
+            topics = [topics]
+        if topics is not None and (not topics or not all(isinstance(t, str) and t for t in topics)):
+            raise ValueError(f"topics must be a non-empty list of topic names, got {topics!r}")
+        if not isinstance(group_id, str) or not group_id:
+            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
+        if not isinstance(codec, Codec):
+            raise ValueError(f"codec must be a streamsvi.io.codecs.Codec, got {type(codec).__name__}")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', "
+                             f"got {auto_offset_reset!r}")
+        extra = dict(consumer_config or {})
+        if extra.pop("enable_auto_commit", False):
+            raise ValueError("enable_auto_commit=True would commit offsets before the checkpoint "
+                             "is durable (DESIGN.md delivery contract); KafkaSource commits by hand")
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = list(topics) if topics is not None else None
+        self.pattern = pattern
+        self.group_id = group_id
+        self.codec = codec
+        self.n_features = codec.n_features
+        self.validator = validator or RecordValidator(self.n_features)
+        if self.validator.n_features != self.n_features:
+            raise ValueError(f"validator expects n_features={self.validator.n_features}, "
+                             f"codec has {self.n_features}")
+        self._pending_seeks: Offsets = {}
+        self._rows_per_message = float(codec.rows_per_message or 0) or None
+        self._closed = False
+        config = {"bootstrap_servers": bootstrap_servers, "group_id": group_id,
+                  "client_id": client_id, "enable_auto_commit": False,
+                  "auto_offset_reset": auto_offset_reset,
+                  "session_timeout_ms": session_timeout_ms,
+                  "heartbeat_interval_ms": heartbeat_interval_ms,
+                  "max_partition_fetch_bytes": max_partition_fetch_bytes,
+                  "fetch_max_bytes": fetch_max_bytes,
+                  "bootstrap_timeout_ms": int(connect_timeout_s * 1000)}
+        config.update(extra)
+        config = client_config(KafkaConsumer, config)
+        self._consumer = connect_with_retry(
+            lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={group_id!r})",
+            bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
+            backoff_s=connect_backoff_s)
+        listener = _rebalance_listener(self)
+        if self.topics is not None:
+            self._consumer.subscribe(topics=self.topics, listener=listener)
+        else:
+            self._consumer.subscribe(pattern=pattern, listener=listener)
+
+    def __repr__(self):
+        what = f"topics={self.topics}" if self.topics is not None else f"pattern={self.pattern!r}"
+        return f"KafkaSource({what}, group_id={self.group_id!r}, codec={self.codec!r})"
+
+    @property
+    def consumer(self):
+        """The underlying ``kafka.KafkaConsumer`` (for metrics; do not poll it yourself)."""
+        return self._consumer
+
+    # ------------------------------------------------------- assignment
+    def _on_assigned(self, assigned):
+        keys = sorted((tp.topic, tp.partition) for tp in assigned)
+        log.info("partitions assigned to %s: %s", self.group_id, keys)
+        for tp in assigned:
+            off = self._pending_seeks.pop((tp.topic, tp.partition), None)
+            if off is not None:
+                self._consumer.seek(tp, off)
+
+    def _rewind(self, records):
+        """Give records back: seek each partition to its first returned offset."""
+        for tp, msgs in records.items():
+            if msgs:
+                self._consumer.seek(tp, msgs[0].offset)
+
+    def _await_assignment(self, deadline: float) -> bool:
+        # Poll in chunks of JOIN_POLL_S with no work in between. kafka-python
+        # 3.0.12 can drop a finished join and start over when a poll times out
+        # right after it (with a pattern subscription every poll during a join
+        # first waits up to retry_backoff_ms for metadata, so 100 ms polls
+        # almost never complete one). The poll that completes the join may
+        # already return records; they are rewound, not dropped.
+        while not self._consumer.assignment():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            timeout_ms = max(1, int(min(self.JOIN_POLL_S, left) * 1000))
+            self._rewind(self._consumer.poll(timeout_ms=timeout_ms, max_records=1))
+        return True
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The ``(topic, partition)`` pairs this consumer owns now."""
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def wait_for_assignment(self, timeout_s: float = 30.0) -> set[tuple[str, int]]:
+        """Poll until the group assigns partitions to this consumer.
+
+        Returns
+        -------
+        set of (topic, partition)
+
+        Raises
+        ------
+        SourceError
+            If nothing is assigned within ``timeout_s``.
+        """
+        if not self._await_assignment(time.monotonic() + timeout_s):
+            what = f"topics {self.topics}" if self.topics is not None else \
+                f"topics matching {self.pattern!r}"
+            raise SourceError(f"no partitions of {what} were assigned to group {self.group_id!r} "
+                              f"at {self.bootstrap_servers} within {timeout_s} s; check that the "
+                              f"topics exist and that the group has no more members than "
+                              f"partitions")
+        return self.assignment()
+
+    # ------------------------------------------------------------ batches
+    def _messages_wanted(self, rows_left: int) -> int:
+        if self._rows_per_message is None:
+            return 1  # unknown message size: learn it from the first message
+        return max(1, int(rows_left // self._rows_per_message))
+
+    def poll_batch(self, max_records: int, max_wait_s: float = 1.0) -> Batch | None:
+        """Collect up to ``max_records`` rows across partitions within ``max_wait_s``.
+
+        Returns as soon as ``max_records`` rows are in, else when the wait is
+        over; None if no message arrived (or no partition was assigned) in time.
+        While the consumer is still joining its group (no partitions assigned)
+        the wait is at least ``JOIN_POLL_S`` (0.5 s): shorter polls can keep a
+        join from ever finishing.
+        """
+        _check_poll_args(max_records, max_wait_s)
+        if self._closed:
+            raise SourceError("KafkaSource is closed")
+        deadline = time.monotonic() + max_wait_s
+        if not self._consumer.assignment():
+            if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
+                return None
+        b = _BatchBuilder(self.codec, self.validator, self.n_features)
+        while b.n_rows < max_records:
+            left = deadline - time.monotonic()
+            records = self._consumer.poll(timeout_ms=max(0, int(left * 1000)),
+                                          max_records=self._messages_wanted(max_records - b.n_rows))
+            n0, r0 = b.n_messages, b.n_rows
+            b.add_messages((tp.topic, tp.partition, m.offset, m.value)
+                           for tp, msgs in records.items() for m in msgs)
+            if self.codec.rows_per_message is None and b.n_messages > n0 and b.n_rows > r0:
+                per = (b.n_rows - r0) / (b.n_messages - n0)
+                est = self._rows_per_message
+                self._rows_per_message = per if est is None else 0.5 * est + 0.5 * per
+            if time.monotonic() >= deadline:
+                break
+        return b.batch()
+
+    # ------------------------------------------------------------ offsets
+    def seek(self, offsets):
+        """Read each ``(topic, partition)`` from ``offset`` next.
+
+        Partitions not assigned yet are sought as soon as the group assigns
+        them (e.g. right after start, before :meth:`wait_for_assignment`).
+        """
+        assigned = {(tp.topic, tp.partition): tp for tp in self._consumer.assignment()}
+        for key, off in _check_offsets(offsets).items():
+            if key in assigned:
+                self._consumer.seek(assigned[key], off)
+                self._pending_seeks.pop(key, None)
+            else:
+                self._pending_seeks[key] = off
+
+    def commit(self, offsets):
+        """Commit ``offsets`` (next offset to read) for this group, synchronously.
+
+        Raises
+        ------
+        SourceError
+            If the broker refused the commit (e.g. after a rebalance). Nothing
+            is lost: the checkpoint holds the offsets.
+        """
+        from kafka import TopicPartition
+        from kafka.errors import KafkaError
+
+        offsets = _check_offsets(offsets)
+        if not offsets:
+            return
+        request = {TopicPartition(t, p): offset_and_metadata(off) for (t, p), off in offsets.items()}
+        try:
+            self._consumer.commit(offsets=request)
+        except KafkaError as exc:
+            raise SourceError(f"committing offsets {dict(sorted(offsets.items()))} for group "
+                              f"{self.group_id!r} failed: {exc}. The checkpoint holds these "
+                              f"offsets; the next commit or a restart recovers") from exc
+
+    def committed(self, partitions=None) -> Offsets:
+        """The group's committed offsets (default: for every assigned partition).
+
+        Partitions without a committed offset are left out.
+        """
+        from kafka import TopicPartition
+
+        keys = self.assignment() if partitions is None else list(partitions)
+        out = {}
+        for topic, p in keys:
+            off = self._consumer.committed(TopicPartition(topic, p))
+            if off is not None:
+                out[(topic, p)] = int(off)
+        return out
+
+    def positions(self) -> Offsets:
+        """The next offset this consumer will read, per assigned partition."""
+        return {(tp.topic, tp.partition): int(self._consumer.position(tp))
+                for tp in self._consumer.assignment()}
+
+    def lag(self) -> Offsets:
+        """``highwater − position`` per assigned partition.
+
+        The highwater mark is known only after a fetch response for that
+        partition (on an empty partition the broker may hold the first one for
+        ``fetch_max_wait_ms``); partitions without one yet are left out.
+        kafka-python updates a partition's highwater when it hands out that
+        partition's buffered fetch, so while fetched records wait in its buffer
+        the lag can be an underestimate. Do not use ``KafkaConsumer.end_offsets``:
+        the local tansu broker answers it wrongly.
+        """
+        out = {}
+        for tp in self._consumer.assignment():
+            hw = self._consumer.highwater(tp)
+            if hw is not None:
+                out[(tp.topic, tp.partition)] = max(int(hw) - int(self._consumer.position(tp)), 0)
+        return out
+
+    def caught_up(self) -> bool:
+        """True if partitions are assigned and every one has read up to its highwater."""
+        assigned = self._consumer.assignment()
+        lag = self.lag()
+        return bool(assigned) and len(lag) == len(assigned) and not any(lag.values())
+
+    def close(self):
+        """Leave the group and close connections, without committing anything."""
+        if not self._closed:
+            self._closed = True
+            self._consumer.close(autocommit=False)

@@ -1,0 +1,1 @@
+"""The daemon: config, the consumer loop, metrics, CLI glue."""

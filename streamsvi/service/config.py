@@ -1,0 +1,254 @@
+"""Daemon configuration: a TOML file, validated up front.
+
+Every setting, its type, default and meaning is in :data:`SCHEMA`; errors
+name the field (``source.topics: expected a list of strings, got 3``).
+``streamsvi run --config FILE --print-config`` shows the resolved config.
+See ``configs/`` for one example per model.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED = object()
+
+
+@dataclass(frozen=True)
+class Field:
+    type: str          # "int", "float", "str", "bool", "list[str]", "list[float]", "float|auto", "dict"
+    default: object
+    doc: str
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+
+
+#: section -> field -> Field. "model" fields beyond ``kind`` are the model's own settings.
+SCHEMA: dict[str, dict[str, Field]] = {
+    "model": {
+        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture) or gauss1d",
+                      choices=("gmm", "gmm_dp", "gauss1d")),
+        "n_components": Field("int", REQUIRED, "K (the truncation level for gmm_dp)", min=1),
+        "n_features": Field("int", None, "D, values per record (gauss1d: 1)", min=1),
+        "weight_concentration": Field("float", None, "alpha0 of the Dirichlet on the weights "
+                                      "(gmm_dp: the DP concentration alpha, split as alpha/K)", min=0),
+        "mean_precision": Field("float", None, "beta0 (gmm, gmm_dp)", min=0),
+        "mean": Field("float", None, "m0, a number used for every coordinate (gmm, gmm_dp)"),
+        "degrees_of_freedom": Field("float", None, "nu0 > D - 1; default D (gmm, gmm_dp)"),
+        "scale": Field("float", None, "W0 = scale * I (gmm, gmm_dp)", min=0),
+        "sigma2": Field("float", None, "known observation variance (gauss1d)", min=0),
+        "prior_mean": Field("float", None, "mu0 (gauss1d)"),
+        "prior_var": Field("float", None, "tau^2 (gauss1d)", min=0),
+    },
+    "inference": {
+        "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
+                         "unbounded stream; 'auto' = sum of the topics' highwater marks at start", min=0),
+        "batch_size": Field("int", 1000, "|S|: records per minibatch", min=1),
+        "max_wait_seconds": Field("float", 1.0, "apply a smaller batch after waiting this long", min=0),
+        "min_batch_size": Field("int", 1, "never apply a batch smaller than this (wait for more)", min=1),
+        "effective_batch_size": Field("float", None, "M for SVI+ (0 < M <= batch_size); unset = SVI", min=0),
+        "effective_fraction": Field("float", None, "M as a fraction of each batch (instead of M)",
+                                    min=0, max=1),
+        "schedule": Field("str", "robbins_monro", "robbins_monro or constant",
+                          choices=("robbins_monro", "constant")),
+        "tau0": Field("float", 1.0, "Robbins-Monro delay tau0 >= 0", min=0),
+        "kappa": Field("float", 0.7, "Robbins-Monro forgetting rate kappa in (0.5, 1]"),
+        "rho_min": Field("float", None, "floor on rho_t for drifting streams (leaves Robbins-Monro)",
+                         min=0, max=1),
+        "rho": Field("float", 0.1, "step size for schedule = constant", min=0, max=1),
+        "boundary_fraction": Field("float", 0.5, "fraction-to-boundary for steps that would leave "
+                                   "the parameter domain", min=0, max=1),
+        "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
+    },
+    "source": {
+        "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
+        "bootstrap_servers": Field("str", "127.0.0.1:9092", "Kafka bootstrap servers, comma separated"),
+        "topics": Field("list[str]", None, "topics to consume (or pattern)"),
+        "pattern": Field("str", None, "regex of topics to consume (instead of topics)"),
+        "group_id": Field("str", "streamsvi", "consumer group"),
+        "codec": Field("str", "json", "json (one record per message) or binary (one minibatch per message)",
+                       choices=("json", "binary")),
+        "fields": Field("list[str]", None, "for JSON objects: the field names, in feature order"),
+        "dead_letter_topic": Field("str", None, "Kafka topic for records that fail decoding or validation"),
+        "path": Field("str", None, "file source: JSONL or CSV file"),
+        "format": Field("str", "jsonl", "file source format: jsonl or csv", choices=("jsonl", "csv")),
+        "dead_letter_path": Field("str", None, "file for dead letters (file source, or Kafka without a "
+                                  "dead-letter topic); default: <checkpoint directory>/dead-letters.jsonl"),
+        "connect_attempts": Field("int", 30, "broker connection attempts at start before giving up", min=1),
+        "connect_backoff_seconds": Field("float", 1.0, "initial retry backoff (doubles, max 30 s)", min=0),
+    },
+    "validation": {
+        "max_abs": Field("float", 1e12, "largest absolute value accepted in a record", min=0),
+        "max_message_bytes": Field("int", 1_048_576, "largest accepted message (JSON codec)", min=1),
+    },
+    "checkpoint": {
+        "directory": Field("str", REQUIRED, "where snapshots are written"),
+        "keep": Field("int", 3, "snapshots kept", min=1),
+        "every_seconds": Field("float", 30.0, "checkpoint at least this often", min=0),
+        "every_batches": Field("int", 100, "checkpoint after this many batches", min=1),
+    },
+    "metrics": {
+        "enabled": Field("bool", True, "serve Prometheus metrics"),
+        "host": Field("str", "127.0.0.1", "address the metrics endpoint binds to"),
+        "port": Field("int", 9464, "metrics port (0 = any free port)", min=0, max=65535),
+        "heldout_size": Field("int", 500, "records diverted (not trained on) into the held-out "
+                              "reservoir; 0 disables the held-out metric", min=0),
+        "heldout_every": Field("int", 10, "recompute the held-out log-likelihood every this many batches",
+                               min=1),
+        "progress_seconds": Field("float", 2.0, "console progress line interval (0 = off)", min=0),
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the field."""
+
+
+def _check(section: str, name: str, f: Field, v):
+    where = f"{section}.{name}"
+    t = f.type
+    if t == "float|auto":
+        if v == "auto":
+            return v
+        t = "float"
+    if t == "int":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{where}: expected an integer, got {v!r}")
+    elif t == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ConfigError(f"{where}: expected a finite number, got {v!r}")
+        v = float(v)
+    elif t == "str":
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"{where}: expected a non-empty string, got {v!r}")
+    elif t == "bool":
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}: expected true or false, got {v!r}")
+    elif t == "list[str]":
+        if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
+            raise ConfigError(f"{where}: expected a non-empty list of strings, got {v!r}")
+    if f.choices and v not in f.choices:
+        raise ConfigError(f"{where}: expected one of {', '.join(f.choices)}, got {v!r}")
+    if f.min is not None and isinstance(v, (int, float)) and v < f.min:
+        raise ConfigError(f"{where}: must be >= {f.min:g}, got {v!r}")
+    if f.max is not None and isinstance(v, (int, float)) and v > f.max:
+        raise ConfigError(f"{where}: must be <= {f.max:g}, got {v!r}")
+    return v
+
+
+def validate(raw: dict, base_dir: Path | None = None) -> dict:
+    """Check a parsed config against :data:`SCHEMA`, fill defaults, return a new dict."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config must be a TOML table")
+    unknown = set(raw) - set(SCHEMA)
+    if unknown:
+        raise ConfigError(f"unknown section(s) {sorted(unknown)}; known: {sorted(SCHEMA)}")
+    out = {}
+    for section, fields in SCHEMA.items():
+        given = raw.get(section, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"{section}: expected a table, got {given!r}")
+        extra = set(given) - set(fields)
+        if extra:
+            raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}; known: {sorted(fields)}")
+        sec = {}
+        for name, f in fields.items():
+            if name in given:
+                sec[name] = _check(section, name, f, given[name])
+            elif f.default is REQUIRED:
+                raise ConfigError(f"{section}.{name}: required ({f.doc})")
+            else:
+                sec[name] = copy.deepcopy(f.default)
+        out[section] = sec
+    # cross-field rules
+    inf, src, mdl = out["inference"], out["source"], out["model"]
+    if inf["effective_batch_size"] is not None and inf["effective_fraction"] is not None:
+        raise ConfigError("inference: set effective_batch_size or effective_fraction, not both")
+    if inf["effective_batch_size"] is not None and not 0 < inf["effective_batch_size"] <= inf["batch_size"]:
+        raise ConfigError(f"inference.effective_batch_size: must be in (0, batch_size={inf['batch_size']}], "
+                          f"got {inf['effective_batch_size']:g}")
+    if inf["effective_fraction"] is not None and inf["effective_fraction"] <= 0:
+        raise ConfigError("inference.effective_fraction: must be in (0, 1]")
+    if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
+        raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
+    if inf["min_batch_size"] > inf["batch_size"]:
+        raise ConfigError("inference.min_batch_size: must be <= batch_size")
+    if mdl["kind"] == "gauss1d":
+        if mdl["n_features"] not in (None, 1):
+            raise ConfigError("model.n_features: gauss1d records have 1 value")
+        mdl["n_features"] = 1
+    elif mdl["n_features"] is None:
+        raise ConfigError("model.n_features: required for gmm and gmm_dp")
+    if src["kind"] == "kafka":
+        if (src["topics"] is None) == (src["pattern"] is None):
+            raise ConfigError("source: set exactly one of topics or pattern")
+    else:
+        if src["path"] is None:
+            raise ConfigError("source.path: required for a file source")
+        if inf["n_total"] == "auto":
+            pass  # file source: auto = number of lines, resolved at start
+    if src["fields"] is not None and len(src["fields"]) != mdl["n_features"]:
+        raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
+    if base_dir is not None:   # relative paths are relative to the config file
+        for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path")):
+            p = out[sec][key]
+            if p is not None and not Path(p).is_absolute():
+                out[sec][key] = str((base_dir / p).resolve())
+    return out
+
+
+def load_config(path) -> dict:
+    """Read and validate a TOML config file."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return validate(raw, base_dir=p.resolve().parent)
+
+
+def build_model(model_cfg: dict):
+    """The model a validated ``[model]`` section describes."""
+    from ..models import BayesianGMM, KnownVarianceGMM1D
+
+    kind = model_cfg["kind"]
+    given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
+    gmm_keys = {"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
+                "degrees_of_freedom", "scale"}
+    g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}
+    allowed = g1_keys | {"n_features"} if kind == "gauss1d" else gmm_keys
+    wrong = set(given) - allowed
+    if wrong:
+        raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = {kind!r}")
+    try:
+        if kind == "gauss1d":
+            given.pop("n_features", None)
+            return KnownVarianceGMM1D(**given)
+        if kind == "gmm_dp":
+            conc = given.pop("weight_concentration", 1.0)
+            return BayesianGMM.dp_approximation(given.pop("n_features"), concentration=conc,
+                                                n_components=given.pop("n_components"), **given)
+        return BayesianGMM(**given)
+    except ValueError as exc:
+        raise ConfigError(f"model: {exc}") from None
+
+
+def build_engine(cfg: dict, n_total: float):
+    """The SVI engine of a validated config, with N resolved to a number."""
+    from ..inference import SVI, Constant, RobbinsMonro
+
+    inf = cfg["inference"]
+    schedule = (RobbinsMonro(inf["tau0"], inf["kappa"], inf["rho_min"])
+                if inf["schedule"] == "robbins_monro" else Constant(inf["rho"]))
+    try:
+        return SVI(build_model(cfg["model"]), n_total=n_total, schedule=schedule,
+                   effective_batch_size=inf["effective_batch_size"],
+                   effective_fraction=inf["effective_fraction"],
+                   boundary_fraction=inf["boundary_fraction"], short_batches="svi")
+    except ValueError as exc:
+        raise ConfigError(f"inference: {exc}") from None

@@ -1,0 +1,288 @@
+"""The daemon's consumer loop: minibatches → SVI+ → durable checkpoints → metrics.
+
+Delivery contract (DESIGN.md): auto-commit is off; the offsets of a batch are
+committed only after a checkpoint that includes the batch's update is durable;
+on start the daemon seeks every partition to the offsets stored in its latest
+valid checkpoint. A crash at any instant therefore neither loses a record's
+contribution nor counts it twice. A record that fails decoding or validation
+never reaches the model: it goes to the dead-letter topic (or file) with its
+reason and position, and is counted.
+
+The loop the quix-streams way (STYLE.md §9): signal handlers only set a flag;
+resources live in an ``ExitStack``; ``run()`` takes stop conditions so tests
+can drive it.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..checkpoint import CheckpointStore, check_compatible
+from .config import build_engine
+from .metrics import DaemonMetrics
+
+log = logging.getLogger("streamsvi.daemon")
+
+
+@dataclass
+class RunResult:
+    """What one ``Daemon.run`` did."""
+
+    batches: int = 0
+    records: int = 0
+    dead: int = 0
+    heldout: int = 0
+    checkpoints: int = 0
+    stopped_by: str = ""
+    elbo_history: list = field(default_factory=list)
+
+
+class Daemon:
+    """One model learning from one source.
+
+    Parameters
+    ----------
+    cfg : dict
+        A validated config (``streamsvi.service.config.load_config``).
+    registry : prometheus_client.CollectorRegistry, optional
+        Where metrics are registered (a fresh one by default).
+    source_factory : callable, optional
+        ``cfg -> Source``; default builds the Kafka or file source the config names.
+    out : file-like
+        Where console progress goes (stderr by default).
+    """
+
+    def __init__(self, cfg: dict, registry=None, source_factory=None, dead_sink_factory=None,
+                 out=None):
+        self.cfg = cfg
+        self.metrics = DaemonMetrics(registry)
+        self._source_factory = source_factory or default_source
+        self._dead_sink_factory = dead_sink_factory or default_dead_sink
+        self.out = out if out is not None else sys.stderr
+        self._stop = threading.Event()
+        self._signals = 0
+        self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
+        self.engine = None
+        self.state = None
+        self.offsets: dict = {}
+        self.heldout: np.ndarray | None = None
+        self.metrics_server = None
+
+    # ---------------------------------------------------------- signals
+    def request_stop(self, reason="requested"):
+        self._stop_reason = reason
+        self._stop.set()
+
+    def _on_signal(self, signum, frame):
+        self._signals += 1
+        if self._signals >= 2:
+            # second signal: leave at once, without checkpoint or commit
+            os.write(2, f"streamsvi: second signal ({signal.Signals(signum).name}), exiting without commit\n".encode())
+            os._exit(130)
+        self.request_stop(signal.Signals(signum).name)
+
+    def install_signal_handlers(self):
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    # ------------------------------------------------------------ resume
+    def _resume(self):
+        snap = self.store.latest()
+        if snap is None:
+            log.info("no checkpoint in %s: starting fresh", self.store.directory)
+            return
+        engine = build_engine(self.cfg, snap.engine.n_total)
+        notes = check_compatible(snap, engine)
+        for n in notes:
+            log.warning("settings changed since the checkpoint: %s", n)
+        self.engine, self.state = engine, snap.state
+        self.offsets = {(o["source"], int(o["partition"])): int(o["offset"]) for o in snap.offsets}
+        ho = (snap.extra or {}).get("heldout")
+        if ho:
+            self.heldout = np.asarray(ho, dtype=np.float64)
+        self.elbo_history = list((snap.extra or {}).get("elbo_history", []))
+        log.info("resumed from %s: step %d, %d records, offsets %s", snap.path, snap.state.step,
+                 snap.state.records_seen, self.offsets)
+        print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
+              f"{snap.state.records_seen} records)", file=self.out, flush=True)
+
+    def _n_total(self, source) -> float:
+        n = self.cfg["inference"]["n_total"]
+        if n != "auto":
+            return float(n)
+        total = source_size(source)
+        if not total:
+            raise RuntimeError("inference.n_total = 'auto' but the source reports no records yet; "
+                               "set a number (the population size for an unbounded stream)")
+        log.info("n_total = auto: %d records", total)
+        return float(total)
+
+    # -------------------------------------------------------- checkpoint
+    def checkpoint(self, source, dead_sink):
+        """Snapshot (durable when it returns), then flush dead letters, then commit offsets."""
+        if self.state is None:
+            return None
+        offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
+        extra = {"elbo_history": self.elbo_history[-1000:]}
+        if self.heldout is not None:
+            extra["heldout"] = self.heldout.tolist()
+        snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
+        self.metrics.checkpoint_ts.set(time.time())
+        self.metrics.checkpoints.inc()
+        dead_sink.flush()                       # dead letters of committed offsets are durable too
+        source.commit(dict(self.offsets))       # only after the snapshot is durable
+        return snap
+
+    # --------------------------------------------------------------- run
+    def run(self, max_batches: int | None = None, timeout: float | None = None,
+            until_drained: bool = False) -> RunResult:
+        """Consume, update, checkpoint until a stop condition; returns a summary."""
+        cfg = self.cfg
+        inf, ck, mc = cfg["inference"], cfg["checkpoint"], cfg["metrics"]
+        res = RunResult()
+        self._stop_reason = ""
+        self.elbo_history = []
+        t_start = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            if mc["enabled"]:
+                server, thread = self.metrics.serve(mc["port"], mc["host"])
+                self.metrics_server = server
+                stack.callback(server.shutdown)
+                print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
+            self._resume()
+            source = self._source_factory(cfg, self.metrics)
+            stack.callback(source.close)
+            dead_sink = self._dead_sink_factory(cfg)
+            stack.callback(dead_sink.close)
+            if self.offsets:
+                source.seek(self.offsets)
+            if hasattr(source, "wait_for_assignment"):
+                source.wait_for_assignment(timeout_s=60.0)
+            last_ck, batches_since_ck = time.monotonic(), 0
+            last_progress, progress_records = time.monotonic(), 0
+            H = mc["heldout_size"]
+            while True:
+                if self._stop.is_set():
+                    res.stopped_by = self._stop_reason
+                    break
+                if max_batches is not None and res.batches >= max_batches:
+                    res.stopped_by = "max_batches"
+                    break
+                if timeout is not None and time.monotonic() - t_start > timeout:
+                    res.stopped_by = "timeout"
+                    break
+                batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
+                if batch is None:
+                    if until_drained and _drained(source):
+                        res.stopped_by = "drained"
+                        break
+                    continue
+                for d in batch.dead:
+                    dead_sink.send(d)
+                    self.metrics.observe_dead(d.reason)
+                res.dead += len(batch.dead)
+                x = batch.x
+                if H and (self.heldout is None or len(self.heldout) < H) and len(x):
+                    take = H - (0 if self.heldout is None else len(self.heldout))
+                    ho, x = x[:take], x[take:]
+                    self.heldout = ho if self.heldout is None else np.concatenate([self.heldout, ho])
+                    res.heldout += len(ho)
+                    self.metrics.heldout_records.set(len(self.heldout))
+                if len(x):
+                    if self.engine is None:
+                        self.engine = build_engine(cfg, self._n_total(source))
+                    if self.state is None:
+                        self.state = self.engine.init(x, seed=inf["seed"])
+                    t0 = time.perf_counter()
+                    self.state, info = self.engine.update(self.state, x)
+                    self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
+                    self.metrics.records_seen.set(self.state.records_seen)
+                    self.elbo_history.append([info.step, info.elbo_per_record])
+                    res.records += len(x)
+                    res.batches += 1
+                    batches_since_ck += 1
+                    progress_records += len(x)
+                    if self.heldout is not None and len(self.heldout) and (
+                            info.step % mc["heldout_every"] == 0 or info.step == 1):
+                        lp = self.engine.model.predictive_logpdf(self.state.lam, self.heldout)
+                        self.heldout_ll = float(np.mean(lp))
+                        self.metrics.heldout_loglik.set(self.heldout_ll)
+                        self.elbo_history[-1].append(self.heldout_ll)
+                self.offsets.update(batch.next_offsets)
+                self.metrics.set_lag(source.lag())
+                now = time.monotonic()
+                if batches_since_ck >= ck["every_batches"] or now - last_ck >= ck["every_seconds"]:
+                    if self.state is not None:
+                        self.checkpoint(source, dead_sink)
+                        res.checkpoints += 1
+                    last_ck, batches_since_ck = now, 0
+                if mc["progress_seconds"] and now - last_progress >= mc["progress_seconds"] and self.state:
+                    rate = progress_records / (now - last_progress)
+                    lag = sum(source.lag().values())
+                    print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
+                          f"{rate:10.0f} rec/s  ELBO/rec {self.elbo_history[-1][1]:10.4f}  "
+                          f"rho {self.metrics.rho._value.get():.4f}  lag {lag}",
+                          file=self.out, flush=True)
+                    last_progress, progress_records = now, 0
+            # clean shutdown: checkpoint and commit what was applied
+            if self.state is not None:
+                snap = self.checkpoint(source, dead_sink)
+                res.checkpoints += 1
+                print(f"checkpoint: {snap.path} (step {self.state.step}, "
+                      f"{self.state.records_seen} records)", file=self.out, flush=True)
+        res.elbo_history = list(self.elbo_history)
+        return res
+
+
+def _drained(source) -> bool:
+    """A file or memory source at its end, or a Kafka consumer at every highwater mark."""
+    caught_up = getattr(source, "caught_up", None)
+    return source.exhausted() or (caught_up is not None and caught_up())
+
+
+def source_size(source) -> int:
+    """Records in a bounded source: lines of a file, or Σ highwater of the Kafka partitions."""
+    if hasattr(source, "_count_lines"):
+        return int(source._count_lines())
+    if hasattr(source, "positions"):
+        pos, lag = source.positions(), source.lag()
+        return int(sum(pos[tp] + lag[tp] for tp in lag if tp in pos))
+    return 0
+
+
+def default_source(cfg, metrics):
+    from ..io.codecs import codec_from_config
+    from ..io.sources import FileSource, KafkaSource
+    from ..io.validate import RecordValidator
+
+    src, val, D = cfg["source"], cfg["validation"], cfg["model"]["n_features"]
+    codec = codec_from_config(src["codec"], D, src["fields"])
+    validator = RecordValidator(D, max_abs=val["max_abs"], max_message_bytes=val["max_message_bytes"])
+    if src["kind"] == "file":
+        codec = None if src["format"] == "csv" else codec
+        return FileSource(src["path"], n_features=D, fmt=src["format"], codec=codec,
+                          validator=validator, fields=src["fields"])
+    return KafkaSource(src["bootstrap_servers"], topics=src["topics"], pattern=src["pattern"],
+                       group_id=src["group_id"], codec=codec, validator=validator,
+                       connect_attempts=src["connect_attempts"],
+                       connect_backoff_s=src["connect_backoff_seconds"])
+
+
+def default_dead_sink(cfg):
+    from ..io.deadletter import FileDeadLetterSink, KafkaDeadLetterSink
+
+    src = cfg["source"]
+    if src["kind"] == "kafka" and src["dead_letter_topic"]:
+        return KafkaDeadLetterSink(src["bootstrap_servers"], src["dead_letter_topic"])
+    path = src["dead_letter_path"] or os.path.join(cfg["checkpoint"]["directory"], "dead-letters.jsonl")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    return FileDeadLetterSink(path)

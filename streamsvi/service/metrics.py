@@ -1,0 +1,98 @@
+"""Prometheus metrics of the daemon, declared once (STYLE.md §10).
+
+Namespace ``streamsvi``; base units in names; an injectable
+``CollectorRegistry`` so tests read values back. Values that describe the
+latest update (ELBO, ρ, step, …) are gauges set after every update.
+
+Gradient variance, two views:
+
+* ``streamsvi_gradient_variance_estimate`` — from one batch:
+  N² tr(Σ̂_t)/M_eff, Σ̂_t the sample covariance of the records' expected
+  sufficient statistics (DESIGN.md).
+* ``streamsvi_gradient_variance_observed`` — across steps: an exponentially
+  weighted mean (river ``stats.EWMean``) of ½‖ĝ_t − ĝ_{t−1}‖², the successive-
+  difference (von Neumann) estimator of tr Var(ĝ), which a slowly moving mean
+  of ĝ does not inflate. When q is near a fixed point the two should agree.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from river import stats as river_stats
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class DaemonMetrics:
+    """All metrics of one daemon, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, fading_factor: float = 0.1):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        ns, r = "streamsvi", self.registry
+        g = lambda name, doc, labels=(): Gauge(name, doc, labels, namespace=ns, registry=r)  # noqa: E731
+        c = lambda name, doc, labels=(): Counter(name, doc, labels, namespace=ns, registry=r)  # noqa: E731
+        self.elbo = g("elbo", "Minibatch ELBO estimate L_t (nats) at the parameters before the latest update")
+        self.elbo_per_record = g("elbo_per_record", "Minibatch ELBO estimate divided by N (nats per record)")
+        self.heldout_loglik = g("heldout_loglik_per_record",
+                                "Mean log posterior-predictive density of the held-out reservoir (nats per record)")
+        self.heldout_records = g("heldout_records", "Records in the held-out reservoir")
+        self.grad_var_est = g("gradient_variance_estimate",
+                              "N^2 tr(Sigma_t)/M_eff: estimated total variance of the natural gradient from one batch")
+        self.grad_var_obs = g("gradient_variance_observed",
+                              "EW mean of 0.5*||g_t - g_(t-1)||^2: observed step-to-step variance of the natural gradient")
+        self.grad_norm = g("gradient_norm", "Euclidean norm of the latest natural gradient")
+        self.rho = g("step_size", "Step size rho_t of the latest update")
+        self.noise_std = g("svi_plus_noise_std", "Standard deviation sqrt(|S|/M - 1) of the SVI+ noise eps_n")
+        self.effective_batch = g("effective_batch_size", "SVI+ effective batch size M of the latest update")
+        self.step = g("step", "Updates applied to the parameters (engine step t)")
+        self.records_seen = g("records_seen", "Records folded into the parameters (engine state)")
+        self.records = c("records_consumed", "Records that reached the model")
+        self.dead = c("records_dead_lettered", "Records set aside, by reason", ("reason",))
+        self.batches = c("batches", "Minibatches applied")
+        self.domain_clipped = c("domain_clipped_blocks",
+                                "Parameter blocks whose step was shortened to keep lambda in its domain")
+        self.domain_updates = c("domain_clipped_updates", "Updates in which at least one block was shortened")
+        self.update_seconds = Histogram("update_duration_seconds", "Wall time of one engine update",
+                                        namespace=ns, registry=r, buckets=_LATENCY_BUCKETS)
+        self.lag = g("consumer_lag_records", "Highwater mark minus position, per partition",
+                     ("topic", "partition"))
+        self.checkpoint_ts = g("last_checkpoint_timestamp_seconds",
+                               "Unix time of the last durable checkpoint")
+        self.checkpoints = c("checkpoints", "Durable checkpoints written")
+        self.broker_up = g("broker_up", "1 when the last broker call succeeded, 0 while retrying")
+        self.broker_retries = c("broker_retries", "Retries after the broker was unavailable")
+        self._ewm = river_stats.EWMean(fading_factor=fading_factor)
+        self._prev_grad = None
+
+    def observe_update(self, info, gradient=None, seconds: float | None = None) -> None:
+        """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams)."""
+        self.elbo.set(info.elbo)
+        self.elbo_per_record.set(info.elbo_per_record)
+        self.grad_var_est.set(info.grad_variance)
+        self.grad_norm.set(info.grad_norm)
+        self.rho.set(info.rho)
+        self.noise_std.set(info.noise_std)
+        self.effective_batch.set(info.effective_batch_size)
+        self.step.set(info.step)
+        self.records.inc(info.batch_size)
+        self.batches.inc()
+        if info.domain_clipped:
+            self.domain_clipped.inc(info.domain_clipped)
+            self.domain_updates.inc()
+        if seconds is not None:
+            self.update_seconds.observe(seconds)
+        if gradient is not None:
+            if self._prev_grad is not None:
+                self._ewm.update(0.5 * (gradient - self._prev_grad).sqnorm())
+                self.grad_var_obs.set(self._ewm.get())
+            self._prev_grad = gradient
+
+    def observe_dead(self, reason: str, n: int = 1) -> None:
+        self.dead.labels(reason=reason).inc(n)
+
+    def set_lag(self, lags: dict) -> None:
+        for (topic, partition), v in lags.items():
+            self.lag.labels(topic=str(topic), partition=str(partition)).set(v)
+
+    def serve(self, port: int, addr: str = "127.0.0.1"):
+        """Serve ``/metrics`` over HTTP; returns (server, thread)."""
+        return start_http_server(port, addr=addr, registry=self.registry)
