@@ -1,0 +1,125 @@
+"""Metrics: the exposition is lint-clean (promtool) and a real Prometheus server scrapes it."""
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+import json
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from streamsvi.datasets import make_blobs
+from streamsvi.inference import SVI, RobbinsMonro
+from streamsvi.models import BayesianGMM
+from streamsvi.service.metrics import DaemonMetrics
+
+
+def _need(tool):
+    path = shutil.which(tool)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{tool} is not installed; .ci/run installs Debian's prometheus package")
+        pytest.skip(f"{tool} not installed (Debian package prometheus)")
+    return path
+
+
+def _fed_metrics(steps=12):
+    X, _ = make_blobs(600, seed=0)
+    engine = SVI(BayesianGMM(4, 2), n_total=len(X), schedule=RobbinsMonro(1.0, 0.7),
+                 effective_batch_size=5)
+    state = engine.init(X, seed=0)
+    m = DaemonMetrics()
+    for t in range(steps):
+        state, info = engine.update(state, X[50 * t % 550:50 * t % 550 + 50])
+        m.observe_update(info, info.gradient, 0.002)
+    m.observe_dead("non_finite", 3)
+    m.observe_dead("json_invalid")
+    m.set_lag({("gmm-records", 0): 12, ("gmm-records", 1): 0})
+    m.heldout_loglik.set(float(np.mean(engine.model.predictive_logpdf(state.lam, X[:100]))))
+    return m, state, info
+
+
+def test_values_are_what_the_engine_reported():
+    m, state, info = _fed_metrics()
+    r = m.registry
+    assert r.get_sample_value("streamsvi_step") == info.step == 12
+    assert r.get_sample_value("streamsvi_elbo_per_record") == pytest.approx(info.elbo_per_record)
+    assert r.get_sample_value("streamsvi_step_size") == pytest.approx(info.rho)
+    assert r.get_sample_value("streamsvi_svi_plus_noise_std") == pytest.approx(3.0)
+    assert r.get_sample_value("streamsvi_gradient_variance_estimate") == pytest.approx(info.grad_variance)
+    assert r.get_sample_value("streamsvi_records_consumed_total") == 600
+    assert r.get_sample_value("streamsvi_records_dead_lettered_total", {"reason": "non_finite"}) == 3
+    assert r.get_sample_value("streamsvi_consumer_lag_records",
+                              {"topic": "gmm-records", "partition": "0"}) == 12
+    assert r.get_sample_value("streamsvi_update_duration_seconds_count") == 12
+    assert r.get_sample_value("streamsvi_gradient_variance_observed") > 0
+
+
+def test_observed_variance_is_the_successive_difference_estimator():
+    from streamsvi.models import NatParams
+
+    m = DaemonMetrics(fading_factor=1.0)      # EWMean with factor 1 keeps the last value
+    g1, g2 = NatParams(a=[1.0, 2.0]), NatParams(a=[4.0, -2.0])
+    info = type("I", (), dict(elbo=0.0, elbo_per_record=0.0, grad_variance=0.0, grad_norm=0.0, rho=0.1,
+                              noise_std=0.0, effective_batch_size=1, step=1, batch_size=1,
+                              domain_clipped=0))()
+    m.observe_update(info, g1)
+    m.observe_update(info, g2)
+    assert m.registry.get_sample_value("streamsvi_gradient_variance_observed") == 0.5 * (9 + 16)
+
+
+def test_promtool_check_metrics_is_clean():
+    promtool = _need("promtool")
+    m, _, _ = _fed_metrics()
+    text = generate_latest(m.registry)
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), \
+        (res.stdout.decode(), res.stderr.decode())
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_prometheus_scrapes_the_endpoint(tmp_path):
+    prometheus = _need("prometheus")
+    m, _, info = _fed_metrics()
+    server, thread = m.serve(0)
+    port = server.server_port
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "streamsvi_elbo_per_record" in body
+        prom_port = _free_port()
+        (tmp_path / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: streamsvi\n    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{port}']\n")
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
+            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+        try:
+            q = urllib.parse.quote("streamsvi_step")
+            deadline, value = time.monotonic() + 40, None
+            while time.monotonic() < deadline and value is None:
+                time.sleep(1)
+                try:
+                    with urllib.request.urlopen(
+                            f"http://127.0.0.1:{prom_port}/api/v1/query?query={q}", timeout=2) as r:
+                        res = json.load(r)["data"]["result"]
+                    if res:
+                        value = float(res[0]["value"][1])
+                except OSError:
+                    continue
+            assert value == info.step, (tmp_path / "prometheus.log").read_text()[-2000:]
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    finally:
+        server.shutdown()
