@@ -21,15 +21,15 @@ outside the natural-parameter domain (a negative Dirichlet count, a Wishart
 scale that is not positive definite). The domain is convex and the current λ
 is inside it, so the segment from λ towards λ̂_t leaves it at some s_max > 0,
 computed in closed form per block of parameters by the model
-(``max_step``). For each block whose step ρ_t would reach or cross the
-boundary (ρ_t ≥ s_max) the engine takes the step ``boundary_fraction · s_max``
-instead, in the same natural-gradient direction (the fraction-to-boundary
-rule of interior-point methods), so λ stays strictly inside and the block
-still moves towards its target. Other blocks keep
-ρ_t. The step is never lengthened, so the schedule's guarantees are kept; the
-number of shortened blocks is in ``UpdateInfo.domain_clipped``. With
-non-negative weights (SVI, batch VI) λ̂_t is always inside and nothing is
-checked.
+(``max_step``). Each block takes the step ``min(ρ_t, τ · s_max)`` with
+τ = ``boundary_fraction`` (the fraction-to-boundary rule of interior-point
+methods): the same natural-gradient direction, never longer than the
+schedule's step, never closer to the boundary than a fraction 1 − τ of the
+way. Blocks far from the boundary keep ρ_t; the step is continuous in s_max.
+The number of shortened blocks is in ``UpdateInfo.domain_clipped``. The check
+costs one membership test per update (the closed-form limits only when it
+fails), and only when some weight is negative: with non-negative weights
+(SVI, batch VI) λ̂_t is always inside and nothing is checked.
 
 Examples
 --------
@@ -176,7 +176,8 @@ class SVI:
         Alternative to M for batches of varying size: M = fraction · |S_t|,
         fraction in (0, 1].
     boundary_fraction : float
-        In (0, 1): how far towards the domain boundary a step may go (module docs).
+        τ in (0, 1): how far towards the domain boundary a step may go
+        (module docs). Default 0.9.
     short_batches : {"error", "svi"}
         What a batch smaller than M means: an error (default), or a plain SVI
         step with M = |S_t| for that batch (the daemon's choice: a stream
@@ -188,7 +189,7 @@ class SVI:
     schedule: Schedule = field(default_factory=RobbinsMonro)
     effective_batch_size: float | None = None
     effective_fraction: float | None = None
-    boundary_fraction: float = 0.5
+    boundary_fraction: float = 0.9
     short_batches: str = "error"
 
     def __post_init__(self):
@@ -251,8 +252,11 @@ class SVI:
             eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
             weights = 1.0 + eps - eps.mean()
             rng_state = rng.bit_generator.state
-            stats_w = model.suffstats(local, x, weights)
-            stats = model.suffstats(local, x)
+            pair = getattr(model, "suffstats_pair", None)
+            if pair is not None:
+                stats_w, stats = pair(local, x, weights)
+            else:
+                stats_w, stats = model.suffstats(local, x, weights), model.suffstats(local, x)
         else:
             weights = None
             stats = stats_w = model.suffstats(local, x)
@@ -281,13 +285,17 @@ class SVI:
         t = state.step + 1
         rho = self.schedule(t)
         clipped = blocks = 0
-        if min_w < 0:
+        tau = self.boundary_fraction
+        # fraction-to-boundary: ρ_b = min(ρ, τ·s_max). A block is shortened iff
+        # s_max < ρ/τ, i.e. iff λ + (ρ/τ)(λ̂ − λ) is outside the domain: one cheap
+        # membership test first, the closed-form s_max only when it fails.
+        if min_w < 0 and not model.in_domain(
+                NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
             rho_arr = {}
             for names, limit in model.max_step(lam, target):
                 limit = np.asarray(limit, float)
-                leaves = limit <= rho
-                rho_b = np.where(leaves, self.boundary_fraction * limit, rho)
-                clipped += int(np.count_nonzero(leaves))
+                rho_b = np.minimum(rho, tau * limit)
+                clipped += int(np.count_nonzero(rho_b < rho))
                 blocks += int(limit.size)
                 for nm in names:
                     rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
@@ -301,7 +309,7 @@ class SVI:
         # metrics
         elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(local)))
         if S > 1:
-            mean_sq = (stats * (1.0 / S)).sqnorm()
+            mean_sq = stats.sqnorm() / (S * S)
             tr_cov = max(0.0, (float(np.sum(model.suffstats_sqnorm(local, x))) - S * mean_sq) / (S - 1))
             grad_var = N * N * tr_cov / M
         else:

@@ -19,6 +19,9 @@ Methods a model provides (all pure functions of their arguments):
     Fit the local variational factors q(θ_n) of every record given λ.
 ``suffstats(local, x, weights=None) -> NatParams``
     Σ_n w_n E_q[t(θ_n)]: the (weighted) expected sufficient statistics.
+``suffstats_pair(local, x, weights) -> (NatParams, NatParams)``  (optional)
+    The weighted and the unweighted statistics at once, when a model can do
+    both for the price of one (the engine needs both under SVI+).
 ``suffstats_sqnorm(local, x) -> ndarray``
     ‖E_q[t(θ_n)]‖² per record (for the gradient-variance estimate).
 ``local_elbo(local) -> ndarray``

@@ -289,10 +289,11 @@ class BayesianGMM:
         G = np.empty((T + D + 1, K))
         G[:T] = (W.reshape(K, D * D).take(self._triu_flat, axis=1) * (nu[:, None] * self._triu_w)).T
         G[T:T + D] = (nu[:, None] * Wm).T
-        G[T + D] = (digamma(alpha) - digamma(alpha.sum()) + 0.5 * (psi_D - logdet_Winv)
+        dg_alpha, dg_A = digamma(alpha), digamma(alpha.sum())
+        G[T + D] = (dg_alpha - dg_A + 0.5 * (psi_D - logdet_Winv)
                     + self._g_const - 0.5 * D / beta - 0.5 * nu * mWm)
         ex = {"alpha": alpha, "beta": beta, "m": m, "W": W, "nu": nu, "Wm": Wm, "mWm": mWm,
-              "logdet_Winv": logdet_Winv, "psi_D": psi_D, "G": G}
+              "logdet_Winv": logdet_Winv, "psi_D": psi_D, "G": G, "E_log_pi": dg_alpha - dg_A}
         self._cache = (lam, ex)
         return ex
 
@@ -311,12 +312,11 @@ class BayesianGMM:
         return GMMLocal(r, np.log(s[:, 0]) + mx[:, 0], Z)
 
     # ------------------------------------------------- sufficient statistics
-    def _unpack(self, R, Z):
-        """NatParams from rᵀZ for one set of (weighted) responsibilities."""
+    def _unpack(self, P):
+        """NatParams from one block of rows of RᵀZ (K, T + D + 1)."""
         K, D = self.n_components, self.n_features
         iu, ju = self._triu
         T = iu.size
-        P = R.T @ Z                                        # (K, T + D + 1)
         S2 = np.empty((K, D, D))
         S2[:, iu, ju] = P[:, :T]
         S2[:, ju, iu] = P[:, :T]
@@ -325,7 +325,14 @@ class BayesianGMM:
 
     def suffstats(self, local: GMMLocal, x, weights=None) -> NatParams:
         r = local.resp if weights is None else local.resp * np.asarray(weights)[:, None]
-        return self._unpack(r, local.features)
+        return self._unpack(r.T @ local.features)
+
+    def suffstats_pair(self, local: GMMLocal, x, weights):
+        """(weighted, unweighted) statistics with one matrix product."""
+        K = self.n_components
+        R = np.concatenate([local.resp * np.asarray(weights)[:, None], local.resp], axis=1)
+        P = R.T @ local.features
+        return self._unpack(P[:K]), self._unpack(P[K:])
 
     def suffstats_sqnorm(self, local: GMMLocal, x) -> np.ndarray:
         # ‖t_n‖² = Σ_k r_nk² (3 + ‖x_n‖² + ‖x_n‖⁴)
@@ -351,8 +358,7 @@ class BayesianGMM:
         D = self.n_features
         # Dirichlet KL + Wishart KL(W(W, ν) ‖ W(W0, ν0)), prior-only terms in self._kl_const
         A = alpha.sum()
-        kl_pi = (gammaln(A) - gammaln(alpha).sum()
-                 + ((alpha - a0) * (digamma(alpha) - digamma(A))).sum())
+        kl_pi = gammaln(A) - gammaln(alpha).sum() + (alpha - a0) @ ex["E_log_pi"]
         Wf = W.reshape(len(nu), D * D)
         tr = Wf @ self._W0inv_flat
         kl_wish = (0.5 * (nu - nu0) * ex["psi_D"] + 0.5 * nu0 * ex["logdet_Winv"]

@@ -59,7 +59,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "rho_min": Field("float", None, "floor on rho_t for drifting streams (leaves Robbins-Monro)",
                          min=0, max=1),
         "rho": Field("float", 0.1, "step size for schedule = constant", min=0, max=1),
-        "boundary_fraction": Field("float", 0.5, "fraction-to-boundary for steps that would leave "
+        "boundary_fraction": Field("float", 0.9, "fraction-to-boundary for steps that would leave "
                                    "the parameter domain", min=0, max=1),
         "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
     },

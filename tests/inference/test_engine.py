@@ -101,3 +101,31 @@ def test_short_batches_policy(setup):
     assert info.effective_batch_size == 50
     with pytest.raises(ValueError, match="short_batches"):
         SVI(model, n_total=10, short_batches="drop")
+
+
+def test_fraction_to_boundary_keeps_a_margin():
+    """Helper-found case: ρ just below s_max used to take the step almost to α = 0.
+
+    With ρ_b = min(ρ, τ s_max) a Dirichlet count moving towards 0 keeps at
+    least a fraction 1 − τ of its value, and the reported clipping matches.
+    """
+    X, _ = make_blobs(1000, seed=0)
+    model = BayesianGMM.dp_approximation(2, 1.0, 50)
+    engine = SVI(model, len(X), RobbinsMonro(tau0=1, kappa=0.51), effective_fraction=0.2)
+    state = engine.init(X, seed=0)
+    rng = np.random.default_rng(123)
+    tau = engine.boundary_fraction
+    clipped = 0
+    for _ in range(200):
+        x = X[np.sort(rng.choice(len(X), 50, replace=False))]
+        target = engine.stochastic_target(state, x).target
+        limits = dict((names[0], lim) for names, lim in model.max_step(state.lam, target))
+        new, info = engine.update(state, x)
+        a0, a1 = state.lam["alpha"], new.lam["alpha"]
+        assert np.all(a1 >= (1 - tau) * a0 * (1 - 1e-12))
+        expect = np.count_nonzero(tau * limits["alpha"] < info.rho) + \
+            np.count_nonzero(tau * limits["beta"] < info.rho)
+        assert info.domain_clipped == expect
+        clipped += info.domain_clipped
+        state = new
+    assert clipped > 0

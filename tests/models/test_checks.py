@@ -166,3 +166,16 @@ def test_svi_plus_variance_property(model_case):
     assert np.all(np.abs(plus.mean(0) - svi_m.mean(0)) <= 5 * se + 1e-12)
     # power: SVI at |S| has ≈ M/|S| = 1/4 of the variance
     assert v_s.sum() / v_m.sum() == pytest.approx(M / S, abs=0.06)
+
+
+def test_suffstats_pair_matches_two_calls(model_case):
+    model, X = model_case
+    pair = getattr(model, "suffstats_pair", None)
+    if pair is None:
+        pytest.skip("model has no suffstats_pair")
+    lam = model.init_params(np.random.default_rng(0), X, len(X))
+    local = model.local_step(lam, X)
+    w = np.random.default_rng(2).normal(1.0, 2.0, size=len(X))
+    sw, s = pair(local, X, w)
+    assert sw.allclose(model.suffstats(local, X, w), rtol=1e-12, atol=1e-9)
+    assert s.allclose(model.suffstats(local, X), rtol=1e-12, atol=1e-9)
