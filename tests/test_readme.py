@@ -21,3 +21,17 @@ def test_python_blocks_run(i, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[i]
     exec(compile(block, f"README.md block {i}", "exec"), {})
+
+
+def test_every_config_key_and_metric_is_documented():
+    from streamsvi.service.config import SCHEMA
+    from streamsvi.service.metrics import DaemonMetrics
+
+    text = README.read_text()
+    for section, fields in SCHEMA.items():
+        assert f"`[{section}]`" in text
+        for key in fields:
+            assert f"`{key}`" in text, f"{section}.{key} missing from the README"
+    for mf in DaemonMetrics().registry.collect():
+        name = mf.name + ("_total" if mf.type == "counter" else "")
+        assert f"`{name}" in text, f"metric {name} missing from the README"

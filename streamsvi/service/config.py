@@ -77,6 +77,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "format": Field("str", "jsonl", "file source format: jsonl or csv", choices=("jsonl", "csv")),
         "dead_letter_path": Field("str", None, "file for dead letters (file source, or Kafka without a "
                                   "dead-letter topic); default: <checkpoint directory>/dead-letters.jsonl"),
+        "session_timeout_ms": Field("int", 2000, "consumer group session timeout; a real Kafka cluster "
+                                    "needs >= its group.min.session.timeout.ms (6000 by default): use "
+                                    "10000 there. The local broker joins in about half this time", min=1),
+        "heartbeat_interval_ms": Field("int", 500, "consumer heartbeat interval (< session timeout / 3)",
+                                       min=1),
         "connect_attempts": Field("int", 30, "broker connection attempts at start before giving up", min=1),
         "connect_backoff_seconds": Field("float", 1.0, "initial retry backoff (doubles, max 30 s)", min=0),
     },
