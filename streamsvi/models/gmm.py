@@ -152,6 +152,10 @@ class BayesianGMM:
         self._triu = np.triu_indices(D)
         self._triu_w = np.where(self._triu[0] == self._triu[1], -0.5, -1.0)
         self._triu_flat = self._triu[0] * D + self._triu[1]
+        sym = np.empty((D, D), dtype=np.intp)               # (i, j) -> its column in [x_i x_j, i ≤ j]
+        sym[self._triu] = np.arange(self._triu_flat.size)
+        sym.T[self._triu] = np.arange(self._triu_flat.size)
+        self._sym_from_triu = sym.ravel()
         self._half_j = 0.5 * np.arange(D)
         self._g_const = 0.5 * D * (math.log(2.0) - _LOG_2PI)
         self._W0inv_flat = self._W0inv.ravel()
@@ -277,11 +281,12 @@ class BayesianGMM:
         K, D = self.n_components, self.n_features
         m = bm / beta[:, None]
         Winv = lam["Psi"] - bm[:, :, None] * m[:, None, :]  # Cholesky reads the lower triangle
-        C = np.linalg.cholesky(Winv)                       # Winv = C Cᵀ
-        Cinv = np.linalg.inv(C)
-        W = np.swapaxes(Cinv, 1, 2) @ Cinv                 # W = Winv⁻¹
-        logdet_Winv = 2.0 * np.log(np.diagonal(C, axis1=1, axis2=2)).sum(axis=1)
-        psi_D = digamma(0.5 * nu[:, None] - self._half_j).sum(axis=1)
+        C = np.linalg.cholesky(Winv)                       # Winv = C Cᵀ: fails loudly if not PD
+        W = np.linalg.inv(Winv)
+        logdet_Winv = 2.0 * np.log(C.reshape(K, D * D)[:, ::D + 1]).sum(axis=1)
+        dg = digamma(np.concatenate([(0.5 * nu[:, None] - self._half_j).ravel(), alpha, [alpha.sum()]]))
+        psi_D = dg[:K * D].reshape(K, D).sum(axis=1)
+        E_log_pi = dg[K * D:K * D + K] - dg[-1]
         Wm = (W @ m[:, :, None])[:, :, 0]
         mWm = (m * Wm).sum(axis=1)
         # log ρ_nk = E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½(D/β_k + ν_k (x−m_k)ᵀW_k(x−m_k))
@@ -289,11 +294,10 @@ class BayesianGMM:
         G = np.empty((T + D + 1, K))
         G[:T] = (W.reshape(K, D * D).take(self._triu_flat, axis=1) * (nu[:, None] * self._triu_w)).T
         G[T:T + D] = (nu[:, None] * Wm).T
-        dg_alpha, dg_A = digamma(alpha), digamma(alpha.sum())
-        G[T + D] = (dg_alpha - dg_A + 0.5 * (psi_D - logdet_Winv)
+        G[T + D] = (E_log_pi + 0.5 * (psi_D - logdet_Winv)
                     + self._g_const - 0.5 * D / beta - 0.5 * nu * mWm)
         ex = {"alpha": alpha, "beta": beta, "m": m, "W": W, "nu": nu, "Wm": Wm, "mWm": mWm,
-              "logdet_Winv": logdet_Winv, "psi_D": psi_D, "G": G, "E_log_pi": dg_alpha - dg_A}
+              "logdet_Winv": logdet_Winv, "psi_D": psi_D, "G": G, "E_log_pi": E_log_pi}
         self._cache = (lam, ex)
         return ex
 
@@ -315,13 +319,10 @@ class BayesianGMM:
     def _unpack(self, P):
         """NatParams from one block of rows of RᵀZ (K, T + D + 1)."""
         K, D = self.n_components, self.n_features
-        iu, ju = self._triu
-        T = iu.size
-        S2 = np.empty((K, D, D))
-        S2[:, iu, ju] = P[:, :T]
-        S2[:, ju, iu] = P[:, :T]
+        T = self._triu_flat.size
         Nk = P[:, T + D]
-        return NatParams(alpha=Nk, beta=Nk, beta_m=P[:, T:T + D], Psi=S2, nu=Nk)
+        return NatParams(alpha=Nk, beta=Nk, beta_m=P[:, T:T + D],
+                         Psi=P.take(self._sym_from_triu, axis=1).reshape(K, D, D), nu=Nk)
 
     def suffstats(self, local: GMMLocal, x, weights=None) -> NatParams:
         r = local.resp if weights is None else local.resp * np.asarray(weights)[:, None]
@@ -336,8 +337,9 @@ class BayesianGMM:
 
     def suffstats_sqnorm(self, local: GMMLocal, x) -> np.ndarray:
         # ‖t_n‖² = Σ_k r_nk² (3 + ‖x_n‖² + ‖x_n‖⁴)
-        sq = np.einsum("nd,nd->n", x, x)
-        return np.einsum("nk,nk->n", local.resp, local.resp) * (3.0 + sq + sq * sq)
+        r = local.resp
+        sq = (x * x).sum(axis=1)
+        return (r * r).sum(axis=1) * (3.0 + sq + sq * sq)
 
     # ---------------------------------------------------------------- ELBO
     def local_elbo(self, local: GMMLocal) -> np.ndarray:
