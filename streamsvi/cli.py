@@ -169,6 +169,101 @@ def demo(args) -> int:
     return 0
 
 
+def _score_lines(fitted, lines, fmt, fields):
+    """(line number, dict) per input line: scores, or an error naming the reason."""
+    from .io.codecs import CsvCodec, DecodeError, JsonCodec
+
+    D = fitted.n_features
+    codec = JsonCodec(D, fields) if fmt == "jsonl" else CsvCodec(D)
+    rows, where, out = [], [], {}
+    for lineno, raw in lines:
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            x = np.asarray(codec.decode(text.encode()), dtype=np.float64).reshape(-1)
+            fitted.check(x[None, :])
+        except DecodeError as exc:
+            out[lineno] = {"line": lineno, "error": f"{exc.reason}: {exc.message}"}
+            continue
+        except ValueError as exc:
+            out[lineno] = {"line": lineno, "error": f"invalid: {exc}"}
+            continue
+        rows.append(x)
+        where.append(lineno)
+    if rows:
+        for lineno, sc in zip(where, fitted.score(np.vstack(rows))):
+            out[lineno] = {"line": lineno, **sc}
+    return [out[k] for k in sorted(out)]
+
+
+def score(args) -> int:
+    """``streamsvi score``: JSONL/CSV in, one JSON line per input line out."""
+    import json
+
+    from .scoring import load
+
+    fitted = load(args.snapshot)
+    fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
+    src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8", errors="replace")
+    dst = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    n_ok = n_bad = 0
+    try:
+        chunk = []
+        for lineno, raw in enumerate(src, 1):
+            if fmt == "csv" and lineno == 1 and args.header:
+                continue
+            chunk.append((lineno, raw))
+            if len(chunk) >= args.chunk:
+                for rec in _score_lines(fitted, chunk, fmt, args.fields):
+                    dst.write(json.dumps(rec) + "\n")
+                    n_bad += "error" in rec
+                    n_ok += "error" not in rec
+                chunk = []
+        for rec in _score_lines(fitted, chunk, fmt, args.fields):
+            dst.write(json.dumps(rec) + "\n")
+            n_bad += "error" in rec
+            n_ok += "error" not in rec
+    finally:
+        if src is not sys.stdin:
+            src.close()
+        if dst is not sys.stdout:
+            dst.close()
+    print(f"scored {n_ok} records with snapshot {fitted.number} (step {fitted.step}); "
+          f"{n_bad} lines had errors", file=sys.stderr)
+    return 0
+
+
+def inspect(args) -> int:
+    """``streamsvi inspect``: a readable summary of a snapshot."""
+    from .scoring import load
+
+    f = load(args.snapshot)
+    print(f"snapshot   {f.path} (number {f.number}, written by streamsvi {f.version})")
+    print(f"created    {f.created.isoformat()}")
+    print(f"model      {f.model.name}: " + ", ".join(f"{k}={v}" for k, v in f.model.get_params().items()))
+    eng = f.engine_settings
+    print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
+          f"M fraction={eng['effective_fraction']}")
+    print(f"progress   step {f.step}, {f.records_seen} records folded in")
+    offs = f.offsets or []
+    print("offsets    " + (", ".join(f"{o['source']}[{o['partition']}]={o['offset']}" for o in offs)
+                           if offs else "(none)"))
+    hist = f.extra.get("elbo_history") or []
+    if hist:
+        vals = [h[1] for h in hist]
+        print(f"ELBO/rec   {len(hist)} steps stored: first {vals[0]:.4f}, last {vals[-1]:.4f}, "
+              f"best {max(vals):.4f} (steps {hist[0][0]}..{hist[-1][0]})")
+    else:
+        print("ELBO/rec   (no history stored)")
+    if hasattr(f.model, "weights"):
+        w = f.model.weights(f.lam)
+        order = np.argsort(w)[::-1]
+        print("weights    " + ", ".join(f"k{k}={w[k]:.3f}" for k in order[:10])
+              + (" ..." if len(w) > 10 else ""))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
@@ -190,6 +285,16 @@ def main(argv=None) -> int:
     d.add_argument("--metrics-port", type=int, default=0, help="0 = any free port")
     d.add_argument("--timeout", type=float, default=300.0)
     d.add_argument("--seed", type=int, default=0)
+    sc = sub.add_parser("score", help="score records with a snapshot (JSONL/CSV in, JSONL out)")
+    sc.add_argument("--snapshot", required=True, help="snapshot or checkpoint directory (follows latest)")
+    sc.add_argument("--input", required=True, help="JSONL or CSV file, or - for standard input")
+    sc.add_argument("--output", default="-", help="JSONL file, or - for standard output (default)")
+    sc.add_argument("--format", choices=["jsonl", "csv"], help="input format (default: from the file name)")
+    sc.add_argument("--fields", nargs="+", help="JSON object field names, in feature order")
+    sc.add_argument("--header", action="store_true", help="CSV input has a header line")
+    sc.add_argument("--chunk", type=int, default=10000, help="records scored per vectorised chunk")
+    ins = sub.add_parser("inspect", help="a readable summary of a snapshot")
+    ins.add_argument("snapshot", help="snapshot or checkpoint directory")
     c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the Pima data (a table)")
     c.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv "
                                   "(default: fetched into the cache)")
@@ -213,6 +318,10 @@ def main(argv=None) -> int:
             return run(args)
         if args.command == "demo":
             return demo(args)
+        if args.command == "score":
+            return score(args)
+        if args.command == "inspect":
+            return inspect(args)
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,195 @@
+"""river-compatible estimators built on the same engine.
+
+:class:`GaussianMixture` is a ``river.base.Clusterer``: ``learn_one`` buffers
+records and applies an SVI / SVI+ update each time ``batch_size`` of them are
+in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
+``predict_one`` / ``predict_many`` give the MAP component.
+
+Feature handling: the feature names are fixed by the ``features`` setting,
+or else by the keys of the first record (sorted, so key order never
+matters). A missing feature is imputed with its running mean (river
+``stats.Mean``; 0 before any value is seen); a feature not in the list is
+ignored.
+
+Examples
+--------
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> model = GaussianMixture(n_components=2, batch_size=50, n_total=1000, seed=1)
+>>> for c in rng.choice([-4.0, 4.0], size=1000):
+...     model.learn_one({"a": c + rng.normal(), "b": c + rng.normal()})
+>>> model.predict_one({"a": -4.0, "b": -4.0}) != model.predict_one({"a": 4.0, "b": 4.0})
+True
+"""
+from __future__ import annotations
+
+import numpy as np
+from river import base, stats
+
+from .inference import SVI, EngineState, RobbinsMonro
+from .models import BayesianGMM
+
+
+class GaussianMixture(base.Clusterer):
+    """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
+
+    Parameters
+    ----------
+    n_components
+        K.
+    batch_size
+        |S|: records per update.
+    effective_batch_size
+        M for SVI+ (≤ batch_size); None is plain SVI.
+    n_total
+        N, or the population size for an unbounded stream.
+    tau0, kappa
+        Robbins–Monro schedule ρ_t = (τ0 + t)^(−κ).
+    weight_concentration, mean_precision, degrees_of_freedom, scale
+        Priors of :class:`streamsvi.models.BayesianGMM` (scale: W0 = scale·I).
+    features
+        Feature names in order (a tuple); None takes the sorted keys of the
+        first record.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+    """
+
+    def __init__(self, n_components: int = 3, batch_size: int = 32,
+                 effective_batch_size: float | None = None, n_total: float = 10_000.0,
+                 tau0: float = 1.0, kappa: float = 0.7, weight_concentration: float = 1.0,
+                 mean_precision: float = 1.0, degrees_of_freedom: float | None = None,
+                 scale: float = 1.0, features: tuple | None = None, seed: int | None = None):
+        self.n_components = n_components
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.weight_concentration = weight_concentration
+        self.mean_precision = mean_precision
+        self.degrees_of_freedom = degrees_of_freedom
+        self.scale = scale
+        self.features = features
+        self.seed = seed
+        if int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
+        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
+            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
+                             f"got {effective_batch_size}")
+        self._features = list(features) if features is not None else None
+        self._engine = None
+        self._state = None
+        self._buffer: list[np.ndarray] = []
+        self._means: dict = {}
+        if self._features is not None:
+            self._build()
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
+
+    # -------------------------------------------------------------- set-up
+    def _build(self):
+        D = len(self._features)
+        model = BayesianGMM(self.n_components, D, weight_concentration=self.weight_concentration,
+                            mean_precision=self.mean_precision,
+                            degrees_of_freedom=self.degrees_of_freedom, scale=self.scale)
+        self._engine = SVI(model, n_total=self.n_total,
+                           schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                           effective_batch_size=self.effective_batch_size, short_batches="svi")
+        self._means = {f: stats.Mean() for f in self._features}
+
+    @classmethod
+    def from_snapshot(cls, path, features=None, batch_size: int = 32) -> "GaussianMixture":
+        """A clusterer that starts from a daemon snapshot (``streamsvi.load(path)``).
+
+        ``features`` names the D columns in order (default ``("x0", …)``).
+        """
+        from .scoring import load
+
+        fitted = load(path)
+        model = fitted.model
+        if not isinstance(model, BayesianGMM):
+            raise ValueError(f"snapshot {fitted.path} holds a {model.name!r} model, not a Gaussian mixture")
+        p, eng = model.get_params(), fitted.engine_settings
+        features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(p["n_features"]))
+        if len(features) != p["n_features"]:
+            raise ValueError(f"features has {len(features)} names, the snapshot's model has "
+                             f"{p['n_features']} features")
+        if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
+            raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
+        sched = eng["schedule"]
+        est = cls(n_components=p["n_components"], batch_size=batch_size,
+                  effective_batch_size=eng["effective_batch_size"], n_total=eng["n_total"],
+                  tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
+                  weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
+                  degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
+                  features=features)
+        fresh = est._engine.state_from_params(fitted.lam, seed=0)
+        est._state = EngineState(fitted.step, fitted.lam, fresh.rng_state, fitted.records_seen)
+        return est
+
+    # ------------------------------------------------------------ features
+    def _row(self, x: dict, learn: bool) -> np.ndarray:
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        row = np.empty(len(self._features))
+        for i, f in enumerate(self._features):
+            v = x.get(f)
+            if v is None:
+                row[i] = self._means[f].get()
+            else:
+                row[i] = float(v)
+                if learn:
+                    self._means[f].update(row[i])
+        return row
+
+    # ------------------------------------------------------------- learning
+    def _flush(self):
+        X = np.vstack(self._buffer)
+        self._buffer = []
+        if self._state is None:
+            self._state = self._engine.init(X, seed=self.seed if self.seed is not None
+                                            else int(np.random.SeedSequence().entropy % (2**63)))
+        self._state, self.last_info_ = self._engine.update(self._state, X)
+
+    def learn_one(self, x: dict) -> None:
+        self._buffer.append(self._row(x, learn=True))
+        if len(self._buffer) >= self.batch_size:
+            self._flush()
+
+    def learn_many(self, X) -> None:
+        """Learn from a pandas DataFrame (columns = features); same batching as learn_one."""
+        for x in X.to_dict(orient="records"):
+            self.learn_one(x)
+
+    # ------------------------------------------------------------ predicting
+    def predict_one(self, x: dict) -> int:
+        if self._state is None:
+            return 0
+        return int(self._engine.model.predict(self._state.lam, self._row(x, learn=False)[None, :])[0])
+
+    def predict_many(self, X):
+        """MAP components of a DataFrame's rows, as a pandas Series."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.Series(np.zeros(len(X), dtype=int), index=X.index)
+        rows = np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")])
+        return pd.Series(self._engine.model.predict(self._state.lam, rows), index=X.index)
+
+    def predict_proba_one(self, x: dict) -> dict[int, float]:
+        """Responsibilities of each component."""
+        if self._state is None:
+            return {k: 1.0 / self.n_components for k in range(self.n_components)}
+        r = self._engine.model.responsibilities(self._state.lam, self._row(x, learn=False)[None, :])[0]
+        return {k: float(v) for k, v in enumerate(r)}
+
+    def score_one(self, x: dict) -> float:
+        """Posterior predictive log density of a record."""
+        if self._state is None:
+            return float("nan")
+        return float(self._engine.model.predictive_logpdf(self._state.lam,
+                                                          self._row(x, learn=False)[None, :])[0])

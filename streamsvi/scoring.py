@@ -1,0 +1,210 @@
+"""Scoring from snapshots: what a scoring job loads, and a watcher that follows the daemon.
+
+Scoring jobs load what the daemon wrote and never train::
+
+    import streamsvi
+    fitted = streamsvi.load("var/checkpoints/gmm")          # follows `latest`
+    fitted.predict(X); fitted.responsibilities(X); fitted.predictive_logpdf(X)
+
+Loading goes through :func:`streamsvi.checkpoint.load_snapshot`: both
+checksums are verified, arrays are read with ``allow_pickle=False`` and the
+model is rebuilt from its registered name, so nothing in the file is ever
+executed. A damaged newest snapshot is skipped (with a logged warning) in
+favour of the previous one.
+
+:class:`SnapshotWatcher` is for long-running scorers: ``watcher.current()``
+returns the newest :class:`FittedModel`; when the daemon moves ``latest``,
+the next :meth:`~SnapshotWatcher.refresh` (called by the background thread,
+or by hand) loads the new snapshot completely and then swaps one reference,
+so readers on other threads see either the old or the new model, never a
+half-loaded one.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Snapshot, load_snapshot
+
+log = logging.getLogger("streamsvi.scoring")
+
+#: The scoring methods every fitted model offers when its model has them.
+SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf")
+
+
+@dataclass(frozen=True)
+class FittedModel:
+    """A model and its learned λ, loaded from a snapshot (read-only).
+
+    Attributes
+    ----------
+    model : the model object (its settings are ``model.get_params()``)
+    lam : NatParams, the learned natural parameters
+    step, records_seen : int
+    created : datetime (UTC)
+    offsets : the source offsets the snapshot includes
+    path : Path of the snapshot directory; number : its snapshot number
+    version : the streamsvi version that wrote it
+    extra : dict (e.g. ``elbo_history``)
+    """
+
+    model: object
+    lam: object
+    step: int
+    records_seen: int
+    created: datetime
+    offsets: object
+    path: Path
+    number: int
+    version: str
+    extra: dict
+    engine_settings: dict
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
+        return cls(model=snap.engine.model, lam=snap.state.lam, step=snap.state.step,
+                   records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
+                   path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
+                   engine_settings=snap.engine.to_dict())
+
+    @property
+    def settings(self) -> dict:
+        """The model's settings as given to its constructor."""
+        return {"name": self.model.name, **self.model.get_params()}
+
+    @property
+    def n_features(self) -> int:
+        return self.model.n_features
+
+    def check(self, x) -> np.ndarray:
+        """Validate records the way the model does (raises ``ValueError`` naming the problem)."""
+        return self.model.check_batch(x)
+
+    def responsibilities(self, x) -> np.ndarray:
+        """Posterior responsibilities E_q[c_n] of new records, shape (n, K)."""
+        return self.model.responsibilities(self.lam, x)
+
+    def predict(self, x) -> np.ndarray:
+        """MAP component of each record."""
+        return self.model.predict(self.lam, x)
+
+    def predictive_logpdf(self, x) -> np.ndarray:
+        """log p(x* | data): the posterior predictive log density of each record."""
+        return self.model.predictive_logpdf(self.lam, x)
+
+    def score(self, x) -> list[dict]:
+        """Every scoring output for each record of ``x``, as JSON-ready dicts."""
+        x = self.check(x)
+        R = self.responsibilities(x)
+        lp = self.predictive_logpdf(x)
+        return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],
+                 "log_density": float(d)} for r, d in zip(R, lp)]
+
+
+def load(path) -> FittedModel:
+    """Open a snapshot directory, or a checkpoint directory (following ``latest``).
+
+    Verifies the checksums and never executes code from the files.
+
+    Examples
+    --------
+    >>> import numpy as np, tempfile
+    >>> from streamsvi import SVI, BayesianGMM
+    >>> from streamsvi.checkpoint import CheckpointStore
+    >>> X = np.random.default_rng(0).normal(size=(200, 2))
+    >>> engine = SVI(BayesianGMM(2, 2), n_total=200)
+    >>> state, _ = engine.update(engine.init(X, seed=0), X)
+    >>> d = tempfile.mkdtemp()
+    >>> _ = CheckpointStore(d).save(engine, state, offsets=[])
+    >>> fitted = load(d)
+    >>> fitted.step, fitted.predict(X[:3]).shape
+    (1, (3,))
+    """
+    return FittedModel.from_snapshot(load_snapshot(path))
+
+
+class SnapshotWatcher:
+    """The newest snapshot of a checkpoint directory, swapped in as the daemon writes.
+
+    Parameters
+    ----------
+    directory : str or Path
+        The daemon's checkpoint directory.
+    poll_seconds : float
+        How often the background thread (:meth:`start`) looks at ``latest``.
+    on_swap : callable, optional
+        ``on_swap(fitted)`` after each swap (on the refreshing thread).
+
+    ``current()`` is safe from any number of threads: it returns one
+    immutable :class:`FittedModel` reference, replaced whole by ``refresh``.
+    """
+
+    def __init__(self, directory, poll_seconds: float = 1.0, on_swap=None):
+        self.directory = Path(directory)
+        self.poll_seconds = float(poll_seconds)
+        self.on_swap = on_swap
+        self._lock = threading.Lock()         # serialises refreshes, not readers
+        self._current = load(self.directory)
+        self._pointer = self._read_pointer()
+        self._stop = threading.Event()
+        self._thread = None
+        self.swaps = 0
+
+    def _read_pointer(self):
+        try:
+            return (self.directory / "latest").read_text().strip()
+        except OSError:
+            return None
+
+    def current(self) -> FittedModel:
+        """The newest fully loaded model."""
+        return self._current
+
+    def refresh(self) -> bool:
+        """Load and swap in a newer snapshot if ``latest`` moved; True if it swapped."""
+        with self._lock:
+            pointer = self._read_pointer()
+            if pointer == self._pointer:
+                return False
+            try:
+                fitted = load(self.directory)
+            except (OSError, ValueError) as exc:   # keep serving the old model
+                log.warning("could not load the new snapshot in %s (%s); keeping snapshot %d",
+                            self.directory, exc, self._current.number)
+                return False
+            self._pointer = pointer
+            if fitted.number == self._current.number:
+                return False
+            self._current = fitted                # one reference assignment: atomic for readers
+            self.swaps += 1
+        if self.on_swap is not None:
+            self.on_swap(fitted)
+        return True
+
+    def start(self) -> "SnapshotWatcher":
+        """Refresh in a daemon thread every ``poll_seconds``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="streamsvi-watcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self):
+        while not self._stop.wait(self.poll_seconds):
+            self.refresh()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()

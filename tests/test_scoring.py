@@ -1,0 +1,169 @@
+"""Scoring from snapshots: load, the watcher under concurrent writes, score/inspect CLI."""
+import json
+import threading
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import streamsvi
+from streamsvi.checkpoint import CheckpointStore, CorruptSnapshotError
+from streamsvi.cli import main
+from streamsvi.datasets import make_blobs
+from streamsvi.inference import SVI, EngineState
+from streamsvi.models import BayesianGMM, NatParams
+
+
+def _engine_state(seed=0, steps=20):
+    X, _ = make_blobs(400, seed=seed)
+    engine = SVI(BayesianGMM(3, 2, weight_concentration=1.0, mean_precision=0.5), n_total=60.0,
+                 effective_batch_size=10)
+    state, _ = engine.fit(engine.init(X, seed=seed), X, n_steps=steps, batch_size=40)
+    return engine, state, X
+
+
+def test_load_returns_model_settings_and_scoring(tmp_path):
+    engine, state, X = _engine_state()
+    offsets = [{"source": "t", "partition": 0, "offset": 800}]
+    CheckpointStore(tmp_path).save(engine, state, offsets, extra={"elbo_history": [[1, -3.0], [20, -2.5]]})
+    f = streamsvi.load(tmp_path)
+    assert f.step == 20 and f.records_seen == 800 and f.offsets == offsets
+    assert f.settings["name"] == "gmm" and f.settings["n_components"] == 3
+    assert f.created.tzinfo is not None
+    assert f.lam.array_equal(state.lam)
+    np.testing.assert_array_equal(f.predict(X[:10]), engine.model.predict(state.lam, X[:10]))
+    np.testing.assert_allclose(f.predictive_logpdf(X[:10]), engine.model.predictive_logpdf(state.lam, X[:10]))
+    assert f.responsibilities(X[:4]).shape == (4, 3)
+
+
+def test_predictive_density_of_a_snapshot_matches_monte_carlo(tmp_path):
+    """log p(x*|data) from the snapshot vs E_q[Σ π_k N(x*|μ_k, Λ_k⁻¹)] by 20,000 draws; 5 SE or 3%."""
+    engine, state, _ = _engine_state(seed=2, steps=10)
+    CheckpointStore(tmp_path).save(engine, state, [])
+    f = streamsvi.load(tmp_path)
+    alpha, beta, m, Winv, nu = f.model.standard(f.lam)
+    x = np.array([[0.0, 0.0], [-4.0, -3.0], [1.5, 1.0]])
+    rng = np.random.default_rng(0)
+    S = 20000
+    pis = rng.dirichlet(alpha, size=S)
+    dens = np.zeros((S, len(x)))
+    for k in range(3):
+        L = stats.wishart(df=nu[k], scale=np.linalg.inv(Winv[k])).rvs(S, random_state=rng)
+        cov = np.linalg.inv(L)
+        mu = m[k] + np.einsum("sij,sj->si", np.linalg.cholesky(cov / beta[k]), rng.normal(size=(S, 2)))
+        d = x[None] - mu[:, None]
+        q = np.einsum("sni,sij,snj->sn", d, L, d)
+        dens += pis[:, k:k + 1] * np.exp(0.5 * np.linalg.slogdet(L)[1][:, None] - np.log(2 * np.pi) - 0.5 * q)
+    mc, se = dens.mean(0), dens.std(0, ddof=1) / np.sqrt(S)
+    exact = np.exp(f.predictive_logpdf(x))
+    assert np.all(np.abs(mc - exact) < np.maximum(5 * se, 0.03 * exact)), (mc, exact, se)
+
+
+def test_corrupted_snapshot_is_refused(tmp_path):
+    engine, state, _ = _engine_state()
+    snap = CheckpointStore(tmp_path, keep=1).save(engine, state, [])
+    data = bytearray((snap.path / "state.npz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (snap.path / "state.npz").write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError, match="checksum|sha256|state.npz"):
+        streamsvi.load(snap.path)
+    with pytest.raises(CorruptSnapshotError):
+        streamsvi.load(tmp_path)                  # nothing valid to fall back to
+    assert main(["inspect", str(snap.path)]) == 2
+
+
+def _marked_state(engine, i):
+    """A state whose λ encodes its own step, so a mismatched read is detectable."""
+    lam = engine.model.prior()
+    lam = NatParams({k: (v + i if k in ("alpha", "nu") else v) for k, v in lam.items()})
+    return EngineState(step=i, lam=lam, rng_state=engine.state_from_params(lam).rng_state,
+                       records_seen=10 * i)
+
+
+def test_load_while_writing_never_sees_a_partial_or_mismatched_snapshot(tmp_path):
+    engine, _, _ = _engine_state(steps=1)
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(engine, _marked_state(engine, 1), [{"source": "t", "partition": 0, "offset": 1}])
+    watcher = streamsvi.SnapshotWatcher(tmp_path, poll_seconds=0.005).start()
+    errors, seen, done = [], set(), threading.Event()
+
+    def reader(use_watcher):
+        while not done.is_set():
+            try:
+                f = watcher.current() if use_watcher else streamsvi.load(tmp_path)
+                i = f.step
+                ok = (f.records_seen == 10 * i and np.all(f.lam["alpha"] == engine.model.prior()["alpha"] + i)
+                      and f.offsets[0]["offset"] == i)
+                if not ok:
+                    errors.append(f"mismatch at step {i}")
+                seen.add(i)
+            except Exception as exc:  # noqa: BLE001 - any failure is a test failure
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(w,)) for w in (False, False, True)]
+    for t in threads:
+        t.start()
+    for i in range(2, 60):
+        store.save(engine, _marked_state(engine, i), [{"source": "t", "partition": 0, "offset": i}])
+    done.set()
+    for t in threads:
+        t.join()
+    watcher.refresh()
+    watcher.stop()
+    assert not errors, errors[:5]
+    assert len(seen) > 5                      # readers really ran during the writes
+    assert watcher.current().step == 59 and watcher.swaps >= 1
+
+
+def test_watcher_swaps_and_keeps_the_old_model_on_a_bad_new_one(tmp_path):
+    engine, state, _ = _engine_state()
+    store = CheckpointStore(tmp_path, keep=3)
+    store.save(engine, state, [])
+    swapped = []
+    w = streamsvi.SnapshotWatcher(tmp_path, on_swap=swapped.append)
+    assert not w.refresh()
+    state2, _ = engine.update(state, make_blobs(40, seed=9)[0])
+    snap2 = store.save(engine, state2, [])
+    assert w.refresh() and w.current().step == state2.step and swapped[0].number == snap2.number
+    # a corrupt newest snapshot: the store falls back, the watcher keeps serving a valid model
+    state3, _ = engine.update(state2, make_blobs(40, seed=10)[0])
+    snap3 = store.save(engine, state3, [])
+    (snap3.path / "snapshot.json").write_text("{")
+    w.refresh()
+    assert w.current().step == state2.step
+
+
+def test_score_cli_scores_good_lines_and_names_bad_ones(tmp_path, capsys):
+    engine, state, X = _engine_state()
+    CheckpointStore(tmp_path / "ck").save(engine, state, [])
+    lines = [json.dumps(X[0].tolist()), "[1, 2, 3]", "not json", json.dumps({"x": X[1].tolist()}),
+             "[0.0, NaN]", json.dumps(X[2].tolist())]
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(inp), "--output", str(out)]) == 0
+    recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["line"] for r in recs] == [1, 2, 3, 4, 5, 6]
+    assert "wrong_shape" in recs[1]["error"] and "json_invalid" in recs[2]["error"]
+    assert "non-finite" in recs[4]["error"]
+    good = [recs[i] for i in (0, 3, 5)]
+    f = streamsvi.load(tmp_path / "ck")
+    np.testing.assert_allclose([r["log_density"] for r in good], f.predictive_logpdf(X[:3]))
+    assert [r["assignment"] for r in good] == f.predict(X[:3]).tolist()
+    # CSV in, header skipped
+    csv = tmp_path / "in.csv"
+    csv.write_text("a,b\n" + "\n".join(f"{a},{b}" for a, b in X[:5]) + "\nx,y\n")
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(csv), "--header",
+                 "--output", str(out)]) == 0
+    recs = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert len(recs) == 6 and "error" in recs[-1] and recs[-1]["line"] == 7
+
+
+def test_inspect_cli(tmp_path, capsys):
+    engine, state, _ = _engine_state()
+    CheckpointStore(tmp_path).save(engine, state, [{"source": "gmm", "partition": 2, "offset": 77}],
+                                   extra={"elbo_history": [[1, -3.0], [20, -2.5]]})
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step 20, 800 records" in out and "gmm[2]=77" in out and "last -2.5000" in out
+    assert "n_components=3" in out
