@@ -264,7 +264,32 @@ def inspect(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def produce(args) -> int:
+    """``streamsvi produce``: load a data set into a Kafka topic."""
+    from .io.broker import create_topic
+    from .io.codecs import BinaryBatchCodec, JsonCodec
+    from .io.produce import produce_rows
+
+    if args.dataset == "pima":
+        X = standardize(load_pima(args.data)[0])
+    elif args.dataset == "blobs":
+        from .datasets import make_blobs
+        X = make_blobs(args.n, seed=args.seed)[0]
+    else:
+        X = np.loadtxt(args.dataset, delimiter=",", ndmin=2)
+    rng = np.random.default_rng(args.seed)
+    rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
+    create_topic(args.bootstrap_servers, args.topic, partitions=args.partitions)
+    codec = JsonCodec(X.shape[1]) if args.codec == "json" else BinaryBatchCodec(X.shape[1])
+    n = produce_rows(args.bootstrap_servers, args.topic, rows, codec,
+                     batch_rows=args.batch_rows if args.codec == "binary" else None,
+                     partitions=args.partitions)
+    print(f"produced {len(rows)} records in {n} messages ({args.codec}) to {args.topic!r} "
+          f"on {args.bootstrap_servers}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -306,6 +331,22 @@ def main(argv=None) -> int:
     c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
     c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
     c.add_argument("--seed", type=int, default=0)
+    pr = sub.add_parser("produce", help="load a data set into a Kafka topic (demo producer)")
+    pr.add_argument("--bootstrap-servers", required=True)
+    pr.add_argument("--topic", required=True)
+    pr.add_argument("--dataset", default="pima", help="pima, blobs, or a CSV file of numbers")
+    pr.add_argument("--data", help="path to diabetes.arff (for --dataset pima)")
+    pr.add_argument("--n", type=int, default=1000, help="records per pass for --dataset blobs")
+    pr.add_argument("--passes", type=int, default=1, help="shuffled passes over the data")
+    pr.add_argument("--partitions", type=int, default=3)
+    pr.add_argument("--codec", choices=["json", "binary"], default="json")
+    pr.add_argument("--batch-rows", type=int, default=1000, help="rows per message for --codec binary")
+    pr.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     from .service.config import ConfigError
     try:
@@ -322,6 +363,8 @@ def main(argv=None) -> int:
             return score(args)
         if args.command == "inspect":
             return inspect(args)
+        if args.command == "produce":
+            return produce(args)
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return 2
