@@ -32,6 +32,15 @@ from .metrics import DaemonMetrics
 
 log = logging.getLogger("streamsvi.daemon")
 
+#: How long one attempt to reach the brokers at start may take (kafka-python
+#: reconnects by itself within an attempt); after it the daemon counts a retry
+#: in ``streamsvi_broker_retries_total``, logs a warning and backs off.
+CONNECT_TIMEOUT_S = 10.0
+#: How long the daemon waits at start for its consumer group to assign it partitions.
+ASSIGNMENT_TIMEOUT_S = 60.0
+#: Largest wait between connection attempts (``source.connect_backoff_seconds`` doubles up to it).
+MAX_CONNECT_BACKOFF_S = 30.0
+
 
 @dataclass
 class RunResult:
@@ -100,7 +109,10 @@ class Daemon:
         if snap is None:
             log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return
-        engine = build_engine(self.cfg, snap.engine.n_total)
+        n = self.cfg["inference"]["n_total"]
+        # N is a setting: a number in the config wins (retuning is logged below); "auto"
+        # keeps the N resolved at the first start rather than re-reading a grown topic.
+        engine = build_engine(self.cfg, snap.engine.n_total if n == "auto" else float(n))
         notes = check_compatible(snap, engine)
         for n in notes:
             log.warning("settings changed since the checkpoint: %s", n)
@@ -110,6 +122,12 @@ class Daemon:
         if ho:
             self.heldout = np.asarray(ho, dtype=np.float64)
         self.elbo_history = list((snap.extra or {}).get("elbo_history", []))
+        # the gauges describe the model: restored, not 0, until the next update
+        self.metrics.step.set(snap.state.step)
+        self.metrics.records_seen.set(snap.state.records_seen)
+        self.metrics.checkpoint_ts.set(snap.created.timestamp())
+        if self.heldout is not None:
+            self.metrics.heldout_records.set(len(self.heldout))
         log.info("resumed from %s: step %d, %d records, offsets %s", snap.path, snap.state.step,
                  snap.state.records_seen, self.offsets)
         print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
@@ -126,11 +144,71 @@ class Daemon:
         log.info("n_total = auto: %d records", total)
         return float(total)
 
+    def _open_source(self):
+        """The source; while the brokers are unreachable, retry with backoff and count it.
+
+        Owns the start-up retry of ``source.connect_attempts`` /
+        ``connect_backoff_seconds`` (the default factory makes one attempt per
+        call) so that each retry shows in ``streamsvi_broker_retries_total`` and
+        ``streamsvi_broker_up``. A stop request ends the waiting: returns None.
+        """
+        from ..io.sources import KafkaUnavailableError
+
+        src = self.cfg["source"]
+        attempts, backoff = src["connect_attempts"], src["connect_backoff_seconds"]
+        for attempt in range(1, attempts + 1):
+            try:
+                source = self._source_factory(self.cfg, self.metrics)
+            except KafkaUnavailableError as exc:
+                self.metrics.broker_up.set(0)
+                if self._stop.is_set():
+                    return None
+                if attempt == attempts:
+                    raise
+                delay = min(backoff * 2 ** (attempt - 1), MAX_CONNECT_BACKOFF_S)
+                self.metrics.broker_retries.inc()
+                log.warning("brokers %s unavailable (attempt %d/%d): %s; retrying in %.1f s",
+                            src["bootstrap_servers"], attempt, attempts, exc, delay)
+                if self._stop.wait(delay):
+                    return None
+                continue
+            if src["kind"] == "kafka":
+                self.metrics.broker_up.set(1)
+            return source
+        raise AssertionError("unreachable")
+
+    def _await_assignment(self, source, timeout_s: float | None = None) -> bool:
+        """Wait until the group assigns partitions; False if a stop was requested first.
+
+        Waits in steps of about a second so that a signal is honoured at once
+        rather than after the whole timeout.
+        """
+        from ..io.sources import SourceError
+
+        timeout_s = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not self._stop.is_set():
+            try:
+                source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
+                return True
+            except SourceError as exc:
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
+        return False
+
     # -------------------------------------------------------- checkpoint
     def checkpoint(self, source, dead_sink):
-        """Snapshot (durable when it returns), then flush dead letters, then commit offsets."""
+        """Flush dead letters, snapshot (durable when it returns), then commit offsets.
+
+        Dead letters go first: a restart seeks past every record the snapshot
+        covers, bad ones included, so a dead letter still buffered when the
+        snapshot is durable would be lost by a crash. (A crash between the
+        flush and the snapshot writes those dead letters again on restart:
+        at least once, never lost.)
+        """
         if self.state is None:
             return None
+        dead_sink.flush()
         offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
         extra = {"elbo_history": self.elbo_history[-1000:]}
         if self.heldout is not None:
@@ -138,7 +216,6 @@ class Daemon:
         snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
         self.metrics.checkpoint_ts.set(time.time())
         self.metrics.checkpoints.inc()
-        dead_sink.flush()                       # dead letters of committed offsets are durable too
         source.commit(dict(self.offsets))       # only after the snapshot is durable
         return snap
 
@@ -156,17 +233,22 @@ class Daemon:
             if mc["enabled"]:
                 server, thread = self.metrics.serve(mc["port"], mc["host"])
                 self.metrics_server = server
-                stack.callback(server.shutdown)
+                stack.callback(server.server_close)     # release the port (runs last)
+                stack.callback(server.shutdown)         # stop serve_forever (runs first)
                 print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
             self._resume()
-            source = self._source_factory(cfg, self.metrics)
+            source = self._open_source()
+            if source is None:                      # stopped while waiting for the brokers
+                res.stopped_by = self._stop_reason
+                return res
             stack.callback(source.close)
             dead_sink = self._dead_sink_factory(cfg)
             stack.callback(dead_sink.close)
             if self.offsets:
                 source.seek(self.offsets)
-            if hasattr(source, "wait_for_assignment"):
-                source.wait_for_assignment(timeout_s=60.0)
+            if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):
+                res.stopped_by = self._stop_reason  # stopped before a partition was assigned
+                return res
             last_ck, batches_since_ck = time.monotonic(), 0
             last_progress, progress_records = time.monotonic(), 0
             H = mc["heldout_size"]
@@ -273,8 +355,10 @@ def default_source(cfg, metrics):
                           validator=validator, fields=src["fields"])
     return KafkaSource(src["bootstrap_servers"], topics=src["topics"], pattern=src["pattern"],
                        group_id=src["group_id"], codec=codec, validator=validator,
-                       connect_attempts=src["connect_attempts"],
-                       connect_backoff_s=src["connect_backoff_seconds"])
+                       session_timeout_ms=src["session_timeout_ms"],
+                       heartbeat_interval_ms=src["heartbeat_interval_ms"],
+                       connect_attempts=1,      # the daemon retries (Daemon._open_source)
+                       connect_timeout_s=CONNECT_TIMEOUT_S)
 
 
 def default_dead_sink(cfg):
