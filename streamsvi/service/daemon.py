@@ -335,10 +335,44 @@ def source_size(source) -> int:
     """Records in a bounded source: lines of a file, or Σ highwater of the Kafka partitions."""
     if hasattr(source, "_count_lines"):
         return int(source._count_lines())
-    if hasattr(source, "positions"):
-        pos, lag = source.positions(), source.lag()
-        return int(sum(pos[tp] + lag[tp] for tp in lag if tp in pos))
+    if hasattr(source, "assignment") and hasattr(source, "bootstrap_servers"):
+        return sum(kafka_highwater_marks(source.bootstrap_servers, source.assignment()).values())
     return 0
+
+
+def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0) -> dict:
+    """Highwater mark of every partition in ``partitions`` ({(topic, p), ...}).
+
+    A group-less consumer fetches one record from the start of each partition;
+    the fetch response carries the highwater mark (``end_offsets()`` is not
+    used: some Kafka-protocol brokers answer it wrongly). Empty partitions
+    count 0 once a fetch came back for them or the timeout passed.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
+    if not tps:
+        return {}
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
+                             enable_auto_commit=False, fetch_max_wait_ms=100,
+                             max_partition_fetch_bytes=1 << 16)
+    try:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        marks: dict = {}
+        deadline = time.monotonic() + timeout_s
+        while len(marks) < len(tps) and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=200, max_records=len(tps))
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    marks[(tp.topic, tp.partition)] = int(hw)
+        missing = [tp for tp in tps if (tp.topic, tp.partition) not in marks]
+        if missing:
+            log.warning("no highwater mark within %.0f s for %s; counted as 0", timeout_s, missing)
+        return marks
+    finally:
+        consumer.close()
 
 
 def default_source(cfg, metrics):

@@ -240,11 +240,6 @@ def test_no_partition_assigned_fails_clearly_after_the_timeout(kafka_broker, new
     assert time.monotonic() - t0 < 6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "n_total = 'auto' sums highwater marks known after the first batch; kafka-python knows a "
-    "partition's highwater only once it has handed out that partition's records, so partitions "
-    "not in the first batch are left out and N is too small (needs KafkaSource to report every "
-    "assigned partition's highwater; see the daemon tests' report)"))
 def test_n_total_auto_counts_every_partition(kafka_broker, new_topic, new_group, tmp_path):
     bootstrap, topic, n = kafka_broker.bootstrap, new_topic(3), 1500
     produce_rows(bootstrap, topic, blob_rows(n, seed=21), JsonCodec(2), partitions=3)
