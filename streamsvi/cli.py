@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 import time
 
@@ -289,6 +290,25 @@ def produce(args) -> int:
     return 0
 
 
+def report(args) -> int:
+    """``streamsvi report``: PNG plots from runs' stored metric history."""
+    from .service.history import plot_report, read_history
+
+    labels = args.labels or [Path(d).resolve().name for d in args.runs]
+    if len(labels) != len(args.runs):
+        raise ValueError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
+    runs = {lab: read_history(d) for lab, d in zip(labels, args.runs)}
+    out = plot_report(runs, args.output)
+    for lab, rows in runs.items():
+        last = rows[-1] if rows else {}
+        ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
+        print(f"{lab}: {len(rows)} history rows, last step {last.get('step')}, "
+              f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}"
+              + (f", last held-out {ho[-1]:.4f}" if ho else ""))
+    print(f"report: {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
@@ -331,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
     c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
     c.add_argument("--seed", type=int, default=0)
+    rp = sub.add_parser("report", help="PNG plots of ELBO, held-out log-lik, gradient variance and rho "
+                                       "from one or more runs' checkpoint directories")
+    rp.add_argument("runs", nargs="+", help="checkpoint directories (each holds history.jsonl)")
+    rp.add_argument("--labels", nargs="+", help="one label per run (default: directory names)")
+    rp.add_argument("--output", default="streamsvi-report.png", help="PNG file to write")
     pr = sub.add_parser("produce", help="load a data set into a Kafka topic (demo producer)")
     pr.add_argument("--bootstrap-servers", required=True)
     pr.add_argument("--topic", required=True)
@@ -365,6 +390,8 @@ def main(argv=None) -> int:
             return inspect(args)
         if args.command == "produce":
             return produce(args)
+        if args.command == "report":
+            return report(args)
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return 2

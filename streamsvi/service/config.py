@@ -103,6 +103,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               "reservoir; 0 disables the held-out metric", min=0),
         "heldout_every": Field("int", 10, "recompute the held-out log-likelihood every this many batches",
                                min=1),
+        "history_every": Field("int", 10, "keep one row of metric history (history.jsonl next to the "
+                               "snapshots, for `streamsvi report`) every this many updates", min=1),
         "progress_seconds": Field("float", 2.0, "console progress line interval (0 = off)", min=0),
     },
 }

@@ -14,7 +14,9 @@ can drive it.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import logging
 import math
 import os
@@ -23,6 +25,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +34,8 @@ from .config import build_engine
 from .metrics import DaemonMetrics
 
 log = logging.getLogger("streamsvi.daemon")
+
+from .history import HISTORY_FILE  # noqa: E402  (one JSON object per line, next to the snapshots)
 
 #: How long one attempt to reach the brokers at start may take (kafka-python
 #: reconnects by itself within an attempt); after it the daemon counts a retry
@@ -121,7 +126,7 @@ class Daemon:
         ho = (snap.extra or {}).get("heldout")
         if ho:
             self.heldout = np.asarray(ho, dtype=np.float64)
-        self.elbo_history = list((snap.extra or {}).get("elbo_history", []))
+        self.elbo_history = collections.deque((snap.extra or {}).get("elbo_history", []), maxlen=1000)
         # the gauges describe the model: restored, not 0, until the next update
         self.metrics.step.set(snap.state.step)
         self.metrics.records_seen.set(snap.state.records_seen)
@@ -210,14 +215,52 @@ class Daemon:
             return None
         dead_sink.flush()
         offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
-        extra = {"elbo_history": self.elbo_history[-1000:]}
+        extra = {"elbo_history": list(self.elbo_history)}
         if self.heldout is not None:
             extra["heldout"] = self.heldout.tolist()
         snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
+        self._write_history()
         self.metrics.checkpoint_ts.set(time.time())
         self.metrics.checkpoints.inc()
         source.commit(dict(self.offsets))       # only after the snapshot is durable
         return snap
+
+    def _write_history(self):
+        """Append the compact metric history of the checkpointed steps to history.jsonl.
+
+        Written after the snapshot is durable; a crash before this line loses
+        those rows, a replay after a crash may write a step again (readers keep
+        the last row of each step: ``streamsvi.service.history.read_history``).
+        """
+        last = self._last_history_row
+        if last is not None and (not self._history_rows or self._history_rows[-1] is not last) \
+                and last["step"] > self._history_written_step:
+            self._history_rows.append(last)
+        if not self._history_rows:
+            return
+        path = Path(self.cfg["checkpoint"]["directory"]) / HISTORY_FILE
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, allow_nan=True) + "\n" for r in self._history_rows))
+            f.flush()
+            os.fsync(f.fileno())
+        self._history_written_step = self._history_rows[-1]["step"]
+        self._history_rows = []
+
+    def _record_history(self, info, heldout):
+        """Keep a row every ``history_every`` updates, on held-out updates, and (via
+        ``_write_history``) the last update before each checkpoint."""
+        row = {
+            "time": round(time.time(), 3), "step": info.step, "records": self.state.records_seen,
+            "elbo": info.elbo, "elbo_per_record": info.elbo_per_record, "heldout_loglik": heldout,
+            "grad_variance": info.grad_variance,
+            "grad_variance_observed": self.metrics.grad_var_obs._value.get(),
+            "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
+            "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
+            "domain_clipped": info.domain_clipped}
+        self._last_history_row = row
+        every = self.cfg["metrics"]["history_every"]
+        if info.step % every == 0 or info.step == 1 or heldout is not None:
+            self._history_rows.append(row)
 
     # --------------------------------------------------------------- run
     def run(self, max_batches: int | None = None, timeout: float | None = None,
@@ -227,7 +270,8 @@ class Daemon:
         inf, ck, mc = cfg["inference"], cfg["checkpoint"], cfg["metrics"]
         res = RunResult()
         self._stop_reason = ""
-        self.elbo_history = []
+        self.elbo_history = collections.deque(maxlen=1000)
+        self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
         t_start = time.monotonic()
         with contextlib.ExitStack() as stack:
             if mc["enabled"]:
@@ -293,12 +337,14 @@ class Daemon:
                     res.batches += 1
                     batches_since_ck += 1
                     progress_records += len(x)
+                    heldout_ll = None
                     if self.heldout is not None and len(self.heldout) and (
                             info.step % mc["heldout_every"] == 0 or info.step == 1):
                         lp = self.engine.model.predictive_logpdf(self.state.lam, self.heldout)
-                        self.heldout_ll = float(np.mean(lp))
-                        self.metrics.heldout_loglik.set(self.heldout_ll)
-                        self.elbo_history[-1].append(self.heldout_ll)
+                        heldout_ll = self.heldout_ll = float(np.mean(lp))
+                        self.metrics.heldout_loglik.set(heldout_ll)
+                        self.elbo_history[-1].append(heldout_ll)
+                    self._record_history(info, heldout_ll)
                 self.offsets.update(batch.next_offsets)
                 self.metrics.set_lag(source.lag())
                 now = time.monotonic()
