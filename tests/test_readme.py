@@ -16,10 +16,16 @@ def test_first_screen_has_exactly_two_setup_commands():
     assert text.index("```bash") < 1200     # on the first screen
 
 
-@pytest.mark.parametrize("i", range(len(re.findall(r"```python\n", README.read_text()))))
+def _runnable_blocks():
+    """Python blocks, except those marked ``<!-- illustrative ... -->`` just above."""
+    return [m.group(2) for m in re.finditer(r"(<!-- illustrative[^>]*-->\n)?```python\n(.*?)```",
+                                           README.read_text(), re.S) if not m.group(1)]
+
+
+@pytest.mark.parametrize("i", range(len(_runnable_blocks())))
 def test_python_blocks_run(i, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[i]
+    block = _runnable_blocks()[i]
     exec(compile(block, f"README.md block {i}", "exec"), {})
 
 
