@@ -222,7 +222,16 @@ class Daemon:
         self._write_history()
         self.metrics.checkpoint_ts.set(time.time())
         self.metrics.checkpoints.inc()
-        source.commit(dict(self.offsets))       # only after the snapshot is durable
+        try:
+            source.commit(dict(self.offsets))   # only after the snapshot is durable
+            self.metrics.broker_up.set(1)
+        except _transient_errors() as exc:
+            # not fatal: a restart seeks to the snapshot's offsets, not the committed ones,
+            # and the next checkpoint commits newer offsets
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            log.warning("offset commit failed (%s: %s); snapshot %s is durable, the next checkpoint "
+                        "commits again", type(exc).__name__, exc, snap.path.name)
         return snap
 
     def _write_history(self):
@@ -272,6 +281,7 @@ class Daemon:
         self._stop_reason = ""
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
+        poll_failures = 0
         t_start = time.monotonic()
         with contextlib.ExitStack() as stack:
             if mc["enabled"]:
@@ -306,7 +316,23 @@ class Daemon:
                 if timeout is not None and time.monotonic() - t_start > timeout:
                     res.stopped_by = "timeout"
                     break
-                batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
+                try:
+                    batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
+                except _transient_errors() as exc:
+                    # broker gone for a while mid-run: nothing was applied, so back off and poll
+                    # again; kafka-python reconnects by itself and positions are unchanged
+                    poll_failures += 1
+                    delay = min(cfg["source"]["connect_backoff_seconds"] * 2 ** (poll_failures - 1),
+                                MAX_CONNECT_BACKOFF_S)
+                    self.metrics.broker_up.set(0)
+                    self.metrics.broker_retries.inc()
+                    log.warning("poll failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
+                    self._stop.wait(delay)
+                    continue
+                if poll_failures:
+                    log.warning("source is back after %d failed polls", poll_failures)
+                    poll_failures = 0
+                    self.metrics.broker_up.set(1)
                 if batch is None:
                     if until_drained and _drained(source):
                         res.stopped_by = "drained"
@@ -369,6 +395,14 @@ class Daemon:
                       f"{self.state.records_seen} records)", file=self.out, flush=True)
         res.elbo_history = list(self.elbo_history)
         return res
+
+
+def _transient_errors() -> tuple:
+    """Exceptions of a broker being away for a while (retried, never fatal mid-run)."""
+    from kafka.errors import KafkaError
+
+    from ..io.sources import SourceError
+    return (KafkaError, SourceError, ConnectionError, TimeoutError)
 
 
 def _drained(source) -> bool:

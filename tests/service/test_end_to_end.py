@@ -285,3 +285,62 @@ def test_default_source_applies_every_source_setting(kafka_broker, new_topic, ne
         assert (source.validator.max_abs, source.validator.max_message_bytes) == (7.0, 321)
     finally:
         source.close()
+
+
+def test_broker_gone_mid_run_then_back(tmp_path, new_group, caplog):
+    """The broker dies mid-run and a new one comes up on the same port.
+
+    The daemon must not crash: no update is applied while the broker is away,
+    the offsets it already checkpointed stay durable, and when the broker is
+    back it consumes what is produced there. (The local broker keeps topics in
+    memory, so the new broker starts empty; the consumer falls back to the
+    earliest offset of the recreated topic.)
+    """
+    caplog.set_level(logging.WARNING)
+    port, topic = free_port(), "flaky-topic"
+    bootstrap = f"127.0.0.1:{port}"
+    cfg = validate(gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=new_group(),
+                              inference={"max_wait_seconds": 0.3},
+                              source={"connect_backoff_seconds": 0.1},
+                              checkpoint={"every_batches": 2},
+                              metrics={"heldout_size": 0}))
+    registry = CollectorRegistry()
+    daemon = Daemon(cfg, registry=registry, out=io.StringIO())
+    first = LocalBroker(port=port).start()
+    create_topic(bootstrap, topic, partitions=1)
+    produce_rows(bootstrap, topic, blob_rows(400, seed=6), JsonCodec(2))
+    errors, result = [], {}
+
+    def run():
+        try:
+            result["res"] = daemon.run(timeout=90)
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    second = None
+    try:
+        deadline = time.monotonic() + 30
+        while registry.get_sample_value("streamsvi_records_seen") != 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert registry.get_sample_value("streamsvi_records_seen") == 400
+        first.stop()                                # the broker goes away
+        time.sleep(3.0)
+        assert runner.is_alive() and not errors, errors
+        assert registry.get_sample_value("streamsvi_records_seen") == 400   # nothing applied meanwhile
+        second = LocalBroker(port=port).start()     # and comes back (empty: memory storage)
+        create_topic(bootstrap, topic, partitions=1)
+        produce_rows(bootstrap, topic, blob_rows(300, seed=7), JsonCodec(2))
+        deadline = time.monotonic() + 40
+        while registry.get_sample_value("streamsvi_records_seen") != 700 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert registry.get_sample_value("streamsvi_records_seen") == 700
+    finally:
+        daemon.request_stop("test")
+        runner.join(60)
+        if second is not None:
+            second.stop()
+    assert not errors, errors
+    assert result["res"].stopped_by == "test"
+    assert load_snapshot(cfg["checkpoint"]["directory"]).state.records_seen == 700
