@@ -85,6 +85,21 @@ class RecordValidator:
                                  f"max_message_bytes={self.max_message_bytes}")
         return None
 
+    def all_valid(self, x: np.ndarray) -> bool:
+        """True if every row of the float64 array ``x`` (n, D) passes :meth:`validate`.
+
+        Two reductions and no temporary array: NaN propagates through min and
+        max, so one NaN, ±inf or |value| > ``max_abs`` makes this False. A
+        source checks a whole fetch with it and calls :meth:`validate` only
+        when it is False.
+        """
+        if x.ndim != 2 or x.shape[1] != self.n_features:
+            return False
+        if x.size == 0:
+            return True
+        lo, hi = float(x.min()), float(x.max())
+        return -self.max_abs <= lo and hi <= self.max_abs and math.isfinite(lo) and math.isfinite(hi)
+
     def validate(self, x) -> tuple[np.ndarray, list[Rejection]]:
         """Split decoded rows into accepted rows and rejections.
 

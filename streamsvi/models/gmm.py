@@ -65,15 +65,22 @@ def _multigammaln(a: np.ndarray, d: int) -> np.ndarray:
 class GMMLocal:
     """Local factors of a minibatch.
 
-    ``resp`` (n, K) are the responsibilities r_nk; ``log_norm`` (n,) is
-    log Σ_k exp(log ρ_nk), which equals the record's local ELBO term at the
-    optimal r; ``features`` (n, T + D + 1) are [x_i x_j (i ≤ j) | x | 1], shared
-    by the E-step and the statistics so both are one matrix product each.
+    ``resp_t`` (K, n) are the responsibilities r_nk, stored component-major
+    (reductions over the K components of each record then run along the long
+    axis, several times faster in numpy than along a short last axis);
+    ``resp`` is the (n, K) view. ``log_norm`` (n,) is log Σ_k exp(log ρ_nk),
+    the record's local ELBO term at the optimal r; ``features`` (n, T + D + 1)
+    are [x_i x_j (i ≤ j) | x | 1], shared by the E-step and the statistics so
+    both are one matrix product each.
     """
 
-    resp: np.ndarray
+    resp_t: np.ndarray
     log_norm: np.ndarray
     features: np.ndarray
+
+    @property
+    def resp(self) -> np.ndarray:
+        return self.resp_t.T
 
 
 class BayesianGMM:
@@ -252,7 +259,7 @@ class BayesianGMM:
         x = self.check_batch(x)
         resp = np.asarray(resp, float)
         n_total = x.shape[0] if n_total is None else n_total
-        stats = self.suffstats(GMMLocal(resp, np.zeros(len(x)), self.features(x)), x)
+        stats = self.suffstats(GMMLocal(np.ascontiguousarray(resp.T), np.zeros(len(x)), self.features(x)), x)
         return self.prior() + stats * (n_total / x.shape[0])
 
     # ---------------------------------------------------------- local step
@@ -301,19 +308,20 @@ class BayesianGMM:
         self._cache = (lam, ex)
         return ex
 
-    def _log_rho(self, lam, x, Z=None):
+    def _log_rho_t(self, lam, x, Z=None):
+        """log ρ (K, n) and the features Z."""
         Z = self.features(x) if Z is None else Z
-        return Z @ self._expectations(lam)["G"], Z
+        return np.dot(self._expectations(lam)["G"].T, Z.T), Z
 
     def local_step(self, lam: NatParams, x) -> GMMLocal:
         """r_nk ∝ exp(E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½E[(x−μ_k)ᵀΛ_k(x−μ_k)])."""
-        log_rho, Z = self._log_rho(lam, x)
-        mx = log_rho.max(axis=1, keepdims=True)
-        r = log_rho - mx
-        np.exp(r, out=r)
-        s = r.sum(axis=1, keepdims=True)
-        r /= s
-        return GMMLocal(r, np.log(s[:, 0]) + mx[:, 0], Z)
+        L, Z = self._log_rho_t(lam, x)                      # (K, n)
+        mx = L.max(axis=0)
+        L -= mx
+        np.exp(L, out=L)
+        s = L.sum(axis=0)
+        L /= s
+        return GMMLocal(L, np.log(s) + mx, Z)
 
     # ------------------------------------------------- sufficient statistics
     def _unpack(self, P):
@@ -325,21 +333,21 @@ class BayesianGMM:
                          Psi=P.take(self._sym_from_triu, axis=1).reshape(K, D, D), nu=Nk)
 
     def suffstats(self, local: GMMLocal, x, weights=None) -> NatParams:
-        r = local.resp if weights is None else local.resp * np.asarray(weights)[:, None]
-        return self._unpack(r.T @ local.features)
+        rt = local.resp_t if weights is None else local.resp_t * np.asarray(weights)[None, :]
+        return self._unpack(rt @ local.features)
 
     def suffstats_pair(self, local: GMMLocal, x, weights):
         """(weighted, unweighted) statistics with one matrix product."""
         K = self.n_components
-        R = np.concatenate([local.resp * np.asarray(weights)[:, None], local.resp], axis=1)
-        P = R.T @ local.features
+        Rt = np.concatenate([local.resp_t * np.asarray(weights)[None, :], local.resp_t], axis=0)
+        P = Rt @ local.features
         return self._unpack(P[:K]), self._unpack(P[K:])
 
     def suffstats_sqnorm(self, local: GMMLocal, x) -> np.ndarray:
         # ‖t_n‖² = Σ_k r_nk² (3 + ‖x_n‖² + ‖x_n‖⁴)
-        r = local.resp
-        sq = (x * x).sum(axis=1)
-        return (r * r).sum(axis=1) * (3.0 + sq + sq * sq)
+        rt = local.resp_t
+        sq = np.einsum("nd,nd->n", x, x)
+        return (rt * rt).sum(axis=0) * (3.0 + sq + sq * sq)
 
     # ---------------------------------------------------------------- ELBO
     def local_elbo(self, local: GMMLocal) -> np.ndarray:
@@ -347,7 +355,7 @@ class BayesianGMM:
 
     def local_elbo_given_resp(self, lam, x, resp) -> np.ndarray:
         """Per-record local ELBO term for arbitrary responsibilities r."""
-        log_rho, _ = self._log_rho(lam, self.check_batch(x))
+        log_rho = self._log_rho_t(lam, self.check_batch(x))[0].T
         with np.errstate(divide="ignore", invalid="ignore"):
             ent = np.where(resp > 0, resp * np.log(resp), 0.0)
         return (resp * log_rho).sum(axis=1) - ent.sum(axis=1)

@@ -387,6 +387,9 @@ class Daemon:
                           f"rho {self.metrics.rho._value.get():.4f}  lag {lag}",
                           file=self.out, flush=True)
                     last_progress, progress_records = now, 0
+                if until_drained and _drained(source):   # no need to wait out another empty poll
+                    res.stopped_by = "drained"
+                    break
             # clean shutdown: checkpoint and commit what was applied
             if self.state is not None:
                 snap = self.checkpoint(source, dead_sink)

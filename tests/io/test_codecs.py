@@ -178,3 +178,39 @@ def test_codec_from_config():
         codec_from_config("pickle", 3)
     with pytest.raises(ValueError, match="only applies to the 'json' codec"):
         codec_from_config("binary", 2, fields=["a", "b"])
+
+
+def test_json_decode_many_is_decode_message_by_message():
+    rng = np.random.default_rng(3)
+    codec = JsonCodec(3)
+    X = rng.normal(size=(200, 3)) * 10.0 ** rng.integers(-300, 300, (200, 3))
+    msgs = [codec.encode(r) for r in X] + [b"[1, 2, 3]", b"[12345678901234567890123, -0, 7]",
+                                          b"[5e-324, -0.0, 1.7976931348623157e308]"]
+    x = codec.decode_many(msgs)
+    ref = np.array([codec.decode(m) for m in msgs])
+    assert x.shape == ref.shape and np.array_equal(x.view(np.int64), ref.view(np.int64))
+    assert codec.decode_many([]).shape == (0, 3)
+
+
+@pytest.mark.parametrize("msgs", [
+    [b"[1, 2], [3", b"4, 5, 6]"],           # invalid alone, one valid array when joined
+    [b"[1],[2]", b"[[3]", b"[4]]"],         # three elements for three messages, none valid
+    [b"[1, 2, 3] ", b"[4, 5, 6]"],           # valid, but blank after the ] (not proven: slow path)
+    [b"[true, 1, 2]"], [b"[null, 1, 2]"], [b'["1", 2, 3]'], [b'{"x": [1, 2, 3]}'],
+    [b"[1, 2]"], [b"[1, 2, 3, 4]"], [b""], [b"[1, 2, 3]", None],
+    [b"[1" + b"0" * 400 + b", 2, 3]"], [b"[" * 5000 + b"]" * 5000],
+])
+def test_json_decode_many_leaves_anything_doubtful_to_one_by_one(msgs):
+    assert JsonCodec(3).decode_many(msgs) is None
+
+
+def test_json_too_deep_nesting_is_a_dead_letter_not_a_crash():
+    assert reason_of(JsonCodec(2), b"[" * 100_000 + b"]" * 100_000) == "json_invalid"
+
+
+def test_binary_decode_many_one_copy_or_none():
+    codec = BinaryBatchCodec(2, dtype="float32")
+    a, b = np.arange(6.0).reshape(3, 2), np.ones((2, 2))
+    x = codec.decode_many([codec.encode(a), BinaryBatchCodec(2).encode(b)])
+    assert x.dtype == np.float64 and x.flags.writeable and np.array_equal(x, np.vstack([a, b]))
+    assert codec.decode_many([codec.encode(a), b"SSVBjunk"]) is None

@@ -59,3 +59,12 @@ def test_size_limit():
 def test_settings_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RecordValidator(**kwargs)
+
+
+def test_all_valid_agrees_with_validate():
+    v = RecordValidator(2, max_abs=100.0)
+    for x in (np.zeros((0, 2)), np.array([[1.0, -100.0]]), np.array([[1.0, np.nan]]),
+              np.array([[np.inf, 0.0]]), np.array([[0.0, -100.5]]), np.ones((3, 3))):
+        good, bad = v.validate(x)
+        assert v.all_valid(x) == (not bad)
+    assert not RecordValidator(1, max_abs=float("inf")).all_valid(np.array([[np.inf]]))
