@@ -302,7 +302,7 @@ class SVI:
             new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
                                  for k in lam})
         else:
-            new_lam = NatParams({k: (1.0 - rho) * lam[k] + rho * target[k] for k in lam})
+            new_lam = lam * (1.0 - rho) + target * rho
         if not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
 
