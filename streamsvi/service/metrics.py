@@ -16,7 +16,7 @@ Gradient variance, two views:
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from river import stats as river_stats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -93,6 +93,26 @@ class DaemonMetrics:
         for (topic, partition), v in lags.items():
             self.lag.labels(topic=str(topic), partition=str(partition)).set(v)
 
-    def serve(self, port: int, addr: str = "127.0.0.1"):
-        """Serve ``/metrics`` over HTTP; returns (server, thread)."""
-        return start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", poll_interval: float = 0.05):
+        """Serve ``/metrics`` over HTTP in a daemon thread; returns (server, thread).
+
+        Like ``prometheus_client.start_http_server`` but with a short
+        ``serve_forever`` poll interval, so ``server.shutdown()`` at the end of
+        a run returns within ~50 ms instead of up to 0.5 s.
+        """
+        import socketserver
+        import threading
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        class _Server(socketserver.ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, *args):   # no access log on stderr
+                pass
+
+        httpd = make_server(addr, port, make_wsgi_app(self.registry), _Server, handler_class=_Quiet)
+        thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": poll_interval},
+                                  name="streamsvi-metrics", daemon=True)
+        thread.start()
+        return httpd, thread
