@@ -42,3 +42,20 @@ def model_case(request):
 
 def registered_model_names():
     return set(MODELS)
+
+
+def require_tool(name: str) -> str:
+    """Path of a command-line tool the test needs (a Debian package .ci/run installs).
+
+    Missing on a developer machine: the test is skipped. Missing under CI: it fails,
+    because then .ci/run did not install what it should have.
+    """
+    import os
+    import shutil
+
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is not installed; .ci/run installs it from Debian's packages")
+        pytest.skip(f"{name} not installed (a Debian package; see .ci/run)")
+    return path

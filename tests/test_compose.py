@@ -2,13 +2,12 @@
 the compose file by docker-compose, the Prometheus files by promtool (config, rules,
 and unit tests of the alerts), the dashboard against the metrics the daemon exports."""
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
+
+from tests.conftest import require_tool
 import yaml
 
 from streamsvi.cli import build_parser
@@ -18,15 +17,6 @@ from streamsvi.service.metrics import DaemonMetrics
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"
 
 
-def _tool(name):
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed; .ci/run installs it from Debian's packages")
-        pytest.skip(f"{name} not installed")
-    return path
-
-
 def _run(*cmd, cwd=COMPOSE):
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -34,7 +24,7 @@ def _run(*cmd, cwd=COMPOSE):
 
 
 def test_compose_file_is_valid():
-    out = _run(_tool("docker-compose"), "-f", "docker-compose.yml", "config")
+    out = _run(require_tool("docker-compose"), "-f", "docker-compose.yml", "config")
     cfg = yaml.safe_load(out)
     assert {"kafka", "producer", "streamsvi", "prometheus", "grafana"} <= set(cfg["services"])
     for svc in ("kafka", "streamsvi", "prometheus", "grafana"):
@@ -63,7 +53,7 @@ def test_compose_commands_parse_and_the_config_validates():
 
 
 def test_prometheus_config_rules_and_alert_unit_tests():
-    promtool = _tool("promtool")
+    promtool = require_tool("promtool")
     _run(promtool, "check", "config", "prometheus/prometheus.yml")
     _run(promtool, "check", "rules", "prometheus/rules.yml")
     out = _run(promtool, "test", "rules", "rules_test.yml", cwd=COMPOSE / "prometheus")

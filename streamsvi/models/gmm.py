@@ -210,7 +210,7 @@ class BayesianGMM:
         return self._prior
 
     def _make_prior(self) -> NatParams:
-        K, D = self.n_components, self.n_features
+        K = self.n_components
         b0, m0 = self.mean_precision, self._m0
         return NatParams(
             alpha=self._alpha0.copy(),
@@ -363,7 +363,7 @@ class BayesianGMM:
     def global_elbo(self, lam: NatParams) -> float:
         """−KL(q(π) ‖ p(π)) − Σ_k KL(q(μ_k, Λ_k) ‖ p(μ_k, Λ_k)), all constants included."""
         ex = self._expectations(lam)
-        alpha, beta, m, W, nu = ex["alpha"], ex["beta"], ex["m"], ex["W"], ex["nu"]
+        alpha, beta, W, nu = ex["alpha"], ex["beta"], ex["W"], ex["nu"]
         a0, b0, m0, nu0 = self._alpha0, self.mean_precision, self._m0, self._nu0
         D = self.n_features
         # Dirichlet KL + Wishart KL(W(W, ν) ‖ W(W0, ν0)), prior-only terms in self._kl_const;

@@ -18,7 +18,6 @@ import collections
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import sys

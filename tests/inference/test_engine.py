@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from streamsvi.datasets import make_blobs
-from streamsvi.inference import SVI, Constant, EngineState, RobbinsMonro, load_state
+from streamsvi.inference import SVI, Constant, RobbinsMonro, load_state
 from streamsvi.models import BayesianGMM
 
 

@@ -1,8 +1,6 @@
 """The daemon's metric history, `streamsvi report`, and a real Prometheus reading a running daemon."""
 import io
 import json
-import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -20,6 +18,7 @@ from streamsvi.io.codecs import JsonCodec
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 from streamsvi.service.history import read_history
+from tests.conftest import require_tool
 from tests.service.conftest import blob_rows, gmm_config
 
 
@@ -75,11 +74,7 @@ def _free_port():
 
 
 def test_prometheus_reads_the_elbo_of_a_running_daemon(tmp_path):
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed; .ci/run installs Debian's prometheus package")
-        pytest.skip("prometheus not installed")
+    prometheus = require_tool("prometheus")
     cfg = _file_cfg(tmp_path, "live", n=1000)
     cfg["metrics"]["enabled"] = True
     cfg["metrics"]["port"] = _free_port()

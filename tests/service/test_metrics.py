@@ -1,6 +1,4 @@
 """Metrics: the exposition is lint-clean (promtool) and a real Prometheus server scrapes it."""
-import os
-import shutil
 import socket
 import subprocess
 import time
@@ -16,15 +14,7 @@ from streamsvi.datasets import make_blobs
 from streamsvi.inference import SVI, RobbinsMonro
 from streamsvi.models import BayesianGMM
 from streamsvi.service.metrics import DaemonMetrics
-
-
-def _need(tool):
-    path = shutil.which(tool)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{tool} is not installed; .ci/run installs Debian's prometheus package")
-        pytest.skip(f"{tool} not installed (Debian package prometheus)")
-    return path
+from tests.conftest import require_tool
 
 
 def _fed_metrics(steps=12):
@@ -73,7 +63,7 @@ def test_observed_variance_is_the_successive_difference_estimator():
 
 
 def test_promtool_check_metrics_is_clean():
-    promtool = _need("promtool")
+    promtool = require_tool("promtool")
     m, _, _ = _fed_metrics()
     text = generate_latest(m.registry)
     res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
@@ -88,7 +78,7 @@ def _free_port():
 
 
 def test_a_real_prometheus_scrapes_the_endpoint(tmp_path):
-    prometheus = _need("prometheus")
+    prometheus = require_tool("prometheus")
     m, _, info = _fed_metrics()
     server, thread = m.serve(0)
     port = server.server_port
