@@ -101,7 +101,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "port": Field("int", 9464, "metrics port (0 = any free port)", min=0, max=65535),
         "heldout_size": Field("int", 500, "records diverted (not trained on) into the held-out "
                               "reservoir; 0 disables the held-out metric", min=0),
-        "heldout_every": Field("int", 10, "recompute the held-out log-likelihood every this many batches",
+        "heldout_every": Field("int", 50, "recompute the held-out log-likelihood every this many batches "
+                               "(Prometheus scrapes every few seconds; more often only costs time)",
                                min=1),
         "history_every": Field("int", 10, "keep one row of metric history (history.jsonl next to the "
                                "snapshots, for `streamsvi report`) every this many updates", min=1),
