@@ -48,7 +48,6 @@ SCHEMA: dict[str, dict[str, Field]] = {
                          "unbounded stream; 'auto' = sum of the topics' highwater marks at start", min=0),
         "batch_size": Field("int", 1000, "|S|: records per minibatch", min=1),
         "max_wait_seconds": Field("float", 1.0, "apply a smaller batch after waiting this long", min=0),
-        "min_batch_size": Field("int", 1, "never apply a batch smaller than this (wait for more)", min=1),
         "effective_batch_size": Field("float", None, "M for SVI+ (0 < M <= batch_size); unset = SVI", min=0),
         "effective_fraction": Field("float", None, "M as a fraction of each batch (instead of M)",
                                     min=0, max=1),
@@ -182,8 +181,6 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         raise ConfigError("inference.effective_fraction: must be in (0, 1]")
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if inf["min_batch_size"] > inf["batch_size"]:
-        raise ConfigError("inference.min_batch_size: must be <= batch_size")
     if mdl["kind"] == "gauss1d":
         if mdl["n_features"] not in (None, 1):
             raise ConfigError("model.n_features: gauss1d records have 1 value")
