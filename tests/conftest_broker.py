@@ -47,3 +47,26 @@ def new_topic(kafka_broker):
 @pytest.fixture
 def new_group():
     return lambda: f"g-{uuid.uuid4().hex[:10]}"
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 15.0):
+    """Every message of ``topic`` as ``(partition, offset, value)``, read without a group."""
+    import time
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+        c.assign(tps)
+        out, deadline = [], time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for tp, msgs in c.poll(timeout_ms=200).items():
+                out += [(tp.partition, m.offset, m.value) for m in msgs]
+            hw = [c.highwater(tp) for tp in tps]
+            if None not in hw and all(c.position(tp) >= h for tp, h in zip(tps, hw)):
+                return out
+        raise AssertionError(f"could not read {topic} to its end within {timeout_s} s")
+    finally:
+        c.close()

@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 
 from streamsvi.io import (BinaryBatchCodec, JsonCodec, KafkaDeadLetterSink, KafkaSource,
                           KafkaUnavailableError, LocalBroker, MemoryDeadLetterSink, RecordValidator,
                           SourceError, produce_rows)
 from streamsvi.io.broker import free_port
+from tests.conftest_broker import read_topic
 
 
 
@@ -43,25 +44,6 @@ def all_ids(batches):
 
 def source(kafka_broker, topic, group, codec=None, **kw):
     return KafkaSource(kafka_broker.bootstrap, topic, group_id=group, codec=codec or JsonCodec(2), **kw)
-
-
-def read_topic(bootstrap, topic, timeout_s=10.0):
-    """Every message of a topic as (partition, offset, value), without a group."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest", max_partition_fetch_bytes=32 << 20)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
-        c.assign(tps)
-        out, deadline = [], time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for tp, msgs in c.poll(timeout_ms=200).items():
-                out += [(tp.partition, m.offset, m.value) for m in msgs]
-            hw = [c.highwater(tp) for tp in tps]
-            if None not in hw and all(c.position(tp) >= h for tp, h in zip(tps, hw)):
-                return out
-        raise AssertionError(f"could not read {topic} to its end within {timeout_s} s")
-    finally:
-        c.close()
 
 
 def test_json_three_partitions_every_row_exactly_once(kafka_broker, new_topic, new_group):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 # first: it imports kafka-python quietly (its import-time DeprecationWarnings)
-from tests.conftest_broker import kafka_broker, new_group, new_topic  # noqa: F401, I001
+from tests.conftest_broker import kafka_broker, new_group, new_topic, read_topic  # noqa: F401, I001
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 STREAMSVI = str(Path(sys.executable).with_name("streamsvi"))
@@ -46,25 +46,6 @@ def produce_raw(bootstrap: str, topic: str, payloads, partitions: int | None = N
     finally:
         producer.close()
     return [(m.partition, m.offset) for m in meta]
-
-
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 15.0):
-    """Every message of ``topic`` as ``(partition, offset, value)``, read without a group."""
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                      auto_offset_reset="earliest")
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
-        c.assign(tps)
-        out, deadline = [], time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for tp, msgs in c.poll(timeout_ms=200).items():
-                out += [(tp.partition, m.offset, m.value) for m in msgs]
-            hw = [c.highwater(tp) for tp in tps]
-            if None not in hw and all(c.position(tp) >= h for tp, h in zip(tps, hw)):
-                return out
-        raise AssertionError(f"could not read {topic} to its end within {timeout_s} s")
-    finally:
-        c.close()
 
 
 def highwater_marks(bootstrap: str, topic: str, partitions: int, timeout_s: float = 15.0) -> dict:
