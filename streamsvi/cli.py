@@ -176,6 +176,11 @@ def _score_lines(fitted, lines, fmt, fields):
 
     D = fitted.n_features
     codec = JsonCodec(D, fields) if fmt == "jsonl" else CsvCodec(D)
+    lines = [(n, raw.strip()) for n, raw in lines if raw.strip()]
+    fast = codec.decode_many([t.encode() for _, t in lines]) if lines else None
+    if fast is not None and len(fast) == len(lines) and np.isfinite(fast).all():
+        # every line decoded in one parse (the common case): score them all at once
+        return [{"line": n, **sc} for (n, _), sc in zip(lines, fitted.score(fast))]
     rows, where, out = [], [], {}
     for lineno, raw in lines:
         text = raw.strip()
