@@ -75,6 +75,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import blas_build, cpu_model, fmt_table  # noqa: E402  (bench/ sibling)
 
 D, K = 8, 10
 PARTITIONS = 3
@@ -126,19 +127,8 @@ def parse_args(argv=None):
 def machine_info() -> list[str]:
     import kafka
 
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       "unknown")
-    except OSError:
-        pass
+    cpu, blas_s = cpu_model(), blas_build()
     aff = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        blas_s = f"{blas.get('name')} {blas.get('version')}"
-    except Exception:  # noqa: BLE001 - informational only
-        blas_s = "unknown"
     try:
         import orjson  # noqa: F401
         fast_json = "orjson " + orjson.__version__
@@ -348,17 +338,6 @@ def row(codec, what, n, times, note):
             f"{n / statistics.median(times):,.0f}", note]
 
 
-def fmt_table(header, rows) -> str:
-    cols = list(zip(*([header] + rows)))
-    widths = [max(len(str(c)) for c in col) for col in cols]
-
-    def line(r):
-        return "  ".join(f"{str(c):<{w}}" if i < 2 else f"{str(c):>{w}}"
-                         for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
-                     + [line(r) for r in rows])
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     from streamsvi.io import BinaryBatchCodec, JsonCodec, LocalBroker
@@ -471,7 +450,7 @@ def main(argv=None) -> int:
           f"binary messages of {args.message_rows} rows (float64); best of {args.repeats} "
           f"run(s) per stage, records/s = records / seconds\n")
     print(fmt_table(["codec", "measurement", "records", "seconds", "records/s",
-                     "median rec/s", "note"], rows))
+                     "median rec/s", "note"], rows, left=2))
     print()
     for ln in notes:
         print(ln)

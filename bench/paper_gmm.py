@@ -47,7 +47,6 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
@@ -56,6 +55,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from _common import fmt_table  # noqa: E402  (bench/ sibling)
 from streamsvi import SVI, BayesianGMM, RobbinsMonro, batch_vi  # noqa: E402
 from streamsvi.datasets import load_pima, make_blobs, standardize  # noqa: E402
 
@@ -187,15 +187,6 @@ def _run_tagged(item):
 
 
 # ------------------------------------------------------------------ tables
-def fmt_table(header, rows, aligns=None):
-    cols = list(zip(*([header] + rows)))
-    widths = [max(len(str(c)) for c in col) for col in cols]
-    aligns = aligns or ["<"] + [">"] * (len(header) - 1)
-    line = lambda r: "  ".join(f"{str(c):{a}{w}}" for c, a, w in zip(r, aligns, widths))  # noqa: E731
-    return "\n".join([line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
-                     + [line(r) for r in rows])
-
-
 def wtl(a, b, tol=TIE):
     """Wins / ties / losses of a over b, seed by seed."""
     d = np.asarray(a) - np.asarray(b)

@@ -41,8 +41,9 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from _common import blas_build, cpu_model, fmt_table, rate  # noqa: E402  (bench/ sibling)
 
 OUT = Path(__file__).resolve().parent / "out"
 TARGET = 0.65
@@ -142,32 +143,10 @@ def plot(results):
     print(f"\nplot: {OUT / 'throughput.png'}")
 
 
-def fmt_table(header, rows):
-    cols = list(zip(*([header] + rows)))
-    widths = [max(len(str(c)) for c in col) for col in cols]
-    line = lambda r: "  ".join(  # noqa: E731
-        f"{str(c):<{w}}" if i == 0 else f"{str(c):>{w}}" for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
-                     + [line(r) for r in rows])
-
-
 # =================================================================== worker
 def machine_info():
     import numpy as np
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        blas_s = f"{blas.get('name')} {blas.get('version')}"
-    except Exception:  # noqa: BLE001 - informational only
-        blas_s = "unknown"
+    cpu, blas_s = cpu_model(), blas_build()
     try:
         from threadpoolctl import threadpool_info
         pools = ", ".join(f"{p['internal_api']} {p['num_threads']} thread(s)"
@@ -276,32 +255,9 @@ def bare_from_lam(model, lam):
     return Bare(m, P, c)
 
 
-def rate(fn, n_records, min_time):
-    """Records/s of one timed run of at least ``min_time`` seconds."""
-    n = 0
-    t0 = time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        el = time.perf_counter() - t0
-        if el >= min_time:
-            return n * n_records / el
-
-
 def per_call(fn, min_time=0.2, repeats=5):
     """Best µs per call of ``fn``."""
-    best = float("inf")
-    for _ in range(repeats):
-        n = 0
-        t0 = time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            el = time.perf_counter() - t0
-            if el >= min_time:
-                break
-        best = min(best, el / n)
-    return best * 1e6
+    return 1e6 / max(rate(fn, 1, min_time) for _ in range(repeats))
 
 
 def worker(args):
