@@ -59,3 +59,26 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is not installed; .ci/run installs it from Debian's packages")
         pytest.skip(f"{name} not installed (a Debian package; see .ci/run)")
     return path
+
+
+def mc_predictive_density(model, lam, x, n_draws, rng):
+    """Monte-Carlo E_q[Σ_k π_k N(x | μ_k, Λ_k⁻¹)] for a BayesianGMM, with its standard error.
+
+    Draws (π, μ_k, Λ_k) from q with scipy/numpy samplers, independently of the
+    model's Student-t formula. Returns (mean density, standard error) per record.
+    """
+    from scipy import stats
+
+    alpha, beta, m, Winv, nu = model.standard(lam)
+    K, D = m.shape
+    pis = rng.dirichlet(alpha, size=n_draws)
+    dens = np.zeros((n_draws, len(x)))
+    for k in range(K):
+        L = stats.wishart(df=nu[k], scale=np.linalg.inv(Winv[k])).rvs(n_draws, random_state=rng)
+        cov = np.linalg.inv(L)
+        mu = m[k] + np.einsum("sij,sj->si", np.linalg.cholesky(cov / beta[k]), rng.normal(size=(n_draws, D)))
+        d = x[None] - mu[:, None]
+        q = np.einsum("sni,sij,snj->sn", d, L, d)
+        log_n = 0.5 * np.linalg.slogdet(L)[1][:, None] - 0.5 * D * np.log(2 * np.pi) - 0.5 * q
+        dens += pis[:, k:k + 1] * np.exp(log_n)
+    return dens.mean(0), dens.std(0, ddof=1) / np.sqrt(n_draws)

@@ -4,7 +4,6 @@ import threading
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import streamsvi
 from streamsvi.checkpoint import CheckpointStore, CorruptSnapshotError
@@ -12,6 +11,7 @@ from streamsvi.cli import main
 from streamsvi.datasets import make_blobs
 from streamsvi.inference import SVI, EngineState
 from streamsvi.models import BayesianGMM, NatParams
+from tests.conftest import mc_predictive_density
 
 
 def _engine_state(seed=0, steps=20):
@@ -41,20 +41,8 @@ def test_predictive_density_of_a_snapshot_matches_monte_carlo(tmp_path):
     engine, state, _ = _engine_state(seed=2, steps=10)
     CheckpointStore(tmp_path).save(engine, state, [])
     f = streamsvi.load(tmp_path)
-    alpha, beta, m, Winv, nu = f.model.standard(f.lam)
     x = np.array([[0.0, 0.0], [-4.0, -3.0], [1.5, 1.0]])
-    rng = np.random.default_rng(0)
-    S = 20000
-    pis = rng.dirichlet(alpha, size=S)
-    dens = np.zeros((S, len(x)))
-    for k in range(3):
-        L = stats.wishart(df=nu[k], scale=np.linalg.inv(Winv[k])).rvs(S, random_state=rng)
-        cov = np.linalg.inv(L)
-        mu = m[k] + np.einsum("sij,sj->si", np.linalg.cholesky(cov / beta[k]), rng.normal(size=(S, 2)))
-        d = x[None] - mu[:, None]
-        q = np.einsum("sni,sij,snj->sn", d, L, d)
-        dens += pis[:, k:k + 1] * np.exp(0.5 * np.linalg.slogdet(L)[1][:, None] - np.log(2 * np.pi) - 0.5 * q)
-    mc, se = dens.mean(0), dens.std(0, ddof=1) / np.sqrt(S)
+    mc, se = mc_predictive_density(f.model, f.lam, x, 20000, np.random.default_rng(0))
     exact = np.exp(f.predictive_logpdf(x))
     assert np.all(np.abs(mc - exact) < np.maximum(5 * se, 0.03 * exact)), (mc, exact, se)
 

@@ -7,6 +7,7 @@ from scipy.special import multigammaln
 
 from streamsvi.datasets import make_blobs
 from streamsvi.models import BayesianGMM
+from tests.conftest import mc_predictive_density
 
 sklearn_mixture = pytest.importorskip("sklearn.mixture")
 
@@ -116,21 +117,7 @@ def test_predictive_density_matches_monte_carlo():
     model = BayesianGMM(2, 2, weight_concentration=1.0, mean_precision=0.5, degrees_of_freedom=3.0)
     lam = model.init_params(np.random.default_rng(0), X, 20.0)   # small N: a wide posterior
     x = np.array([[0.0, 0.0], [-4.0, -3.0], [2.0, 2.5]])
-    rng = np.random.default_rng(11)
-    S = 20000
-    alpha, beta, m, Winv, nu = model.standard(lam)
-    pis = rng.dirichlet(alpha, size=S)
-    dens = np.zeros((S, len(x)))
-    for k in range(2):
-        Lk = stats.wishart(df=nu[k], scale=np.linalg.inv(Winv[k])).rvs(S, random_state=rng)
-        Cov = np.linalg.inv(Lk)
-        mu = m[k] + np.einsum("sij,sj->si", np.linalg.cholesky(Cov / beta[k]), rng.normal(size=(S, 2)))
-        diff = x[None, :, :] - mu[:, None, :]
-        quad = np.einsum("sni,sij,snj->sn", diff, Lk, diff)
-        logN = 0.5 * np.linalg.slogdet(Lk)[1][:, None] - np.log(2 * np.pi) - 0.5 * quad
-        dens += pis[:, k:k + 1] * np.exp(logN)
-    mc = dens.mean(0)
-    se = dens.std(0, ddof=1) / np.sqrt(S)
+    mc, se = mc_predictive_density(model, lam, x, 20000, np.random.default_rng(11))
     exact = np.exp(model.predictive_logpdf(lam, x))
     assert np.all(np.abs(mc - exact) < np.maximum(5 * se, 0.03 * exact)), (mc, exact, se)
 
