@@ -103,7 +103,6 @@ def demo(args) -> int:
     """The embedded default (see the module docstring)."""
     import logging
     import shutil
-    from pathlib import Path
 
     from prometheus_client import CollectorRegistry, generate_latest
 

@@ -261,7 +261,7 @@ class Daemon:
             "time": round(time.time(), 3), "step": info.step, "records": self.state.records_seen,
             "elbo": info.elbo, "elbo_per_record": info.elbo_per_record, "heldout_loglik": heldout,
             "grad_variance": info.grad_variance,
-            "grad_variance_observed": self.metrics.grad_var_obs._value.get(),
+            "grad_variance_observed": self.metrics.observed_variance,
             "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
             "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
             "domain_clipped": info.domain_clipped}
@@ -281,6 +281,7 @@ class Daemon:
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
         poll_failures = 0
+        last_info = None      # the latest update's UpdateInfo, for the progress line
         t_start = time.monotonic()
         with contextlib.ExitStack() as stack:
             if mc["enabled"]:
@@ -355,6 +356,7 @@ class Daemon:
                         self.state = self.engine.init(x, seed=inf["seed"])
                     t0 = time.perf_counter()
                     self.state, info = self.engine.update(self.state, x)
+                    last_info = info
                     self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
                     self.metrics.records_seen.set(self.state.records_seen)
                     self.elbo_history.append([info.step, info.elbo_per_record])
@@ -378,12 +380,13 @@ class Daemon:
                         self.checkpoint(source, dead_sink)
                         res.checkpoints += 1
                     last_ck, batches_since_ck = now, 0
-                if mc["progress_seconds"] and now - last_progress >= mc["progress_seconds"] and self.state:
+                if mc["progress_seconds"] and now - last_progress >= mc["progress_seconds"] \
+                        and last_info is not None:
                     rate = progress_records / (now - last_progress)
                     lag = sum(source.lag().values())
                     print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
-                          f"{rate:10.0f} rec/s  ELBO/rec {self.elbo_history[-1][1]:10.4f}  "
-                          f"rho {self.metrics.rho._value.get():.4f}  lag {lag}",
+                          f"{rate:10.0f} rec/s  ELBO/rec {last_info.elbo_per_record:10.4f}  "
+                          f"rho {last_info.rho:.4f}  lag {lag}",
                           file=self.out, flush=True)
                     last_progress, progress_records = now, 0
                 if until_drained and _drained(source):   # no need to wait out another empty poll

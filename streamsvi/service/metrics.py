@@ -62,6 +62,8 @@ class DaemonMetrics:
         self.broker_retries = c("broker_retries", "Retries after the broker was unavailable")
         self._ewm = river_stats.EWMean(fading_factor=fading_factor)
         self._prev_grad = None
+        #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).
+        self.observed_variance = None
 
     def observe_update(self, info, gradient=None, seconds: float | None = None) -> None:
         """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams)."""
@@ -83,7 +85,8 @@ class DaemonMetrics:
         if gradient is not None:
             if self._prev_grad is not None:
                 self._ewm.update(0.5 * (gradient - self._prev_grad).sqnorm())
-                self.grad_var_obs.set(self._ewm.get())
+                self.observed_variance = self._ewm.get()
+                self.grad_var_obs.set(self.observed_variance)
             self._prev_grad = gradient
 
     def observe_dead(self, reason: str, n: int = 1) -> None:
