@@ -1,0 +1,138 @@
+"""Record kinds: how one model family's records travel from bytes to a minibatch.
+
+The I/O layer (sources, dead letters, the daemon's held-out reservoir) does not
+know what a record is. A :class:`RecordKind` tells it, for one family of
+models:
+
+* which codecs exist (``codec_names``) and how to build one for a model
+  (:meth:`RecordKind.make_codec`);
+* how to validate decoded records for a model (:meth:`RecordKind.make_validator`);
+* how to count, slice and join decoded records (:meth:`n_records`,
+  :meth:`take`, :meth:`concat`, :meth:`empty`);
+* how to write records as JSON values and read them back
+  (:meth:`to_json`, :meth:`from_json`), used for dead letters from the memory
+  source and for the held-out reservoir stored in every snapshot.
+
+A *part* is whatever the kind's codecs return: a dense ``(n, D)`` float array
+for the Gaussian mixtures, a CSR matrix for bag-of-words, and so on. A batch
+is a part, and it is what the model's ``check_batch`` receives; the engine
+only needs ``batch.shape[0]`` and ``batch[int_array]``.
+
+Codec protocol (see :class:`streamsvi.io.codecs.Codec`):
+
+``rows_per_message``  1 for one-record-per-message codecs, ``None`` otherwise
+``decode_rows(payload) -> part``  raises :class:`~streamsvi.io.codecs.DecodeError`
+``decode_many(payloads) -> part | None``  every payload at once, or ``None``
+    when that is not possible (the caller then decodes one by one)
+``encode_rows(part) -> bytes``  the inverse of ``decode_rows``
+``get_params() -> dict``
+
+Validator protocol (see :class:`streamsvi.io.validate.RecordValidator`):
+
+``max_message_bytes``; ``check_size(payload) -> (reason, message) | None``;
+``validate(part) -> (good_part, [(row, reason, message), ...])``;
+``all_valid(part) -> bool``
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .codecs import codec_from_config
+from .validate import RecordValidator
+
+__all__ = ["RecordKind", "DenseKind", "record_kind", "register_kind", "KINDS"]
+
+
+class RecordKind:
+    """Interface; see the module docstring."""
+
+    #: short name (used in messages and docs)
+    name = "abstract"
+    #: codec names accepted by ``make_codec`` (the config's ``source.codec``)
+    codec_names: tuple[str, ...] = ()
+
+    def make_codec(self, name: str, model, options: dict):
+        """A codec for ``model``'s records. ``options`` is the config's ``source`` section."""
+        raise NotImplementedError
+
+    def make_validator(self, model, options: dict):
+        """A validator for ``model``. ``options`` is the config's ``validation`` section."""
+        raise NotImplementedError
+
+    def n_records(self, part) -> int:
+        return int(part.shape[0])
+
+    def take(self, part, index):
+        """Records ``index`` (a slice or an integer array) of ``part``."""
+        return part[index]
+
+    def concat(self, parts: Sequence):
+        raise NotImplementedError
+
+    def empty(self, model):
+        """A part holding no records."""
+        raise NotImplementedError
+
+    def to_json(self, part) -> list:
+        """One JSON-serialisable value per record."""
+        raise NotImplementedError
+
+    def from_json(self, values: list, model):
+        """Inverse of :meth:`to_json`."""
+        raise NotImplementedError
+
+
+class DenseKind(RecordKind):
+    """Fixed-length numeric records: an ``(n, D)`` float64 array (the mixtures).
+
+    Examples
+    --------
+    >>> kind = DenseKind()
+    >>> part = kind.concat([np.ones((2, 3)), np.zeros((1, 3))])
+    >>> kind.n_records(part), kind.to_json(kind.take(part, slice(2, 3)))
+    (3, [[0.0, 0.0, 0.0]])
+    """
+
+    name = "dense"
+    codec_names = ("json", "binary", "csv")
+
+    def make_codec(self, name, model, options):
+        return codec_from_config(name, model.n_features, options.get("fields"))
+
+    def make_validator(self, model, options):
+        return RecordValidator(model.n_features, max_abs=options.get("max_abs", 1e12),
+                               max_message_bytes=options.get("max_message_bytes", 1_048_576))
+
+    def concat(self, parts):
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+    def empty(self, model):
+        return np.empty((0, model.n_features))
+
+    def to_json(self, part):
+        return np.asarray(part, dtype=np.float64).tolist()
+
+    def from_json(self, values, model):
+        arr = np.asarray(values, dtype=np.float64)
+        return arr.reshape(-1, model.n_features)
+
+
+#: kind name -> RecordKind instance
+KINDS: dict[str, RecordKind] = {"dense": DenseKind()}
+
+
+def register_kind(kind: RecordKind) -> RecordKind:
+    KINDS[kind.name] = kind
+    return kind
+
+
+def record_kind(model) -> RecordKind:
+    """The record kind of ``model`` (its ``record_kind`` attribute, default ``"dense"``)."""
+    name = getattr(model, "record_kind", "dense")
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"model {getattr(model, 'name', model)!r} names an unknown record kind "
+                         f"{name!r}; known: {sorted(KINDS)}") from None
