@@ -33,7 +33,7 @@ from .checkpoint import Snapshot, load_snapshot
 
 log = logging.getLogger("streamsvi.scoring")
 
-#: The scoring methods every fitted model offers when its model has them.
+#: The scoring methods of a model that does not list its own ``scoring_methods``.
 SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf")
 
 
@@ -51,6 +51,10 @@ class FittedModel:
     path : Path of the snapshot directory; number : its snapshot number
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
+
+    Every scoring method the model lists in its ``scoring_methods`` (each a
+    method ``f(lam, x, ...)``) is also a method of the fitted model with λ
+    filled in: ``fitted.predict(x)`` is ``model.predict(lam, x)``.
     """
 
     model: object
@@ -81,6 +85,28 @@ class FittedModel:
     def n_features(self) -> int:
         return self.model.n_features
 
+    @property
+    def scoring_methods(self) -> tuple[str, ...]:
+        """The names of the scoring methods this fitted model offers."""
+        names = getattr(self.model, "scoring_methods", SCORING_METHODS)
+        return tuple(n for n in names if callable(getattr(self.model, n, None)))
+
+    def __getattr__(self, name):
+        # only called for names that are not attributes: the model's scoring methods
+        if name.startswith("_") or name in ("model", "lam") or name not in self.scoring_methods:
+            raise AttributeError(f"{type(self).__name__} of a {self.model.name!r} model has no "
+                                 f"attribute {name!r}; its scoring methods are "
+                                 f"{list(self.scoring_methods)}")
+        method = getattr(self.model, name)
+        lam = self.lam
+
+        def bound(*args, **kwargs):
+            return method(lam, *args, **kwargs)
+
+        bound.__name__ = name
+        bound.__doc__ = method.__doc__
+        return bound
+
     def check(self, x) -> np.ndarray:
         """Validate records the way the model does (raises ``ValueError`` naming the problem)."""
         return self.model.check_batch(x)
@@ -98,7 +124,15 @@ class FittedModel:
         return self.model.predictive_logpdf(self.lam, x)
 
     def score(self, x) -> list[dict]:
-        """Every scoring output for each record of ``x``, as JSON-ready dicts."""
+        """Every scoring output for each record of ``x``, as JSON-ready dicts.
+
+        A model with a ``score_records(lam, x)`` method decides what that is;
+        otherwise (the mixtures) the MAP assignment, the responsibilities and
+        the predictive log density.
+        """
+        own = getattr(self.model, "score_records", None)
+        if own is not None:
+            return own(self.lam, x)
         x = self.check(x)
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)
