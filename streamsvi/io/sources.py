@@ -605,6 +605,28 @@ def _rebalance_listener(source: "KafkaSource"):
     return _Listener()
 
 
+class _Run:
+    """Polled messages of one partition, in order: their offsets and values."""
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, offsets: list, values: list):
+        self.offsets, self.values = offsets, values
+
+    @classmethod
+    def of(cls, records) -> "_Run":
+        """From a consumer poll's list: lean runs (one per record batch) or records."""
+        offsets, values = [], []
+        for r in records:
+            if type(r) is _fastfetch.LeanRun:
+                offsets += r.offsets
+                values += r.values
+            else:
+                offsets.append(r.offset)
+                values.append(r.value)
+        return cls(offsets, values)
+
+
 class KafkaSource(Source):
     """Minibatches from Kafka topics via a consumer group, auto-commit off.
 
@@ -830,22 +852,21 @@ class KafkaSource(Source):
         records = self._consumer.poll(timeout_ms=max(0, int(timeout_s * 1000)),
                                       max_records=max_records)
         self._position_cache.clear()
-        self._buffer.extend([tp, msgs, 0] for tp, msgs in records.items() if msgs)
+        self._buffer.extend([tp, _Run.of(msgs), 0] for tp, msgs in records.items() if msgs)
 
     def _take(self, b: _BatchBuilder, n: int) -> None:
         """Hand up to ``n`` buffered messages of the first buffered partition to ``b``."""
         chunk = self._buffer[0]
-        tp, msgs, start = chunk
-        stop = min(len(msgs), start + n)
-        if start == 0 and stop == len(msgs):
-            part = msgs
-        else:
-            part = msgs[start:stop]
-        if stop == len(msgs):
+        tp, run, start = chunk
+        stop = min(len(run.offsets), start + n)
+        if stop == len(run.offsets):
             self._buffer.popleft()
         else:
             chunk[2] = stop
-        b.add_run(tp.topic, tp.partition, [m.offset for m in part], [m.value for m in part])
+        if start == 0 and stop == len(run.offsets):
+            b.add_run(tp.topic, tp.partition, run.offsets, run.values)
+        else:
+            b.add_run(tp.topic, tp.partition, run.offsets[start:stop], run.values[start:stop])
 
     def poll_batch(self, max_records: int, max_wait_s: float = 1.0) -> Batch | None:
         """Collect up to ``max_records`` rows across partitions within ``max_wait_s``.
@@ -943,7 +964,7 @@ class KafkaSource(Source):
         """The offset of the next message :meth:`poll_batch` hands out from ``tp``."""
         for chunk in self._buffer:
             if chunk[0] == tp:
-                return int(chunk[1][chunk[2]].offset)
+                return int(chunk[1].offsets[chunk[2]])
         pos = self._position_cache.get(tp)
         if pos is None:
             pos = self._position_cache[tp] = int(self._consumer.position(tp))
