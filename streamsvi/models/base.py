@@ -162,7 +162,7 @@ def check_matrix(x, n_features: int | None, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} must hold at least one record, got 0")
     if n_features is not None and arr.shape[1] != n_features:
         raise ValueError(f"{name} must have {n_features} features per record, got {arr.shape[1]}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         bad = np.flatnonzero(~np.all(np.isfinite(arr), axis=1))
         raise ValueError(f"{name} has non-finite values in records {bad[:10].tolist()}")
     return arr

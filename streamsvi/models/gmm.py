@@ -54,6 +54,13 @@ from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_posit
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
+try:  # the stacked LAPACK gufuncs behind np.linalg.cholesky / inv, without the
+    # wrappers' per-call checks (they run once per update; see _expectations)
+    from numpy.linalg import _umath_linalg as _ula
+    _CHOLESKY, _INV = _ula.cholesky_lo, _ula.inv
+except (ImportError, AttributeError):  # pragma: no cover - another numpy layout
+    _CHOLESKY = _INV = None
+
 
 def _multigammaln(a: np.ndarray, d: int) -> np.ndarray:
     """log Γ_d(a), vectorised over ``a``."""
@@ -70,7 +77,7 @@ class GMMLocal:
     axis, several times faster in numpy than along a short last axis);
     ``resp`` is the (n, K) view. ``log_norm`` (n,) is log Σ_k exp(log ρ_nk),
     the record's local ELBO term at the optimal r; ``features_t``
-    (T + D + 1, n) are [x_i x_j (i ≤ j) | x | 1] feature-major (see
+    (T + D + 1, n) are [x_i² | x_i x_j (i < j) | x | 1] feature-major (see
     :meth:`BayesianGMM.features`), shared by the E-step and the statistics so
     both are one matrix product each.
     """
@@ -157,7 +164,9 @@ class BayesianGMM:
         # derived prior quantities
         self._alpha0, self._m0, self._nu0, self._W0 = a0, m0, nu0, W0
         self._W0inv = np.linalg.inv(W0)
-        self._triu = np.triu_indices(D)
+        # the pairs (i, j), i ≤ j, of t(x): the D squares first, then i < j row by row
+        off = np.triu_indices(D, 1)
+        self._triu = (np.concatenate([np.arange(D), off[0]]), np.concatenate([np.arange(D), off[1]]))
         self._triu_w = np.where(self._triu[0] == self._triu[1], -0.5, -1.0)
         self._triu_flat = self._triu[0] * D + self._triu[1]
         T = self._triu_flat.size
@@ -277,14 +286,14 @@ class BayesianGMM:
 
     # ---------------------------------------------------------- local step
     def features(self, x) -> np.ndarray:
-        """t(x_n) = [x_i x_j for i ≤ j | x | 1] of every record, feature-major: (T + D + 1, n).
+        """t(x_n) = [x_i² | x_i x_j for i < j | x | 1] of every record, feature-major: (T + D + 1, n).
 
         Feature-major, so each block x_i · x_{i..D−1} is one product of
         contiguous rows (no index temporaries) and both matrix products of the
         E-step read it as it is.
 
         >>> BayesianGMM(1, 2).features(np.array([[2.0, 3.0]])).ravel().tolist()
-        [4.0, 6.0, 9.0, 2.0, 3.0, 1.0]
+        [4.0, 9.0, 6.0, 2.0, 3.0, 1.0]
         """
         D = self.n_features
         T = self._triu_flat.size
@@ -292,18 +301,21 @@ class BayesianGMM:
         xt = Zt[T:T + D]
         xt[...] = x.T
         Zt[T + D] = 1.0
-        o = 0
-        for i in range(D):                                  # rows (i, i), (i, i+1), …, (i, D−1)
-            np.multiply(xt[i], xt[i:], out=Zt[o:o + D - i])
-            o += D - i
+        np.multiply(xt, xt, out=Zt[:D])                     # x_i², then x_i x_j for i < j
+        o = D
+        for i in range(D - 1):
+            np.multiply(xt[i], xt[i + 1:], out=Zt[o:o + D - 1 - i])
+            o += D - 1 - i
         return Zt
 
     def _expectations(self, lam: NatParams) -> dict:
         """Everything about q(β) the local step and the ELBO need, computed once per λ.
 
-        One Cholesky and one inverse per component; cached for the last λ
-        seen (λ is never mutated, so identity is a safe key). This runs once
-        per update, so it is written for few numpy calls: one digamma call
+        One Cholesky and one inverse per component (numpy's LAPACK gufuncs
+        called directly when available); raises ``LinAlgError`` if a W_k⁻¹ is
+        not positive definite. Cached for the last λ seen (λ is never
+        mutated, so identity is a safe key). This runs once per update, so
+        it is written for few numpy calls: one digamma call
         for all of ψ(ν_k/2 − j/2), ψ(α_k) and ψ(Σα), whose arguments are
         kept for the one gammaln call of :meth:`global_elbo`.
         """
@@ -316,8 +328,10 @@ class BayesianGMM:
         m = bm / beta[:, None]
         Winv = bm[:, :, None] * m[:, None, :]
         np.subtract(lam["Psi"], Winv, out=Winv)             # Cholesky reads the lower triangle
-        C = np.linalg.cholesky(Winv)                       # Winv = C Cᵀ: fails loudly if not PD
-        EL = np.linalg.inv(Winv)
+        if _CHOLESKY is None:                              # pragma: no cover
+            C, EL = np.linalg.cholesky(Winv), np.linalg.inv(Winv)
+        else:                                              # NaN rows if not PD: checked below
+            C, EL = _CHOLESKY(Winv, signature="d->d"), _INV(Winv, signature="d->d")
         EL *= nu[:, None, None]                            # E[Λ_k] = ν_k W_k
         args = np.empty(KD + K + 1)                        # [ν_k/2 − j/2 | α_k | Σα]
         half = args[:KD].reshape(K, D)
@@ -329,6 +343,10 @@ class BayesianGMM:
         psi_D = np.add.reduce(dg[:KD].reshape(K, D), axis=1)
         # E[log|Λ_k|] − D log 2 = ψ_D(ν_k/2) − log|W_k⁻¹|,  log|W_k⁻¹| = 2 Σ_j log C_jj
         e_logdet = np.add.reduce(np.log(C.reshape(K, D * D)[:, ::D + 1]), axis=1)
+        if not np.isfinite(e_logdet).all():                # Winv = C Cᵀ failed: fail loudly
+            raise np.linalg.LinAlgError(
+                f"W_k⁻¹ is not positive definite for components "
+                f"{np.flatnonzero(~np.isfinite(e_logdet)).tolist()}: λ is outside the domain")
         e_logdet *= -2.0
         e_logdet += psi_D
         # log ρ_nk = Gt_k · t(x_n) = E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π
@@ -391,14 +409,11 @@ class BayesianGMM:
     def suffstats_sqnorm(self, local: GMMLocal, x) -> np.ndarray:
         """‖t_n‖² = ‖r_n‖² (3 + ‖x_n‖² + ‖x_n‖⁴): t_n = r_n ⊗ (1, 1, 1, x_n, x_n x_nᵀ) factorises."""
         rt = local.resp_t
-        D = self.n_features
-        T = self._triu_flat.size
-        xt = local.features_t[T:T + D]
-        sq = np.einsum("dn,dn->n", xt, xt)
+        sq = np.add.reduce(local.features_t[:self.n_features], axis=0)   # the rows x_i²
         out = sq * sq
         out += sq
         out += 3.0
-        out *= np.einsum("kn,kn->n", rt, rt)
+        out *= np.add.reduce(rt * rt, axis=0)
         return out
 
     # ---------------------------------------------------------------- ELBO
