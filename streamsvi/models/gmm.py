@@ -179,6 +179,7 @@ class BayesianGMM:
         # tr(W0⁻¹ W_k) + β0 m0ᵀ W_k m0 = W_k : (W0⁻¹ + β0 m0 m0ᵀ), one product for all k
         self._kl_quad_tiled = np.tile((self._W0inv + b0 * np.outer(m0, m0)).ravel(), K)
         self._alpha0_sum = float(a0.sum())
+        self._const_coef = np.array([1.0, 0.5, -1.0, -0.5 * D, -0.5])   # rows of Q, see _expectations
         self._m0_nonzero = bool(np.any(m0 != 0.0))
         # every term of −KL that depends on the prior only (see global_elbo)
         kl_const = (-gammaln(a0.sum()) + gammaln(a0).sum()
@@ -340,33 +341,33 @@ class BayesianGMM:
         args[KD:KD + K] = alpha
         args[KD + K] = np.add.reduce(alpha)
         dg = digamma(args)
-        psi_D = np.add.reduce(dg[:KD].reshape(K, D), axis=1)
-        # E[log|Λ_k|] − D log 2 = ψ_D(ν_k/2) − log|W_k⁻¹|,  log|W_k⁻¹| = 2 Σ_j log C_jj
-        e_logdet = np.add.reduce(np.log(C.reshape(K, D * D)[:, ::D + 1]), axis=1)
-        if not np.isfinite(e_logdet).all():                # Winv = C Cᵀ failed: fail loudly
-            raise np.linalg.LinAlgError(
-                f"W_k⁻¹ is not positive definite for components "
-                f"{np.flatnonzero(~np.isfinite(e_logdet)).tolist()}: λ is outside the domain")
-        e_logdet *= -2.0
-        e_logdet += psi_D
+        # the per-component scalars, one row each, so that the constant of
+        # log ρ is one product and the ELBO's sums are one reduction:
+        #   Eg = E[log π_k] + g (g = −D/2 log π), ψ_D = Σ_j ψ(ν_k/2 − j/2),
+        #   ld = Σ_j log C_jj = ½ log|W_k⁻¹|, 1/β_k, m_kᵀE[Λ_k]m_k, log β_k
+        Q = np.empty((6, K))
+        np.subtract(dg[KD:KD + K], dg[KD + K] - self._g_const, out=Q[0])
+        np.add.reduce(dg[:KD].reshape(K, D), axis=1, out=Q[1])
+        np.add.reduce(np.log(C.reshape(K, D * D)[:, ::D + 1]), axis=1, out=Q[2])
+        np.divide(1.0, beta, out=Q[3])
         # log ρ_nk = Gt_k · t(x_n) = E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π
         #                           − ½(D/β_k + (x−m_k)ᵀE[Λ_k](x−m_k))
         Gt = np.empty((K, T + D + 1))
         np.multiply(EL.reshape(K, D * D).take(self._triu_flat, axis=1), self._triu_w, out=Gt[:, :T])
         ELm = Gt[:, T:T + D]                               # E[Λ_k] m_k
         np.matmul(EL, m[:, :, None], out=ELm[:, :, None])
-        mELm = np.matmul(m[:, None, :], ELm[:, :, None]).reshape(K)
-        inv_beta = 1.0 / beta
-        Eg = dg[KD:KD + K] - (dg[KD + K] - self._g_const)  # E[log π_k] − D/2 log π (= + _g_const)
+        np.matmul(m[:, None, :], ELm[:, :, None], out=Q[4, :, None, None])
+        np.log(beta, out=Q[5])
+        # constant: Eg + ½ψ_D − ld − ½D/β − ½mᵀE[Λ]m (E[log|Λ|] = ψ_D + D log 2 − 2 ld)
         c = Gt[:, T + D]
-        np.multiply(inv_beta, D, out=c)
-        c += mELm
-        c -= e_logdet
-        c *= -0.5
-        c += Eg
-        ex = {"alpha": alpha, "beta": beta, "nu": nu, "EL": EL, "ELm": ELm, "mELm": mELm,
-              "inv_beta": inv_beta, "psi_D": psi_D, "e_logdet": e_logdet, "Eg": Eg,
-              "args": args, "Gt": Gt}
+        np.matmul(self._const_coef, Q[:5], out=c)
+        if not math.isfinite(np.add.reduce(c)):            # Winv = C Cᵀ failed: fail loudly
+            bad = np.flatnonzero(~np.isfinite(Q[2])).tolist()
+            raise np.linalg.LinAlgError(f"W_k⁻¹ is not positive definite for components {bad}: "
+                                        f"λ is outside the domain" if bad else
+                                        f"non-finite E-step coefficients for components "
+                                        f"{np.flatnonzero(~np.isfinite(c)).tolist()}")
+        ex = {"alpha": alpha, "nu": nu, "EL": EL, "ELm": ELm, "Q": Q, "args": args, "Gt": Gt}
         self._cache = (lam, ex)
         return ex
 
@@ -440,20 +441,22 @@ class BayesianGMM:
             + terms of the prior only (computed once in ``__init__``).
         """
         ex = self._expectations(lam)
-        alpha, nu, args = ex["alpha"], ex["nu"], ex["args"]
+        alpha, nu, args, Q = ex["alpha"], ex["nu"], ex["args"], ex["Q"]
         D = self.n_features
         b0 = self.mean_precision
         gl = gammaln(args)                                 # [log Γ(ν_k/2 − j/2) | log Γ(α_k) | log Γ(Σα)]
+        _, s_psi, s_ld, s_ib, s_mELm, s_logb = np.add.reduce(Q, axis=1).tolist()
         # Σ_k ν_k q_k = Σ_k E[Λ_k] : (W0⁻¹ + β0 m0 m0ᵀ) + β0 Σ_k (m_kᵀE[Λ_k]m_k − 2 m0ᵀE[Λ_k]m_k)
-        nq = np.dot(ex["EL"].ravel(), self._kl_quad_tiled) + b0 * np.add.reduce(ex["mELm"])
+        nq = float(np.dot(ex["EL"].ravel(), self._kl_quad_tiled)) + b0 * s_mELm
         if self._m0_nonzero:
-            nq -= 2.0 * b0 * np.add.reduce(ex["ELm"] @ self._m0)
-        # Eg = E[log π] + g with g = −D/2 log π, so (α − α0)·E[log π] = (α − α0)·Eg − g (Σα − Σα0)
-        a_E = np.dot(alpha - self._alpha0, ex["Eg"]) - self._g_const * (args[-1] - self._alpha0_sum)
-        return float(self._elbo_const + np.add.reduce(gl) - 2.0 * gl[-1] - a_E
-                     + (0.5 * self._nu0) * np.add.reduce(ex["e_logdet"])
-                     - 0.5 * (np.dot(nu, ex["psi_D"]) + nq) + (0.5 * D) * np.add.reduce(nu)
-                     - (0.5 * D) * (b0 * np.add.reduce(ex["inv_beta"]) + np.add.reduce(np.log(ex["beta"]))))
+            nq -= 2.0 * b0 * float(np.add.reduce(ex["ELm"] @ self._m0))
+        # Eg = E[log π] + g, so (α − α0)·E[log π] = (α − α0)·Eg − g (Σα − Σα0)
+        a_E = float(np.dot(alpha - self._alpha0, Q[0])) - self._g_const * (float(args[-1]) - self._alpha0_sum)
+        # ℓ_k = ψ_D − 2 ld_k;  −½ Σ ν_k (ψ_k − D) − ½ Σ_k ν_k q_k
+        return (self._elbo_const + float(np.add.reduce(gl)) - 2.0 * float(gl[-1]) - a_E
+                + (0.5 * self._nu0) * (s_psi - 2.0 * s_ld)
+                - 0.5 * (float(np.dot(nu, Q[1])) - D * float(np.add.reduce(nu)) + nq)
+                - (0.5 * D) * (b0 * s_ib + s_logb))
 
     # -------------------------------------------------------------- domain
     def _block(self, p: NatParams) -> np.ndarray:
