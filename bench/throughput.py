@@ -43,6 +43,7 @@ Run::
     python bench/throughput.py                # 1 BLAS thread, 15 rounds, ~45 s
     python bench/throughput.py --threads 1,2  # both settings, side by side
     python bench/throughput.py --quick        # 5 rounds of 0.15 s, < 20 s
+    python bench/throughput.py --compare /path/to/old/checkout/streamsvi   # before/after
 """
 from __future__ import annotations
 
@@ -81,6 +82,9 @@ def parse_args(argv=None):
                     help="interleaved rounds (default 15, --quick 5)")
     ap.add_argument("--min-time", type=float, default=None,
                     help="seconds per method per round (default 0.5, --quick 0.15)")
+    ap.add_argument("--compare", default=None, metavar="DIR",
+                    help="also time the streamsvi package in DIR (e.g. an older checkout's "
+                         "streamsvi/ directory) in the same rounds, as 'baseline SVI' rows")
     ap.add_argument("--_worker", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--_result", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -297,6 +301,20 @@ def bare_from_lam(model, lam):
     return Bare(m, P, c)
 
 
+def load_package_as(name, path):
+    """Import the package directory ``path`` under the module name ``name``."""
+    import importlib.util
+    path = os.path.abspath(path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                  submodule_search_locations=[path])
+    if spec is None:
+        raise SystemExit(f"--compare: no package in {path!r} (expected DIR/__init__.py)")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def per_call(fn, min_time=0.2, repeats=5):
     """Best µs per call of ``fn``."""
     return 1e6 / max(rate(fn, 1, min_time) for _ in range(repeats))
@@ -427,6 +445,23 @@ def worker(args):
     SVIP = f"streamsvi SVI+ (M={M:g})"
     methods = {"streamsvi SVI": step_svi, SVIP: step_svip, BARE: step_bare, BARE_RM: step_bare_rm,
                "einsum reference": step_ein}
+    if args.compare:                     # an older streamsvi, same data, same rounds
+        old = load_package_as("streamsvi_baseline", args.compare)
+        o_svi = old.SVI(old.BayesianGMM.paper_prior(K, D), N, old.RobbinsMonro(tau0=1.0, kappa=0.7))
+        o_svip = old.SVI(old.BayesianGMM.paper_prior(K, D), N, old.RobbinsMonro(tau0=1.0, kappa=0.7),
+                         effective_batch_size=M)
+        o0, _ = o_svi.fit(o_svi.init(X, seed=0), X, 40, S)
+        st.update(o_svi=o0, o_svip=o0)
+        ctr.update(o_svi=0, o_svip=0)
+
+        def baseline_step(key, engine):
+            def f():
+                i = ctr[key] = ctr[key] + 1
+                st[key], _ = engine.update(st[key], batches[i % n_batches])
+            return f
+        methods["baseline SVI"] = baseline_step("o_svi", o_svi)
+        methods[f"baseline SVI+ (M={M:g})"] = baseline_step("o_svip", o_svip)
+        print(f"baseline: streamsvi from {os.path.abspath(args.compare)}")
     for fn in methods.values():          # warm-up (allocations, caches)
         for _ in range(3):
             fn()
@@ -456,6 +491,12 @@ def worker(args):
     r_svi = verdict("ratio streamsvi SVI / bare ", "streamsvi SVI", BARE)
     r_svip = verdict("ratio streamsvi SVI+ / bare", SVIP, BARE)
     r_svi_rm = verdict("ratio streamsvi SVI / bare (record-major)", "streamsvi SVI", BARE_RM)
+    if args.compare:
+        verdict("ratio baseline SVI / bare  ", "baseline SVI", BARE)
+        verdict("ratio baseline SVI / bare (record-major)", "baseline SVI", BARE_RM)
+        print(f"speed-up SVI over the baseline: "
+              f"{ratio_summary(runs['streamsvi SVI'], runs['baseline SVI'])[0]:.2f}x, SVI+: "
+              f"{ratio_summary(runs[SVIP], runs[f'baseline SVI+ (M={M:g})'])[0]:.2f}x (medians)")
     print(f"SVI+ steps with a negative weight (domain check run): {clipped['steps']}/{clipped['n']}")
     print(f"bare record-major / feature-major = {ratio_summary(runs[BARE_RM], runs[BARE])[0]:.3f}, "
           f"einsum reference / bare = {ratio_summary(runs['einsum reference'], runs[BARE])[0]:.3f} "
@@ -508,8 +549,45 @@ def worker(args):
         (BARE_RM, lambda: bare.estep(x)),
     ]
     print("\nbreakdown (µs per call, best of 5, one batch; the per-λ work runs once per update):")
-    rows = [[name, f"{per_call(fn, mt):,.1f}"] for name, fn in parts]
-    print(fmt_table(["call", "µs"], rows))
+    if args.compare:                     # the same calls on the baseline, interleaved call by call
+        o_m, o_e, o_ep = o_svi.model, o_svi, o_svip
+        o_lam = st["o_svi"].lam
+        o_fresh = [o_lam.copy() for _ in range(8)]
+        o_loc = o_m.local_step(o_lam, x)
+        o_stats = o_m.suffstats(o_loc, x)
+        o_target = o_m.prior() + o_m.suffstats(o_loc, x, w) * (N / S)
+        o_pair = getattr(o_m, "suffstats_pair", None)
+        o_state = st["o_svi"]
+
+        def o_nxt():
+            k[0] += 1
+            return o_fresh[k[0] % 8]
+
+        def o_update_fresh(engine):
+            def f():
+                engine.update(type(o_state)(o_state.step, o_nxt(), o_state.rng_state,
+                                            o_state.records_seen), x)
+            return f
+        o_parts = [o_update_fresh(o_e), o_update_fresh(o_ep), lambda: o_m.check_batch(x),
+                   lambda: o_m.features(x), lambda: o_m._expectations(o_nxt()),
+                   lambda: o_m.local_step(o_lam, x), lambda: o_m.suffstats(o_loc, x),
+                   (lambda: o_pair(o_loc, x, w)) if o_pair else
+                   (lambda: (o_m.suffstats(o_loc, x, w), o_m.suffstats(o_loc, x))),
+                   lambda: o_m.global_elbo(o_lam), lambda: o_m.suffstats_sqnorm(o_loc, x),
+                   lambda: o_m.max_step(o_lam, o_target), lambda: o_m.prior() + o_stats * (N / S),
+                   lambda: o_lam * (1 - 0.1) + o_target * 0.1, None, None]
+        rows = []
+        for (name, fn), ofn in zip(parts, o_parts):
+            a, b = [], []
+            for _ in range(5):
+                a.append(1e6 / rate(fn, 1, mt / 2))
+                if ofn is not None:
+                    b.append(1e6 / rate(ofn, 1, mt / 2))
+            rows.append([name, f"{min(a):,.1f}", f"{min(b):,.1f}" if b else ""])
+        print(fmt_table(["call", "µs", "µs (baseline)"], rows))
+    else:
+        rows = [[name, f"{per_call(fn, mt):,.1f}"] for name, fn in parts]
+        print(fmt_table(["call", "µs"], rows))
     print()
     res = {"threads": threads, "machine": info, "rates": med, "runs": runs, "ratio_svi": r_svi,
            "ratio_svip": r_svip, "ratio_svi_rm": r_svi_rm, "D": D, "K": K, "batch": S, "M": M}
