@@ -23,7 +23,9 @@ of |S| = 1000 records drawn from a synthetic 10-cluster Gaussian mixture
 The bare E-steps are checked to give the model's responsibilities and
 statistics (to 1e-9) before anything is timed. The streamsvi updates take a
 ready batch (no sampling), as the daemon does; every call sees the next of
-20 batches, so the per-λ work runs on every update.
+20 batches, so the per-λ work runs on every update. The bare E-steps are
+rebuilt before every round at the λ the SVI engine has reached by then, so
+both see the same responsibilities.
 
 Protocol (the machine may be shared and noisy): ``--repeats`` rounds; in each
 round the methods take turns in chunks of about 10 ms until each has run for
@@ -320,7 +322,8 @@ def per_call(fn, min_time=0.2, repeats=5):
     return 1e6 / max(rate(fn, 1, min_time) for _ in range(repeats))
 
 
-def interleaved(methods, n_records, rounds, min_time, chunk_time=0.01, progress=None):
+def interleaved(methods, n_records, rounds, min_time, chunk_time=0.01, progress=None,
+                before_round=None):
     """Records/s of every method in every round, the methods taking turns.
 
     In each round the methods run in turn, in chunks of about ``chunk_time``
@@ -338,6 +341,8 @@ def interleaved(methods, n_records, rounds, min_time, chunk_time=0.01, progress=
     names = list(methods)
     runs = {m: [] for m in names}
     for r in range(rounds):
+        if before_round:
+            before_round(r)
         order = names[r % len(names):] + names[:r % len(names)]
         spent = dict.fromkeys(names, 0.0)
         done = dict.fromkeys(names, 0)
@@ -430,17 +435,24 @@ def worker(args):
         clipped["n"] += 1
         clipped["steps"] += inf.min_weight < 0
 
+    # the bare E-steps run at the λ the SVI engine has reached (rebuilt before
+    # every round, outside the timing), so they see the same responsibilities
+    cur = {"bare": bare}
+
     def step_bare():
         i = ctr["bare"] = ctr["bare"] + 1
-        bare.estep_t(batches[i % n_batches])
+        cur["bare"].estep_t(batches[i % n_batches])
 
     def step_bare_rm():
         i = ctr["bare_rm"] = ctr["bare_rm"] + 1
-        bare.estep(batches[i % n_batches])
+        cur["bare"].estep(batches[i % n_batches])
 
     def step_ein():
         i = ctr["ein"] = ctr["ein"] + 1
-        bare.estep_einsum(batches[i % n_batches])
+        cur["bare"].estep_einsum(batches[i % n_batches])
+
+    def refresh_bare(r):
+        cur["bare"] = bare_from_lam(m_svi, st["svi"].lam)
 
     SVIP = f"streamsvi SVI+ (M={M:g})"
     methods = {"streamsvi SVI": step_svi, SVIP: step_svip, BARE: step_bare, BARE_RM: step_bare_rm,
@@ -467,7 +479,8 @@ def worker(args):
             fn()
     load0, ct0 = os.getloadavg()[0], cpu_times()
     runs = interleaved(methods, S, args.repeats, args.min_time,
-                       progress=lambda r: log(f"{threads} thread(s): round {r + 1}/{args.repeats} done"))
+                       progress=lambda r: log(f"{threads} thread(s): round {r + 1}/{args.repeats} done"),
+                       before_round=refresh_bare)
     ct1 = cpu_times()
     steal = (100.0 * (ct1[1] - ct0[1]) / max(1, ct1[0] - ct0[0])) if ct0 and ct1 else float("nan")
     print(f"machine load during timing: 1-min load average {load0:.2f} -> {os.getloadavg()[0]:.2f} "
@@ -545,8 +558,8 @@ def worker(args):
         ("  max_step (SVI+ with a negative weight)", lambda: m_svi.max_step(lam, target)),
         ("  NatParams: target η + (N/|S|)·stats", lambda: m_svi.prior() + stats * (N / S)),
         ("  NatParams: blend (1 − ρ)λ + ρλ̂", lambda: lam * (1 - 0.1) + target * 0.1),
-        (BARE, lambda: bare.estep_t(x)),
-        (BARE_RM, lambda: bare.estep(x)),
+        (BARE, lambda: cur["bare"].estep_t(x)),
+        (BARE_RM, lambda: cur["bare"].estep(x)),
     ]
     print("\nbreakdown (µs per call, best of 5, one batch; the per-λ work runs once per update):")
     if args.compare:                     # the same calls on the baseline, interleaved call by call
