@@ -61,9 +61,10 @@ class NatParams(Mapping):
     __slots__ = ("_d", "_flat", "_layout")
 
     # All arrays live in one contiguous float64 buffer (``_flat``); the named
-    # arrays are views into it. Arithmetic is then one numpy operation on the
-    # buffer instead of one per name, which matters because the engine does
-    # ~10 of them per update on small arrays.
+    # arrays are views into it, made on first access (most results of the
+    # engine's arithmetic are never indexed by name). Arithmetic is then one
+    # numpy operation on the buffer instead of one per name, which matters
+    # because the engine does ~10 of them per update on small arrays.
 
     def __init__(self, mapping=None, **arrays):
         d = dict(mapping or {}, **arrays)
@@ -78,8 +79,14 @@ class NatParams(Mapping):
         self._set(tuple(layout), flat)
 
     def _set(self, layout, flat):
-        self._layout, self._flat = layout, flat
-        self._d = {k: flat[lo:hi].reshape(shape) for k, shape, lo, hi in layout}
+        self._layout, self._flat, self._d = layout, flat, None
+
+    def _views(self) -> dict:
+        d = self._d
+        if d is None:
+            flat = self._flat
+            d = self._d = {k: flat[lo:hi].reshape(shape) for k, shape, lo, hi in self._layout}
+        return d
 
     @classmethod
     def _wrap(cls, layout, flat) -> "NatParams":
@@ -88,19 +95,20 @@ class NatParams(Mapping):
         return obj
 
     def __reduce__(self):
-        return (NatParams, (dict(self._d),))
+        return (NatParams, (dict(self._views()),))
 
     def __getitem__(self, key):
-        return self._d[key]
+        d = self._d
+        return (self._views() if d is None else d)[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
+        return (k for k, _, _, _ in self._layout)
 
     def __len__(self):
-        return len(self._d)
+        return len(self._layout)
 
     def __repr__(self):
-        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._d.items())
+        shapes = ", ".join(f"{k}{tuple(v.shape)}" for k, v in self._views().items())
         return f"NatParams({shapes})"
 
     def _check_keys(self, other):
@@ -154,7 +162,7 @@ def check_matrix(x, n_features: int | None, name: str = "x") -> np.ndarray:
         raise ValueError(f"{name} must hold at least one record, got 0")
     if n_features is not None and arr.shape[1] != n_features:
         raise ValueError(f"{name} must have {n_features} features per record, got {arr.shape[1]}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         bad = np.flatnonzero(~np.all(np.isfinite(arr), axis=1))
         raise ValueError(f"{name} has non-finite values in records {bad[:10].tolist()}")
     return arr
