@@ -5,6 +5,8 @@ Scoring jobs load what the daemon wrote and never train::
     import streamsvi
     fitted = streamsvi.load("var/checkpoints/gmm")          # follows `latest`
     fitted.predict(X); fitted.responsibilities(X); fitted.predictive_logpdf(X)
+    # sequence models (hmm): one value or array per sequence
+    fitted.log_likelihood(seqs); fitted.filtering(seqs); fitted.viterbi(seqs)
 
 Loading goes through :func:`streamsvi.checkpoint.load_snapshot`: both
 checksums are verified, arrays are read with ``allow_pickle=False`` and the
@@ -34,7 +36,8 @@ from .checkpoint import Snapshot, load_snapshot
 log = logging.getLogger("streamsvi.scoring")
 
 #: The scoring methods every fitted model offers when its model has them.
-SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf")
+SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf", "log_likelihood",
+                   "filtering", "viterbi")
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,30 @@ class FittedModel:
         """log p(x* | data): the posterior predictive log density of each record."""
         return self.model.predictive_logpdf(self.lam, x)
 
+    def log_likelihood(self, x) -> np.ndarray:
+        """log p(x | posterior mean parameters) per record (sequence models)."""
+        return self._model_method("log_likelihood")(self.lam, x)
+
+    def filtering(self, x) -> list:
+        """Filtering probabilities p(z_t | x_1..x_t) per sequence, each (L, K)."""
+        return self._model_method("filtering")(self.lam, x)
+
+    def viterbi(self, x) -> list:
+        """The most probable state path of each sequence."""
+        return self._model_method("viterbi")(self.lam, x)
+
+    def _model_method(self, name):
+        fn = getattr(self.model, name, None)
+        if fn is None:
+            raise AttributeError(f"model {self.model.name!r} has no {name}; it offers "
+                                 f"{[m for m in SCORING_METHODS if hasattr(self.model, m)]}")
+        return fn
+
     def score(self, x) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts."""
         x = self.check(x)
+        if hasattr(self.model, "score_records"):
+            return self.model.score_records(self.lam, x)
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)
         return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],
