@@ -477,26 +477,26 @@ class DiscreteHMM:
             return np.maximum(g, 1e-300) / np.maximum(g.sum(axis=-1, keepdims=True), 1e-300)
 
         pi, A, B = draw(lam["init"]), draw(lam["trans"]), draw(lam["emit"])
-        Bt = np.swapaxes(B, 1, 2)                         # (S, V, K)
+        AT = np.ascontiguousarray(np.swapaxes(A, 1, 2))   # (S, K, K): new_j = Σ_k A_kj a_k
         lay = _Layout.of(x)
         T, n = lay.sym.shape
         out = np.empty(n)
         chunk = max(1, int(2_000_000 // (S * K)))
-        for lo in range(0, n, chunk):
+        for lo in range(0, n, chunk):                     # state-major (S, K, m): sums over K are fast
             hi = min(n, lo + chunk)
             sym = lay.sym[:, lo:hi]
             n_act = np.clip(lay.n_act - lo, 0, hi - lo)
-            a = pi[:, None, :] * Bt[:, sym[0], :]
-            c = a.sum(axis=2)
-            a /= c[..., None]
+            a = pi[:, :, None] * np.take(B, sym[0], axis=2)
+            c = a.sum(axis=1)
+            a /= c[:, None, :]
             logc = np.log(c)
             for t in range(1, T):
                 m = n_act[t]
                 if m == 0:
                     break
-                at = np.matmul(a[:, :m], A) * Bt[:, sym[t, :m], :]
-                ct = at.sum(axis=2)
-                a[:, :m] = at / ct[..., None]
+                at = np.matmul(AT, a[:, :, :m]) * np.take(B, sym[t, :m], axis=2)
+                ct = at.sum(axis=1)
+                a[:, :, :m] = at / ct[:, None, :]
                 logc[:, :m] += np.log(ct)
             out[lo:hi] = logsumexp(logc, axis=0) - np.log(S)
         return lay.unsort(out)
