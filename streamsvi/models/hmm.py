@@ -328,29 +328,36 @@ class DiscreteHMM:
         A_t = np.exp(log_A - sA)
         Bt = np.exp(log_B - sB).T                        # (V, K)
         Bx = Bt[lay.sym]                                  # (T, n, K)
+        # in-place numpy calls on contiguous row blocks: the loop is overhead-bound for small n
+        ones = np.ones(K)
         alpha = np.zeros((T, n, K))
         c = np.ones((T, n))
-        a = pi_t * Bx[0]
-        c[0] = a.sum(axis=1)
-        alpha[0] = a / c[0][:, None]
+        np.multiply(pi_t, Bx[0], out=alpha[0])
+        np.dot(alpha[0], ones, out=c[0])
+        alpha[0] /= c[0][:, None]
         n_act = lay.n_act
         for t in range(1, T):
             m = n_act[t]
-            a = (alpha[t - 1, :m] @ A_t) * Bx[t, :m]
-            ct = a.sum(axis=1)
-            c[t, :m] = ct
-            alpha[t, :m] = a / ct[:, None]
+            at = alpha[t, :m]
+            np.dot(alpha[t - 1, :m], A_t, out=at)
+            at *= Bx[t, :m]
+            ct = c[t, :m]
+            np.dot(at, ones, out=ct)
+            at /= ct[:, None]
         log_norm = (np.log(c).sum(axis=0) + s0 + (lay.lens - 1) * sA
                     + (sB[lay.sym] * lay.valid).sum(axis=0))
         if not backward:
             return alpha, None, None, A_t, log_norm
         beta = np.ones((T, n, K))
         u = np.zeros((T, n, K))
+        A_tT = np.ascontiguousarray(A_t.T)
+        inv_c = 1.0 / c
         for t in range(T - 1, 0, -1):
             m = n_act[t]
-            ut = Bx[t, :m] * (beta[t, :m] / c[t, :m, None])
-            u[t, :m] = ut
-            beta[t - 1, :m] = ut @ A_t.T
+            ut = u[t, :m]
+            np.multiply(Bx[t, :m], beta[t, :m], out=ut)
+            ut *= inv_c[t, :m, None]
+            np.dot(ut, A_tT, out=beta[t - 1, :m])
         return alpha, beta, u, A_t, log_norm
 
     def local_step(self, lam: NatParams, x) -> HMMLocal:
@@ -378,12 +385,10 @@ class DiscreteHMM:
         else:
             pair = np.zeros((J, K, K))
         idx = (lay.sym[..., None] * K + np.arange(K)).ravel()
-        out = []
-        for j in range(J):
-            emit = np.bincount(idx, weights=(gamma * W[j][None, :, None]).ravel(),
-                               minlength=V * K).reshape(V, K).T
-            out.append(NatParams(init=init[j], trans=pair[j], emit=emit))
-        return out
+        idx = (idx[None, :] + (V * K) * np.arange(J)[:, None]).ravel()
+        gw = (gamma[None] * W[:, None, :, None]).ravel()
+        emit = np.bincount(idx, weights=gw, minlength=J * V * K).reshape(J, V, K)
+        return [NatParams(init=init[j], trans=pair[j], emit=emit[j].T) for j in range(J)]
 
     def _sorted_weights(self, local, weights):
         return np.asarray(weights, float)[local.layout.order]
@@ -407,7 +412,8 @@ class DiscreteHMM:
         gamma = local.gamma
         sq = (gamma[0] ** 2).sum(axis=1)
         if T > 1:
-            P = np.einsum("tni,tnj->nij", local.alpha[:-1], local.u[1:]) * local.A_tilde
+            P = np.matmul(local.alpha[:-1].transpose(1, 2, 0), local.u[1:].transpose(1, 0, 2))
+            P *= local.A_tilde
             sq += (P * P).sum(axis=(1, 2))
         idx = ((np.arange(n)[None, :, None] * V + lay.sym[..., None]) * K + np.arange(K)).ravel()
         E = np.bincount(idx, weights=gamma.ravel(), minlength=n * V * K)
