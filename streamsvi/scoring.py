@@ -5,8 +5,6 @@ Scoring jobs load what the daemon wrote and never train::
     import streamsvi
     fitted = streamsvi.load("var/checkpoints/gmm")          # follows `latest`
     fitted.predict(X); fitted.responsibilities(X); fitted.predictive_logpdf(X)
-    # sequence models (hmm): one value or array per sequence
-    fitted.log_likelihood(seqs); fitted.filtering(seqs); fitted.viterbi(seqs)
 
 Loading goes through :func:`streamsvi.checkpoint.load_snapshot`: both
 checksums are verified, arrays are read with ``allow_pickle=False`` and the
@@ -35,9 +33,8 @@ from .checkpoint import Snapshot, load_snapshot
 
 log = logging.getLogger("streamsvi.scoring")
 
-#: The scoring methods every fitted model offers when its model has them.
-SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf", "log_likelihood",
-                   "filtering", "viterbi")
+#: The scoring methods of a model that does not list its own ``scoring_methods``.
+SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf")
 
 
 @dataclass(frozen=True)
@@ -54,6 +51,10 @@ class FittedModel:
     path : Path of the snapshot directory; number : its snapshot number
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
+
+    Every scoring method the model lists in its ``scoring_methods`` (each a
+    method ``f(lam, x, ...)``) is also a method of the fitted model with λ
+    filled in: ``fitted.predict(x)`` is ``model.predict(lam, x)``.
     """
 
     model: object
@@ -84,6 +85,28 @@ class FittedModel:
     def n_features(self) -> int:
         return self.model.n_features
 
+    @property
+    def scoring_methods(self) -> tuple[str, ...]:
+        """The names of the scoring methods this fitted model offers."""
+        names = getattr(self.model, "scoring_methods", SCORING_METHODS)
+        return tuple(n for n in names if callable(getattr(self.model, n, None)))
+
+    def __getattr__(self, name):
+        # only called for names that are not attributes: the model's scoring methods
+        if name.startswith("_") or name in ("model", "lam") or name not in self.scoring_methods:
+            raise AttributeError(f"{type(self).__name__} of a {self.model.name!r} model has no "
+                                 f"attribute {name!r}; its scoring methods are "
+                                 f"{list(self.scoring_methods)}")
+        method = getattr(self.model, name)
+        lam = self.lam
+
+        def bound(*args, **kwargs):
+            return method(lam, *args, **kwargs)
+
+        bound.__name__ = name
+        bound.__doc__ = method.__doc__
+        return bound
+
     def check(self, x) -> np.ndarray:
         """Validate records the way the model does (raises ``ValueError`` naming the problem)."""
         return self.model.check_batch(x)
@@ -100,30 +123,17 @@ class FittedModel:
         """log p(x* | data): the posterior predictive log density of each record."""
         return self.model.predictive_logpdf(self.lam, x)
 
-    def log_likelihood(self, x) -> np.ndarray:
-        """log p(x | posterior mean parameters) per record (sequence models)."""
-        return self._model_method("log_likelihood")(self.lam, x)
-
-    def filtering(self, x) -> list:
-        """Filtering probabilities p(z_t | x_1..x_t) per sequence, each (L, K)."""
-        return self._model_method("filtering")(self.lam, x)
-
-    def viterbi(self, x) -> list:
-        """The most probable state path of each sequence."""
-        return self._model_method("viterbi")(self.lam, x)
-
-    def _model_method(self, name):
-        fn = getattr(self.model, name, None)
-        if fn is None:
-            raise AttributeError(f"model {self.model.name!r} has no {name}; it offers "
-                                 f"{[m for m in SCORING_METHODS if hasattr(self.model, m)]}")
-        return fn
-
     def score(self, x) -> list[dict]:
-        """Every scoring output for each record of ``x``, as JSON-ready dicts."""
+        """Every scoring output for each record of ``x``, as JSON-ready dicts.
+
+        A model with a ``score_records(lam, x)`` method decides what that is;
+        otherwise (the mixtures) the MAP assignment, the responsibilities and
+        the predictive log density.
+        """
+        own = getattr(self.model, "score_records", None)
+        if own is not None:
+            return own(self.lam, x)
         x = self.check(x)
-        if hasattr(self.model, "score_records"):
-            return self.model.score_records(self.lam, x)
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)
         return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],

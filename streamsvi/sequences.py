@@ -161,6 +161,10 @@ class Sequences:
         for i in range(len(self)):
             yield self.symbols[self.offsets[i]:self.offsets[i + 1]]
 
+    def copy(self) -> "Sequences":
+        """A copy that shares no memory with this one."""
+        return Sequences(self.symbols.copy(), self.offsets.copy())
+
     def to_list(self) -> list[list[int]]:
         """Plain Python lists (JSON-ready)."""
         return [s.tolist() for s in self]

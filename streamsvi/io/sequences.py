@@ -103,6 +103,9 @@ class SequenceJsonCodec:
     def get_params(self) -> dict:
         return {"field": self.field}
 
+    def empty(self) -> Sequences:
+        return _empty()
+
     def __repr__(self):
         return f"SequenceJsonCodec(field={self.field!r})"
 
@@ -202,6 +205,9 @@ class SequenceBinaryCodec:
 
     def get_params(self) -> dict:
         return {}
+
+    def empty(self) -> Sequences:
+        return _empty()
 
     def __repr__(self):
         return "SequenceBinaryCodec()"

@@ -205,6 +205,9 @@ class DiscreteHMM:
 
     name = "hmm"
     record_kind = "sequences"
+    #: what ``streamsvi.load(...)`` offers with λ filled in (``fitted.viterbi(x)``, ...)
+    scoring_methods = ("log_likelihood", "predictive_logpdf", "elbo_bound", "filtering", "viterbi",
+                       "mean_params")
 
     def __init__(self, n_states=5, n_symbols=4, init_concentration=None,
                  transition_concentration=None, emission_concentration=None, init="dirichlet",

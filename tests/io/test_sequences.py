@@ -152,3 +152,74 @@ def test_kind_is_registered_and_round_trips_json():
         kind.make_codec("csv", model, {})
     v = kind.make_validator(model, {"max_sequence_length": 7, "max_message_bytes": 99})
     assert (v.n_symbols, v.max_sequence_length, v.max_message_bytes) == (5, 7, 99)
+
+
+# ---------------------------------------------------------- through the sources
+def test_file_source_batches_sequences_and_dead_letters_bad_ones(tmp_path):
+    model = DiscreteHMM(2, 4)
+    kind = record_kind(model)
+    lines = ["[0, 1, 2]", "[]", "[0, 4]", '{"symbols": [3, 3]}', "[1.5]", "nope", "[2]"]
+    path = tmp_path / "seq.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    from streamsvi.io.sources import FileSource, MemorySource
+
+    src = FileSource(path, codec=kind.make_codec("json", model, {}),
+                     validator=kind.make_validator(model, {}), kind=kind)
+    b = src.poll_batch(10)
+    assert isinstance(b.x, Sequences) and b.x.to_list() == [[0, 1, 2], [3, 3], [2]]
+    assert [(d.position.offset, d.reason) for d in b.dead] == [
+        (1, "empty_sequence"), (2, "bad_symbol"), (4, "not_integer"), (5, "json_invalid")]
+    model.check_batch(b.x)
+    assert src.poll_batch(10) is None
+    mem = MemorySource(Sequences.from_list([[1], [], [3, 9]]), validator=kind.make_validator(model, {}),
+                       kind=kind)
+    b = mem.poll_batch(10)
+    assert b.x.to_list() == [[1]] and [(d.position.offset, d.payload) for d in b.dead] == [
+        (1, b"[]"), (2, b"[3, 9]")]
+
+
+def test_daemon_learns_an_hmm_from_a_file_of_sequences(tmp_path):
+    """End to end: config kind = "hmm", a JSONL file source, dead letters, snapshot, streamsvi.load."""
+    import io
+
+    import streamsvi
+    from streamsvi.models.hmm import sample_hmm
+    from streamsvi.service.config import validate
+    from streamsvi.service.daemon import Daemon
+
+    rng = np.random.default_rng(3)
+    x, _ = sample_hmm([0.5, 0.5], [[0.9, 0.1], [0.2, 0.8]], [[0.8, 0.1, 0.1], [0.1, 0.1, 0.8]],
+                      rng.integers(3, 20, size=400), rng)
+    lines = [json.dumps(s) for s in x.to_list()]
+    lines[10], lines[20] = "[0, 7]", "[]"                        # two bad records
+    data = tmp_path / "seqs.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    dead = tmp_path / "dead.jsonl"
+    cfg = validate({
+        "model": {"kind": "hmm", "n_components": 2, "n_symbols": 3, "predictive_draws": 20},
+        "inference": {"n_total": "auto", "batch_size": 50, "effective_batch_size": 20,
+                      "tau0": 10.0, "kappa": 0.6},
+        "source": {"kind": "file", "path": str(data), "dead_letter_path": str(dead)},
+        "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 3},
+        "metrics": {"enabled": False, "heldout_size": 20, "heldout_every": 2, "progress_seconds": 0.0},
+    })
+    res = Daemon(cfg, out=io.StringIO()).run(until_drained=True, timeout=120)
+    assert res.stopped_by == "drained"
+    assert sorted(json.loads(d)["reason"] for d in dead.read_text().splitlines()) == \
+        ["bad_symbol", "empty_sequence"]
+    fitted = streamsvi.load(tmp_path / "ck")
+    assert fitted.records_seen == 400 - 2 - 20
+    _, A, B = fitted.mean_params()
+    # one pass of 8 updates: the two states have separated (truth: B rows 0.8 on symbol 0 / 2)
+    k = np.argsort(B[:, 0])
+    assert B[k[1], 0] > 0.6 and B[k[0], 2] > 0.6 and np.all(np.diag(A) > 0.6), (A, B)
+    assert len(fitted.viterbi(x[:3])) == 3
+    # `streamsvi score` on JSON lines of sequences: one output line per input line
+    from streamsvi.cli import main
+
+    (tmp_path / "in.jsonl").write_text("[0, 0, 2]\n[5]\n[2, 2]\n")
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert out[1]["error"].startswith("bad_symbol") and len(out[0]["viterbi"]) == 3
+    assert out[2]["log_likelihood"] == pytest.approx(fitted.log_likelihood([[2, 2]])[0])

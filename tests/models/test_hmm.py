@@ -306,8 +306,10 @@ def test_scoring_through_streamsvi_load(tmp_path):
     rows = fitted.score(new.to_list())
     assert len(rows) == 5 and set(rows[0]) == {"log_likelihood", "log_predictive", "viterbi"}
     assert rows[0]["viterbi"] == fitted.viterbi(new)[0].tolist()
-    with pytest.raises(AttributeError, match="has no responsibilities"):
-        fitted._model_method("responsibilities")
+    np.testing.assert_array_equal(fitted.elbo_bound(new), model.elbo_bound(state.lam, new))
+    assert set(fitted.scoring_methods) == set(DiscreteHMM.scoring_methods)
+    with pytest.raises(AttributeError, match="its scoring methods are"):
+        fitted.transform(new)
 
 
 def test_example_config_builds_the_model():
