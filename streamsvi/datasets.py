@@ -200,3 +200,147 @@ def make_blobs(n=250, centers=None, scales=None, weights=None, seed=0):
         idx = labels == k
         X[idx] = rng.multivariate_normal(centers[k], scales[k], size=int(idx.sum()))
     return X, labels
+
+
+# ----------------------------------------------------------------------------
+# DNA splice-junction sequences (the discrete HMM's real data; issue 7)
+#
+# StatLog / UCI "splice junction" primate DNA: 3,186 sequences of 60 bases,
+# classes "ei" (exon-intron boundary, donor), "ie" (intron-exon, acceptor) and
+# "n" (neither). Debian's r-cran-mlbench ships it as mlbench/data/DNA.rda: 180
+# binary indicators, 3 per base (A = 100, C = 010, G = 001, T = 000), and a
+# Class factor. The .rda is read with PyPI's ``rdata`` (pure Python, no R).
+
+DNA_ALPHABET = "ACGT"
+_MLBENCH_DNA_MEMBER = "usr/lib/R/site-library/mlbench/data/DNA.rda"
+
+
+def _apt_fetch_member(package: str, member: str, cached: Path, what: str) -> Path:
+    """``apt-get download package`` and copy ``member`` out of it to ``cached`` (no root needed)."""
+    if shutil.which("apt-get") is None:
+        raise FileNotFoundError(f"{what} not found and apt-get is not available: pass the file's "
+                                f"path, or put it at {cached}")
+    _say(f"fetching {what}: apt-get download {package} (once, into the cache) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
+        debs = sorted(Path(tmp).glob(f"{package}_*.deb"))
+        if not debs and os.geteuid() == 0:      # a fresh machine may have no package lists yet
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+            res = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
+            debs = sorted(Path(tmp).glob(f"{package}_*.deb"))
+        if not debs:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(f"could not fetch the {package} package for the {what} "
+                                    f"({err[0]}); pass the file's path, or put it at {cached}")
+        tmp_dest = cached.with_suffix(".part")
+        _extract_from_deb(debs[0], member, tmp_dest)
+        os.replace(tmp_dest, cached)
+    _say(f"cached {cached}")
+    return cached
+
+
+def dna_splice_path(path=None) -> Path:
+    """Where the DNA splice data are, fetching mlbench's ``DNA.rda`` into the cache if needed."""
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"DNA splice data file {p} does not exist")
+        return p
+    cached = cache_dir() / "DNA.rda"
+    if cached.exists():
+        return cached
+    if (Path("/") / _MLBENCH_DNA_MEMBER).exists():
+        return Path("/") / _MLBENCH_DNA_MEMBER
+    return _apt_fetch_member("r-cran-mlbench", _MLBENCH_DNA_MEMBER, cached, "DNA splice data")
+
+
+def _dna_from_indicators(bits: np.ndarray) -> np.ndarray:
+    """(n, 180) 0/1 indicators (A = 100, C = 010, G = 001, T = 000) -> (n, 60) symbols 0..3."""
+    if bits.ndim != 2 or bits.shape[1] % 3:
+        raise ValueError(f"expected 3 binary indicators per base, got shape {bits.shape}")
+    b = bits.reshape(len(bits), -1, 3)
+    if not np.isin(b, (0, 1)).all() or b.sum(axis=2).max() > 1:
+        raise ValueError("DNA indicators must be 0/1 with at most one 1 per base")
+    return np.where(b[..., 0] == 1, 0, np.where(b[..., 1] == 1, 1, np.where(b[..., 2] == 1, 2, 3)))
+
+
+def parse_dna_splice_text(text: str):
+    """Sequences and labels from the StatLog ``dna.data`` or the UCI ``splice.data`` text.
+
+    StatLog: 180 indicators and a class 1/2/3 (ei/ie/n) per line, space separated.
+    UCI: ``EI, NAME, ACGT...`` per line; sequences with ambiguity codes (D, N,
+    S, R) are left out. Returns (list of symbol arrays, labels "ei"/"ie"/"n").
+
+    Examples
+    --------
+    >>> seqs, labels = parse_dna_splice_text("EI, X-1, CAGGTA\\nN, X-2, TTNAAC\\nIE, X-3, AAAGGT\\n")
+    >>> [s.tolist() for s in seqs], labels
+    ([[1, 0, 2, 2, 3, 0], [0, 0, 0, 2, 2, 3]], ['ei', 'ie'])
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("DNA splice text is empty")
+    if "," in lines[0]:
+        seqs, labels, dropped = [], [], 0
+        for lineno, ln in enumerate(lines, 1):
+            parts = [p.strip() for p in ln.split(",")]
+            if len(parts) != 3:
+                raise ValueError(f"splice.data line {lineno}: expected 'CLASS, NAME, BASES', got {ln[:60]!r}")
+            bases = parts[2].upper()
+            if set(bases) - set(DNA_ALPHABET):
+                dropped += 1
+                continue
+            seqs.append(np.array([DNA_ALPHABET.index(c) for c in bases], dtype=np.int64))
+            labels.append(parts[0].lower())
+        if dropped:
+            _say(f"left out {dropped} sequences with ambiguous bases")
+        return seqs, labels
+    try:
+        arr = np.array([[int(v) for v in ln.split()] for ln in lines])
+    except ValueError as exc:
+        raise ValueError(f"StatLog dna.data must hold integers only: {exc}") from None
+    if arr.ndim != 2 or arr.shape[1] != 181:
+        raise ValueError(f"StatLog dna.data: expected 181 values per line, got {arr.shape}")
+    classes = {1: "ei", 2: "ie", 3: "n"}
+    return list(_dna_from_indicators(arr[:, :180])), [classes[int(c)] for c in arr[:, 180]]
+
+
+def load_dna_splice(path=None):
+    """The DNA splice sequences: (Sequences of symbols 0..3 = A, C, G, T, labels as str).
+
+    ``path`` may be mlbench's ``DNA.rda`` (read with PyPI's ``rdata``, which
+    must be installed), the StatLog ``dna.data`` or the UCI ``splice.data``.
+    Default: the cached ``DNA.rda`` (fetched from Debian's r-cran-mlbench).
+    """
+    from .sequences import Sequences
+
+    p = dna_splice_path(path)
+    decoded = cache_dir() / "DNA-decoded.npz"           # the default file, decoded once (no pickle)
+    if path is None and decoded.exists() and decoded.stat().st_mtime >= p.stat().st_mtime:
+        with np.load(decoded, allow_pickle=False) as z:
+            return Sequences.from_list(list(z["symbols"])), z["labels"].astype(str)
+    if p.suffix.lower() in (".rda", ".rdata"):
+        try:
+            import rdata
+        except ImportError:
+            raise ImportError("reading DNA.rda needs the PyPI package rdata (pip install rdata), "
+                              "or pass the StatLog dna.data / UCI splice.data text file") from None
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")            # "Unknown encoding. Assumed ASCII."
+            frames = rdata.read_rda(str(p))
+        if "DNA" not in frames:
+            raise ValueError(f"{p} holds {sorted(frames)}, not the DNA data frame")
+        df = frames["DNA"]
+        bits = np.column_stack([np.asarray(df[c].cat.categories.astype(int))[df[c].cat.codes.to_numpy()]
+                                for c in df.columns[:180]])
+        symbols = _dna_from_indicators(bits)
+        labels = df["Class"].astype(str).tolist()
+        seqs = list(symbols)
+        if path is None:
+            tmp = decoded.with_suffix(".part.npz")
+            np.savez(tmp, symbols=symbols.astype(np.int8), labels=np.array(labels))
+            os.replace(tmp, decoded)
+    else:
+        seqs, labels = parse_dna_splice_text(p.read_text(errors="replace"))
+    return Sequences.from_list(seqs), np.array(labels)

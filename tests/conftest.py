@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from streamsvi.datasets import make_blobs
-from streamsvi.models import MODELS, BayesianGMM, KnownVarianceGMM1D
+from streamsvi.models import MODELS, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+from streamsvi.models.hmm import sample_hmm
 
 
 def _gmm_case():
@@ -30,9 +31,18 @@ def _gauss1d_case():
     return KnownVarianceGMM1D(n_components=3, sigma2=1.0, prior_mean=0.0, prior_var=25.0), X
 
 
+def _hmm_case():
+    """A small synthetic 3-state HMM over 4 symbols: 300 sequences of lengths 3..9."""
+    rng = np.random.default_rng(8)
+    A = np.array([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.2, 0.1, 0.7]])
+    B = np.array([[0.7, 0.2, 0.05, 0.05], [0.05, 0.7, 0.2, 0.05], [0.05, 0.05, 0.3, 0.6]])
+    X, _ = sample_hmm([0.5, 0.3, 0.2], A, B, rng.integers(3, 10, size=300), rng)
+    return DiscreteHMM(n_states=3, n_symbols=4, emission_concentration=0.5), X
+
+
 #: (id, factory) — every registered model must appear here (checked below).
 MODEL_CASES = [("gmm", _gmm_case), ("gmm_paper_prior_3d", _gmm3d_case), ("gmm_dp", _dp_case),
-               ("gauss1d", _gauss1d_case)]
+               ("gauss1d", _gauss1d_case), ("hmm", _hmm_case)]
 
 
 @pytest.fixture(params=[f for _, f in MODEL_CASES], ids=[i for i, _ in MODEL_CASES])

@@ -70,3 +70,49 @@ def test_make_blobs():
     assert X.shape == (250, 2) and set(labels) == {0, 1, 2, 3}
     X2, _ = datasets.make_blobs(250, seed=0)
     np.testing.assert_array_equal(X, X2)
+
+
+# ---------------------------------------------------------------- DNA splice sequences
+def _dna_or_skip():
+    import os
+    try:
+        return datasets.load_dna_splice()
+    except (FileNotFoundError, ImportError) as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"DNA splice data unavailable: {exc}")
+
+
+def test_dna_splice_real_file():
+    """mlbench's DNA.rda: 3,186 sequences of 60 bases; the junction consensus proves the decoding."""
+    x, y = _dna_or_skip()
+    assert len(x) == 3186 and set(x.lengths.tolist()) == {60}
+    assert {c: int((y == c).sum()) for c in ("ei", "ie", "n")} == {"ei": 767, "ie": 765, "n": 1654}
+    assert x.symbols.min() == 0 and x.symbols.max() == 3
+    S = x.symbols.reshape(-1, 60)
+    # donor sites (exon-intron) start the intron with GT, acceptor sites end it with AG
+    ei, ie = S[y == "ei"], S[y == "ie"]
+    assert np.mean((ei[:, 30] == 2) & (ei[:, 31] == 3)) > 0.98
+    assert np.mean((ie[:, 28] == 0) & (ie[:, 29] == 2)) > 0.98
+    assert np.mean((S[y == "n"][:, 30] == 2) & (S[y == "n"][:, 31] == 3)) < 0.2
+    # the explicit path reads the .rda itself (the default may come from the decoded cache)
+    x2, y2 = datasets.load_dna_splice(datasets.dna_splice_path())
+    assert x2.equals(x) and y2.tolist() == y.tolist()
+
+
+def test_dna_splice_text_formats(tmp_path):
+    statlog = tmp_path / "dna.data"
+    row = [1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0] * 15 + [2]      # ACGT x 15, class ie
+    statlog.write_text(" ".join(map(str, row)) + "\n")
+    x, y = datasets.load_dna_splice(statlog)
+    assert x.to_list() == [[0, 1, 2, 3] * 15] and y.tolist() == ["ie"]
+    uci = tmp_path / "splice.data"
+    uci.write_text("EI,  A-1,  ACGTAC\nN,  A-2,  ACNTAC\n")
+    x, y = datasets.load_dna_splice(uci)
+    assert x.to_list() == [[0, 1, 2, 3, 0, 1]] and y.tolist() == ["ei"]
+    bad = tmp_path / "bad.data"
+    bad.write_text("1 0 1 " + " ".join(["0"] * 177) + " 1\n")
+    with pytest.raises(ValueError, match="at most one 1 per base"):
+        datasets.load_dna_splice(bad)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        datasets.load_dna_splice(tmp_path / "nope.rda")

@@ -29,9 +29,10 @@ class Field:
 #: section -> field -> Field. "model" fields beyond ``kind`` are the model's own settings.
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
-        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture) or gauss1d",
-                      choices=("gmm", "gmm_dp", "gauss1d")),
-        "n_components": Field("int", REQUIRED, "K (the truncation level for gmm_dp)", min=1),
+        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d or "
+                      "hmm (discrete hidden Markov model)", choices=("gmm", "gmm_dp", "gauss1d", "hmm")),
+        "n_components": Field("int", REQUIRED, "K (the truncation level for gmm_dp; the number of "
+                              "hidden states for hmm)", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1)", min=1),
         "weight_concentration": Field("float", None, "alpha0 of the Dirichlet on the weights "
                                       "(gmm_dp: the DP concentration alpha, split as alpha/K)", min=0),
@@ -42,6 +43,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "sigma2": Field("float", None, "known observation variance (gauss1d)", min=0),
         "prior_mean": Field("float", None, "mu0 (gauss1d)"),
         "prior_var": Field("float", None, "tau^2 (gauss1d)", min=0),
+        "n_symbols": Field("int", None, "V, the alphabet size: symbols are 0..V-1 (hmm)", min=1),
+        "init_concentration": Field("float", None, "Dirichlet prior of the initial state "
+                                    "distribution; default 1/K (hmm)", min=0),
+        "transition_concentration": Field("float", None, "Dirichlet prior of each transition row; "
+                                          "default 1/K (hmm)", min=0),
+        "emission_concentration": Field("float", None, "Dirichlet prior of each emission row; "
+                                        "default 10/V (hmm)", min=0),
+        "predictive_draws": Field("int", None, "draws from q for the held-out variational "
+                                  "predictive; default 100 (hmm)", min=1),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -87,6 +97,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "validation": {
         "max_abs": Field("float", 1e12, "largest absolute value accepted in a record", min=0),
         "max_message_bytes": Field("int", 1_048_576, "largest accepted message (JSON codec)", min=1),
+        "max_sequence_length": Field("int", 100_000, "longest accepted sequence (hmm records)", min=1),
     },
     "checkpoint": {
         "directory": Field("str", REQUIRED, "where snapshots are written"),
@@ -185,6 +196,11 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if mdl["n_features"] not in (None, 1):
             raise ConfigError("model.n_features: gauss1d records have 1 value")
         mdl["n_features"] = 1
+    elif mdl["kind"] == "hmm":
+        if mdl["n_features"] is not None:
+            raise ConfigError("model.n_features: hmm records are symbol sequences; set n_symbols")
+        if mdl["n_symbols"] is None:
+            raise ConfigError("model.n_symbols: required for hmm (the alphabet size V)")
     elif mdl["n_features"] is None:
         raise ConfigError("model.n_features: required for gmm and gmm_dp")
     if src["kind"] == "kafka":
@@ -195,7 +211,11 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             raise ConfigError("source.path: required for a file source")
         if inf["n_total"] == "auto":
             pass  # file source: auto = number of lines, resolved at start
-    if src["fields"] is not None and len(src["fields"]) != mdl["n_features"]:
+    if mdl["kind"] == "hmm":
+        if src["fields"] is not None and len(src["fields"]) != 1:
+            raise ConfigError(f"source.fields: hmm records take one name (the key of the symbol "
+                              f"array), got {len(src['fields'])}")
+    elif src["fields"] is not None and len(src["fields"]) != mdl["n_features"]:
         raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path")):
@@ -219,18 +239,22 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import BayesianGMM, KnownVarianceGMM1D
+    from ..models import BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
 
     kind = model_cfg["kind"]
     given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
     gmm_keys = {"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
                 "degrees_of_freedom", "scale"}
     g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}
-    allowed = g1_keys | {"n_features"} if kind == "gauss1d" else gmm_keys
+    hmm_keys = {"n_components", "n_symbols", "init_concentration", "transition_concentration",
+                "emission_concentration", "predictive_draws"}
+    allowed = g1_keys | {"n_features"} if kind == "gauss1d" else hmm_keys if kind == "hmm" else gmm_keys
     wrong = set(given) - allowed
     if wrong:
         raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = {kind!r}")
     try:
+        if kind == "hmm":
+            return DiscreteHMM(n_states=given.pop("n_components"), **given)
         if kind == "gauss1d":
             given.pop("n_features", None)
             return KnownVarianceGMM1D(**given)
