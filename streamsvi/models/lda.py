@@ -363,12 +363,60 @@ class LDA:
                         act = np.ones(nk, dtype=bool)
         return gamma, n_iter
 
+    def _fit_gamma_dense(self, Eb: np.ndarray, X: sp.csr_matrix):
+        """As :meth:`_fit_gamma` with dense (documents × V) products, for small V·K.
+
+        Two BLAS matrix products per sweep for the whole batch; cheaper than
+        one small product per document when the vocabulary is small.
+        """
+        n, K = X.shape[0], self.n_components
+        alpha, max_it = self._alpha, self.max_doc_update_iter
+        tolK = self.mean_change_tol * K
+        C = X.toarray()
+        EbT = Eb.T
+        gamma = np.ones((n, K))
+        n_iter = np.zeros(n, dtype=np.int64)
+        g, th = gamma.copy(), np.ones((n, K))
+        live = np.arange(n)
+        for it in range(1, max_it + 1):
+            Z = th @ Eb
+            np.divide(C, Z, out=Z)
+            G = Z @ EbT
+            G *= th
+            G += alpha
+            change = np.abs(np.subtract(G, g, out=g), out=g).sum(axis=1)
+            g = G
+            e = digamma(g)
+            e -= digamma(g.max(axis=1))[:, None]
+            th = np.exp(e, out=e)
+            done = (change < tolK) if it < max_it else np.ones(len(live), dtype=bool)
+            if done.any():
+                gamma[live[done]] = g[done]
+                n_iter[live[done]] = it
+                keep = ~done
+                if not keep.any():
+                    break
+                C, g, th, live = C[keep], g[keep], th[keep], live[keep]
+        return gamma, n_iter
+
+    def _use_dense(self, X) -> bool:
+        """Dense products when V·K is small next to the documents' words (measured rule)."""
+        if self._local_path is not None:
+            return self._local_path == "dense"
+        K, V = self.n_components, self.n_features
+        return V * K <= 1.5 * K * X.nnz / max(X.shape[0], 1) + 1000
+
+    #: None (choose by size), "dense" or "blocked": which local-step kernel runs (for tests)
+    _local_path = None
+
     def local_step(self, lam: NatParams, x) -> LDALocal:
         """γ, φ of every document given λ (module docs), with the per-document ELBO."""
         X = self.check_batch(x)
         ex = self._expectations(lam)
-        EbT = ex["exp_beta_t"]
-        gamma, n_iter = self._fit_gamma(EbT, X)
+        if self._use_dense(X):
+            gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
+        else:
+            gamma, n_iter = self._fit_gamma(ex["exp_beta_t"], X)
         return self._finish(ex, X, gamma, n_iter)
 
     def _finish(self, ex, X, gamma, n_iter) -> LDALocal:
