@@ -257,9 +257,9 @@ def load_ldac(path, n_words: int | None = None, vocabulary=None):
                 row_ids = [int(a) for a, _ in pairs]
                 row_counts = [float(b) for _, b in pairs]
             except ValueError:
-                raise ValueError(f"{path}:{lineno}: not LDA-C ('N id:count ...'): {line[:60]!r}") from None
+                raise ValueError(f"{path}, line {lineno}: not LDA-C ('N id:count ...'): {line[:60]!r}") from None
             if n != len(pairs):
-                raise ValueError(f"{path}:{lineno}: announces {n} ids, has {len(pairs)}")
+                raise ValueError(f"{path}, line {lineno}: announces {n} ids, has {len(pairs)}")
             ids.extend(row_ids)
             counts.extend(row_counts)
             indptr.append(len(ids))
