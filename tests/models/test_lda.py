@@ -240,3 +240,21 @@ def test_documents_init_seeds_distinct_topics():
     assert lam.min() == pytest.approx(0.1)
     # each topic carries a 1/K share of the corpus' (scaled) words on top of η
     np.testing.assert_allclose(lam.sum(1) - 0.1 * X.shape[1], 300 / 30 * X.sum() / 4)
+
+
+def test_snapshot_scores_topic_proportions_and_perplexity(tmp_path):
+    import streamsvi
+    from streamsvi.checkpoint import CheckpointStore
+
+    X = _corpus(n=40, V=50, seed=10)
+    model = LDA(4, X.shape[1])
+    engine = SVI(model, n_total=40)
+    state, _ = engine.fit(engine.init(X, seed=0), X, n_steps=5, batch_size=20)
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    fitted = streamsvi.load(tmp_path)
+    np.testing.assert_allclose(fitted.topic_proportions(X[:5]), model.topic_proportions(state.lam, X[:5]))
+    assert fitted.perplexity(X) == pytest.approx(model.perplexity(state.lam, X))
+    assert fitted.perword_bound(X, "full") == pytest.approx(model.perword_bound(state.lam, X, "full"))
+    scored = fitted.score(X[:3])
+    assert len(scored) == 3 and len(scored[0]["responsibilities"]) == 4
+    assert scored[0]["log_density"] == pytest.approx(model.predictive_logpdf(state.lam, X[:1])[0])
