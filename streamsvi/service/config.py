@@ -53,6 +53,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "gamma| < this; default 1e-3 (lda)", min=0),
         "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
                       "documents (topics seeded from random documents)", choices=("gamma", "documents")),
+        "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
+                            "fewer sweeps); default false"),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -246,7 +248,7 @@ def build_model(model_cfg: dict):
                 "degrees_of_freedom", "scale"}
     g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}
     lda_keys = {"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
-                "max_doc_update_iter", "mean_change_tol", "init"}
+                "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}
     allowed = g1_keys | {"n_features"} if kind == "gauss1d" else (lda_keys if kind == "lda" else gmm_keys)
     wrong = set(given) - allowed
     if wrong:
