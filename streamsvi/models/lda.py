@@ -474,6 +474,7 @@ class LDA:
         n_iter = np.zeros(n, dtype=np.int64)
         g, th = gamma.copy(), np.ones((n, K))
         live = np.arange(n)
+        act = np.ones(n, dtype=bool)
         for it in range(1, max_it + 1):
             Z = th @ Eb
             np.divide(C, Z, out=Z)
@@ -486,13 +487,17 @@ class LDA:
             e -= digamma(g.max(axis=1))[:, None]
             th = np.exp(e, out=e)
             done = (change < tolK) if it < max_it else np.ones(len(live), dtype=bool)
+            done &= act
             if done.any():
                 gamma[live[done]] = g[done]
                 n_iter[live[done]] = it
-                keep = ~done
-                if not keep.any():
+                act &= ~done
+                nk = int(act.sum())
+                if nk == 0:
                     break
-                C, g, th, live = C[keep], g[keep], th[keep], live[keep]
+                if nk <= 0.75 * len(act):      # as in _fit_gamma: compact now and then
+                    C, g, th, live = C[act], g[act], th[act], live[act]
+                    act = np.ones(nk, dtype=bool)
         return gamma, n_iter
 
     def _use_dense(self, X) -> bool:
