@@ -39,7 +39,12 @@ matrix–vector products (Z, then the γ update) and one digamma over the
 block's γ. A document that meets the tolerance leaves its block (its γ is
 final); blocks are compacted when a quarter of their documents have left.
 Each document's iterations depend on nothing but its own words, so the
-result does not depend on how documents are batched.
+result does not depend on how documents are batched. For a small vocabulary
+(V·K small next to a document's words, e.g. in tests) a sweep is instead two
+dense (documents × V) BLAS products for the whole batch; the arithmetic is
+the same. ``accelerate=True`` extrapolates the sweeps with SQUAREM (see
+:meth:`LDA._fit_gamma_squarem`): same fixed points, stopping rule and cap,
+fewer sweeps.
 
 ELBO (all constants). Per document, at φ optimal for the final γ::
 
