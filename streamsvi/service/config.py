@@ -29,11 +29,13 @@ class Field:
 #: section -> field -> Field. "model" fields beyond ``kind`` are the model's own settings.
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
-        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d or "
-                      "hmm (discrete hidden Markov model)", choices=("gmm", "gmm_dp", "gauss1d", "hmm")),
+        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
+                      "hmm (discrete hidden Markov model) or lda (topic model on bags of words)",
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda")),
         "n_components": Field("int", REQUIRED, "K (the truncation level for gmm_dp; the number of "
-                              "hidden states for hmm)", min=1),
-        "n_features": Field("int", None, "D, values per record (gauss1d: 1)", min=1),
+                              "hidden states for hmm; topics for lda)", min=1),
+        "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
+                            "size or number of hash buckets)", min=1),
         "weight_concentration": Field("float", None, "alpha0 of the Dirichlet on the weights "
                                       "(gmm_dp: the DP concentration alpha, split as alpha/K)", min=0),
         "mean_precision": Field("float", None, "beta0 (gmm, gmm_dp)", min=0),
@@ -52,6 +54,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                         "default 10/V (hmm)", min=0),
         "predictive_draws": Field("int", None, "draws from q for the held-out variational "
                                   "predictive; default 100 (hmm)", min=1),
+        "doc_topic_prior": Field("float", None, "alpha of Dirichlet(alpha) on each document's topic "
+                                 "proportions; default 1/K (lda)", min=0),
+        "topic_word_prior": Field("float", None, "eta of Dirichlet(eta) on each topic; default 1/K (lda)",
+                                  min=0),
+        "max_doc_update_iter": Field("int", None, "cap on the local step's sweeps per document; "
+                                     "default 100 (lda)", min=1),
+        "mean_change_tol": Field("float", None, "a document's local step stops at mean |change of "
+                                 "gamma| < this; default 1e-3 (lda)", min=0),
+        "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
+                      "documents (topics seeded from random documents)", choices=("gamma", "documents")),
+        "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
+                            "fewer sweeps); default false"),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -78,8 +92,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "topics": Field("list[str]", None, "topics to consume (or pattern)"),
         "pattern": Field("str", None, "regex of topics to consume (instead of topics)"),
         "group_id": Field("str", "streamsvi", "consumer group"),
-        "codec": Field("str", "json", "json (one record per message) or binary (one minibatch per message)",
-                       choices=("json", "binary")),
+        "codec": Field("str", "json", "json (one record per message) or binary (one minibatch per "
+                       "message); lda also: text (raw text per message)", choices=("json", "binary", "text")),
+        "vocabulary": Field("str", None, "text codec (lda): vocabulary file, one word per line (line i = "
+                            "word id i); unset = the hashing trick into n_features buckets"),
         "fields": Field("list[str]", None, "for JSON objects: the field names, in feature order"),
         "dead_letter_topic": Field("str", None, "Kafka topic for records that fail decoding or validation"),
         "path": Field("str", None, "file source: JSONL or CSV file"),
@@ -95,7 +111,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "connect_backoff_seconds": Field("float", 1.0, "initial retry backoff (doubles, max 30 s)", min=0),
     },
     "validation": {
-        "max_abs": Field("float", 1e12, "largest absolute value accepted in a record", min=0),
+        "max_abs": Field("float", 1e12, "largest absolute value accepted in a record (lda: the "
+                         "largest word count)", min=0),
         "max_message_bytes": Field("int", 1_048_576, "largest accepted message (JSON codec)", min=1),
         "max_sequence_length": Field("int", 100_000, "longest accepted sequence (hmm records)", min=1),
     },
@@ -202,7 +219,11 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if mdl["n_symbols"] is None:
             raise ConfigError("model.n_symbols: required for hmm (the alphabet size V)")
     elif mdl["n_features"] is None:
-        raise ConfigError("model.n_features: required for gmm and gmm_dp")
+        raise ConfigError("model.n_features: required for gmm, gmm_dp and lda")
+    if src["codec"] == "text" and mdl["kind"] != "lda":
+        raise ConfigError(f"source.codec: text records need model.kind = 'lda', got {mdl['kind']!r}")
+    if src["vocabulary"] is not None and src["codec"] != "text":
+        raise ConfigError("source.vocabulary: only used by codec = 'text'")
     if src["kind"] == "kafka":
         if (src["topics"] is None) == (src["pattern"] is None):
             raise ConfigError("source: set exactly one of topics or pattern")
@@ -218,7 +239,8 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     elif src["fields"] is not None and len(src["fields"]) != mdl["n_features"]:
         raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
     if base_dir is not None:   # relative paths are relative to the config file
-        for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path")):
+        for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
+                         ("source", "vocabulary")):
             p = out[sec][key]
             if p is not None and not Path(p).is_absolute():
                 out[sec][key] = str((base_dir / p).resolve())
@@ -239,7 +261,7 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+    from ..models import LDA, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
 
     kind = model_cfg["kind"]
     given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
@@ -248,13 +270,18 @@ def build_model(model_cfg: dict):
     g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}
     hmm_keys = {"n_components", "n_symbols", "init_concentration", "transition_concentration",
                 "emission_concentration", "predictive_draws"}
-    allowed = g1_keys | {"n_features"} if kind == "gauss1d" else hmm_keys if kind == "hmm" else gmm_keys
+    lda_keys = {"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
+                "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}
+    allowed = (g1_keys | {"n_features"} if kind == "gauss1d" else hmm_keys if kind == "hmm"
+               else lda_keys if kind == "lda" else gmm_keys)
     wrong = set(given) - allowed
     if wrong:
         raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = {kind!r}")
     try:
         if kind == "hmm":
             return DiscreteHMM(n_states=given.pop("n_components"), **given)
+        if kind == "lda":
+            return LDA(**given)
         if kind == "gauss1d":
             given.pop("n_features", None)
             return KnownVarianceGMM1D(**given)

@@ -1,0 +1,656 @@
+"""Latent Dirichlet allocation (Blei, Ng & Jordan 2003) with Hoffman's online local step.
+
+Generative model (seed 000 §IV-B; seed 002 §4.1; Hoffman, Blei & Bach 2010)::
+
+    β_k ~ Dirichlet(η, …, η)           k = 1..K topics over V words   η: ``topic_word_prior``
+    θ_d ~ Dirichlet(α)                 per document                   α: ``doc_topic_prior``
+    z_dn | θ_d ~ Categorical(θ_d)
+    w_dn | z_dn = k ~ Categorical(β_k)
+
+Mean-field family: q(β_k) = Dirichlet(λ_k), q(θ_d) = Dirichlet(γ_d),
+q(z_dn = k) = φ_dwk for every occurrence of word w in document d.
+
+Natural parameters (the array in λ)::
+
+    topic_word  (K, V)   λ_kw   prior η   statistic Σ_d n_dw φ_dwk
+
+so CAVI is ``λ = η + Σ_d E_q[t(θ_d)]`` (scikit-learn calls λ ``components_``;
+the Dirichlet's natural parameter is λ − 1, and the update is affine, so
+storing λ itself changes nothing). The domain is λ_kw > 0.
+
+Local step (Hoffman et al. 2010, Algorithm 2, "E step"), per document d and
+its words w with counts n_dw, starting from γ_d = 1 (scikit-learn's
+``transform``)::
+
+    repeat   φ_dwk ∝ exp(E[log θ_dk] + E[log β_kw])
+             γ_dk = α_k + Σ_w n_dw φ_dwk
+    until    mean_k |Δγ_dk| < ``mean_change_tol``, or ``max_doc_update_iter`` sweeps,
+
+with E[log θ_dk] = ψ(γ_dk) − ψ(Σ_j γ_dj) and E[log β_kw] = ψ(λ_kw) − ψ(Σ_v λ_kv).
+φ is never stored: with Z_dw = Σ_k exp(E[log θ_dk] + E[log β_kw]) the γ update
+is ``γ_d = α + exp(E[log θ_d]) ⊙ Σ_w (n_dw / Z_dw) exp(E[log β_·w])``. The
+returned γ is the first one that meets the tolerance, and φ (hence the
+statistics and the ELBO) is taken at that γ, as in scikit-learn.
+
+Vectorisation. All documents of a minibatch are fitted together: they are
+sorted by length and cut into blocks whose padded (docs × words × K) array
+of exp E[log β] fits in cache; each sweep of a block is two batched
+matrix–vector products (Z, then the γ update) and one digamma over the
+block's γ. A document that meets the tolerance leaves its block (its γ is
+final); blocks are compacted when a quarter of their documents have left.
+Each document's iterations depend on nothing but its own words, so the
+result does not depend on how documents are batched. For a small vocabulary
+(V·K small next to a document's words, e.g. in tests) a sweep is instead two
+dense (documents × V) BLAS products for the whole batch; the arithmetic is
+the same. ``accelerate=True`` extrapolates the sweeps with SQUAREM (see
+:meth:`LDA._fit_gamma_squarem`): same fixed points, stopping rule and cap,
+fewer sweeps.
+
+ELBO (all constants). Per document, at φ optimal for the final γ::
+
+    L_d = Σ_w n_dw log Z_dw + log Γ(Σα) − Σ_k log Γ(α_k) − log Γ(Σγ_d) + Σ_k log Γ(γ_dk)
+          + Σ_k (α_k − γ_dk) E[log θ_dk]
+
+(= E_q[log p(w_d, z_d, θ_d | α, β)] − E_q[log q(z_d, θ_d)], the β terms taken
+under q(β)); globally −Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)).
+
+Perplexity. ``perword_bound(lam, x, topic_kl=...)`` is
+``(Σ_d L_d + c · G) / Σ_d N_d`` with G = −Σ_k KL(q(β_k) ‖ p(β_k)) and
+N_d = Σ_w n_dw, and ``perplexity = exp(−perword_bound)``; which share c of
+the topic term is charged to the words of ``x``:
+
+``"none"``         c = 0: the documents' own bound, the local step's held-out
+                   perplexity (Hoffman et al. 2010 §3.1). The benchmark's evaluator.
+``"full"``         c = 1: scikit-learn's ``perplexity(X)`` (``_approx_bound``
+                   with ``sub_sampling=False``).
+``"apportioned"``  c = |x| / ``n_docs``: gensim's ``log_perplexity(chunk,
+                   total_docs=n_docs)`` (the documents' part scaled to the
+                   corpus, divided by the scaled word count).
+
+Examples
+--------
+>>> import numpy as np
+>>> X = np.zeros((60, 6))
+>>> X[:30, :3] = 4.0        # documents about words 0-2
+>>> X[30:, 3:] = 4.0        # and about words 3-5
+>>> model = LDA(n_components=2, n_features=6, doc_topic_prior=0.5, topic_word_prior=0.1)
+>>> lam = model.init_params(np.random.default_rng(0), X, n_total=len(X))
+>>> for _ in range(30):   # batch VI (CAVI)
+...     lam = model.prior() + model.suffstats(model.local_step(lam, X), X)
+>>> theta = model.topic_proportions(lam, X)
+>>> bool(theta[0].argmax() != theta[-1].argmax()), bool(theta.max(axis=1).min() > 0.9)
+(True, True)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import digamma, gammaln
+
+from .base import NatParams, segment_limit_positive
+
+#: Largest padded block (documents × padded length × K) of the local step, in
+#: float64 elements: 2**19 × 8 bytes = 4 MiB, so a block stays in cache across
+#: its sweeps (one batch-wide array was ~2x slower per sweep on NYT, K = 50).
+_BLOCK_ELEMENTS = 2 ** 19
+#: A block may hold at most this much padding relative to its words ...
+_BLOCK_WASTE = 1.5
+#: ... unless it is smaller than this (padding is cheaper than another block).
+_BLOCK_SMALL = 2 ** 16
+
+
+@dataclass(frozen=True)
+class LDALocal:
+    """Local factors of a minibatch of documents.
+
+    ``x`` is the batch as CSR (documents × words); ``gamma`` (n, K) the
+    Dirichlet parameters γ_d of q(θ_d); ``exp_theta`` (n, K) is
+    exp(E[log θ_dk] − c_d) with c_d = max_k E[log θ_dk]; ``ratio`` (nnz,) is
+    n_dw / Z'_dw in the CSR order of ``x``, Z' the normaliser of φ computed with
+    the shifted exponentials (so φ_dwk n_dw = exp_theta_dk · exp_beta_kw · ratio_dw);
+    ``exp_beta`` (K, V) is exp(E[log β_kw] − m_w), m_w = max_k E[log β_kw];
+    ``log_norm`` (n,) the per-document ELBO L_d; ``n_iter`` (n,) the sweeps used.
+    """
+
+    x: sp.csr_matrix
+    gamma: np.ndarray
+    exp_theta: np.ndarray
+    ratio: np.ndarray
+    exp_beta: np.ndarray
+    log_norm: np.ndarray
+    n_iter: np.ndarray
+
+
+def _blocks(lens_sorted: np.ndarray, K: int):
+    """Cut documents sorted by length into (start, stop, padded length) blocks.
+
+    A block grows while its padded array stays under ``_BLOCK_ELEMENTS`` and
+    either its padding stays under ``_BLOCK_WASTE`` times its words or the
+    whole block is small (then a Python-level sweep costs more than padding).
+    """
+    out, n, i = [], len(lens_sorted), 0
+    while i < n:
+        j, total = i, 0
+        while j < n:
+            L = int(lens_sorted[j])
+            size = (j - i + 1) * L
+            if j > i and (size * K > _BLOCK_ELEMENTS
+                          or (size > _BLOCK_WASTE * (total + L) + 8 and size * K > _BLOCK_SMALL)):
+                break
+            total += L
+            j += 1
+        out.append((i, j, int(lens_sorted[j - 1])))
+        i = j
+    return out
+
+
+def _block_arrays(EbT, X, lens, docs, Lmax):
+    """exp E[log β] of each document's words (nb, Lmax, K) and their counts (nb, Lmax).
+
+    Padding has exp E[log β] = 1 and count 0, so Z > 0 there and n/Z = 0.
+    """
+    ar = np.arange(Lmax)
+    mask = ar[None, :] < lens[docs][:, None]
+    src = (X.indptr[docs][:, None] + ar[None, :])[mask]
+    B = np.ones((len(docs), Lmax, EbT.shape[1]))
+    B[mask] = EbT[X.indices[src]]
+    cnt = np.zeros((len(docs), Lmax))
+    cnt[mask] = X.data[src]
+    return B, cnt
+
+
+def _check_prior(name, v, size):
+    a = np.asarray(v, dtype=float)
+    a = np.full(size, float(a)) if a.ndim == 0 else a
+    if a.shape != (size,) or not np.all(np.isfinite(a)) or not np.all(a > 0):
+        raise ValueError(f"{name} must be > 0 (a number or {size} numbers), got {v!r}")
+    return a
+
+
+class LDA:
+    """Latent Dirichlet allocation over a fixed vocabulary of V words.
+
+    Parameters
+    ----------
+    n_components : int
+        K, the number of topics.
+    n_features : int
+        V, the vocabulary size (word ids are 0 … V − 1; with the hashing
+        trick, the number of buckets).
+    doc_topic_prior : float, sequence of K floats, or None
+        α of Dirichlet(α) on each document's topic proportions θ_d. None
+        means 1/K (scikit-learn's default).
+    topic_word_prior : float or None
+        η of the symmetric Dirichlet(η) on each topic β_k. None means 1/K.
+    max_doc_update_iter : int
+        Cap on the local step's sweeps per document (scikit-learn: 100).
+    mean_change_tol : float
+        A document's local step stops when mean_k |Δγ_dk| < this
+        (scikit-learn: 1e-3; gensim's ``gamma_threshold``).
+    accelerate : bool
+        Extrapolate the local step's fixed-point iteration with SQUAREM
+        (Varadhan & Roland 2008): the same fixed points and stopping rule,
+        fewer sweeps. Off by default (then γ is exactly scikit-learn's).
+    init : {"gamma", "documents"}
+        How :meth:`init_params` starts: λ_kw ~ Gamma(100, 1/100) iid (Hoffman
+        et al. 2010; scikit-learn and gensim do the same), or each topic seeded
+        by one random document of the batch (its word frequencies carrying a
+        1/K share of the corpus' words, on top of η), which gives distinct
+        topics from the first step.
+
+    Records are bags of words: a ``(n, V)`` matrix of non-negative counts,
+    sparse (CSR, the stream's form, see :mod:`streamsvi.io.bow`) or dense.
+    """
+
+    name = "lda"
+    record_kind = "bow"
+    #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
+    scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
+                       "perplexity")
+
+    def __init__(self, n_components=10, n_features=1000, doc_topic_prior=None,
+                 topic_word_prior=None, max_doc_update_iter=100, mean_change_tol=1e-3,
+                 init="gamma", accelerate=False):
+        K, V = n_components, n_features
+        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
+            raise ValueError(f"n_components must be an integer >= 1, got {n_components!r}")
+        if isinstance(V, bool) or not isinstance(V, (int, np.integer)) or V < 1:
+            raise ValueError(f"n_features must be an integer >= 1 (the vocabulary size), "
+                             f"got {n_features!r}")
+        K, V = int(K), int(V)
+        alpha = _check_prior("doc_topic_prior", 1.0 / K if doc_topic_prior is None
+                             else doc_topic_prior, K)
+        eta = 1.0 / K if topic_word_prior is None else topic_word_prior
+        if isinstance(eta, bool) or not isinstance(eta, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(eta) or eta <= 0:
+            raise ValueError(f"topic_word_prior must be a number > 0, got {topic_word_prior!r}")
+        it = max_doc_update_iter
+        if isinstance(it, bool) or not isinstance(it, (int, np.integer)) or it < 1:
+            raise ValueError(f"max_doc_update_iter must be an integer >= 1, got {max_doc_update_iter!r}")
+        tol = mean_change_tol
+        if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(tol) or tol < 0:
+            raise ValueError(f"mean_change_tol must be a number >= 0, got {mean_change_tol!r}")
+        if init not in ("gamma", "documents"):
+            raise ValueError(f"init must be 'gamma' or 'documents', got {init!r}")
+        self.n_components, self.n_features = K, V
+        self.init = init
+        if not isinstance(accelerate, (bool, np.bool_)):
+            raise ValueError(f"accelerate must be true or false, got {accelerate!r}")
+        self.accelerate = bool(accelerate)
+        self.doc_topic_prior = doc_topic_prior
+        self.topic_word_prior = topic_word_prior
+        self.max_doc_update_iter = int(it)
+        self.mean_change_tol = float(tol)
+        self._alpha, self._eta = alpha, float(eta)
+        self._alpha_const = float(gammaln(alpha.sum()) - gammaln(alpha).sum())
+        self._eta_const = float(gammaln(V * self._eta) - V * gammaln(self._eta))
+        self._prior = NatParams(topic_word=np.full((K, V), self._eta))
+        self._cache = None
+
+    # ------------------------------------------------------------ settings
+    def get_params(self) -> dict:
+        a = self.doc_topic_prior
+        return {"n_components": self.n_components, "n_features": self.n_features,
+                "doc_topic_prior": np.asarray(a).tolist() if a is not None and not np.isscalar(a) else a,
+                "topic_word_prior": self.topic_word_prior,
+                "max_doc_update_iter": self.max_doc_update_iter,
+                "mean_change_tol": self.mean_change_tol, "init": self.init,
+                "accelerate": self.accelerate}
+
+    def prior(self) -> NatParams:
+        """η (shared object: treat as read-only)."""
+        return self._prior
+
+    def check_batch(self, x) -> sp.csr_matrix:
+        """The documents as a CSR matrix (n, V) of float64 counts.
+
+        Accepts any scipy sparse matrix or a dense 2-D array. Raises
+        ``ValueError`` naming the problem: wrong vocabulary size, negative or
+        non-finite counts, no documents.
+        """
+        V = self.n_features
+        if sp.issparse(x):
+            X = x if x.format == "csr" else x.tocsr()
+            if X.dtype != np.float64:
+                X = X.astype(np.float64)
+        else:
+            try:
+                arr = np.asarray(x, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"documents must be a sparse matrix or a numeric array, "
+                                 f"got {type(x).__name__}: {exc}") from None
+            if arr.ndim == 1 and arr.shape[0] == V:
+                arr = arr[None, :]
+            if arr.ndim != 2:
+                raise ValueError(f"documents must be 2-D (documents × vocabulary), got shape {arr.shape}")
+            X = sp.csr_matrix(arr)
+        if X.ndim != 2 or X.shape[0] == 0:
+            raise ValueError(f"documents must hold at least one document, got shape {X.shape}")
+        if X.shape[1] != V:
+            raise ValueError(f"documents must have n_features={V} columns (the vocabulary size), "
+                             f"got {X.shape[1]}")
+        d = X.data
+        if d.size and not (np.isfinite(d).all() and d.min() >= 0):
+            rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+            bad = np.unique(rows[~(np.isfinite(d) & (d >= 0))])
+            raise ValueError(f"word counts must be finite and >= 0; documents {bad[:10].tolist()} "
+                             f"are not")
+        return X
+
+    # ---------------------------------------------------------------- init
+    def init_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """A random initial λ (see ``init``).
+
+        ``"gamma"``: λ_kw ~ Gamma(100, 1/100), ignoring ``x`` and ``n_total``.
+        ``"documents"``: λ_k = η + (W/K) · x_{d_k} / N_{d_k} for K distinct
+        random documents d_k of ``x`` (with replacement if |x| < K), where
+        W = (n_total/|x|) Σ_d N_d estimates the corpus' word count.
+        """
+        X = self.check_batch(x)
+        K, V = self.n_components, self.n_features
+        if self.init == "gamma":
+            return NatParams(topic_word=rng.gamma(100.0, 0.01, (K, V)))
+        n = X.shape[0]
+        Nd = np.asarray(X.sum(axis=1)).ravel()
+        nonempty = np.flatnonzero(Nd > 0)
+        if nonempty.size == 0:
+            raise ValueError("init='documents' needs at least one non-empty document")
+        pick = rng.choice(nonempty, size=K, replace=nonempty.size < K)
+        W = float(n_total) / n * Nd.sum()
+        seeds = X[pick].toarray() / Nd[pick][:, None]
+        return NatParams(topic_word=self._eta + (W / K) * seeds)
+
+    # ---------------------------------------------------------- local step
+    def _expectations(self, lam: NatParams) -> dict:
+        """E[log β], its per-word max m_w and exp(E[log β] − m_w); cached for the last λ."""
+        cache = self._cache
+        if cache is not None and cache[0] is lam:
+            return cache[1]
+        L = lam["topic_word"]
+        elog = digamma(L) - digamma(L.sum(axis=1))[:, None]
+        m = elog.max(axis=0)
+        eb = np.exp(elog - m)
+        ex = {"elog_beta": elog, "m": m, "exp_beta": eb, "exp_beta_t": np.ascontiguousarray(eb.T)}
+        self._cache = (lam, ex)
+        return ex
+
+    def _elog_theta(self, gamma):
+        return digamma(gamma) - digamma(gamma.sum(axis=1))[:, None]
+
+    def _fit_gamma(self, EbT: np.ndarray, X: sp.csr_matrix):
+        """γ of every document (the fixed point above) and the sweeps used."""
+        n, K = X.shape[0], self.n_components
+        alpha, max_it = self._alpha, self.max_doc_update_iter
+        tolK = self.mean_change_tol * K         # Σ_k |Δγ_dk| < K · tol  ⇔  mean < tol
+        lens = np.diff(X.indptr)
+        order = np.argsort(lens, kind="stable")
+        gamma = np.ones((n, K))
+        n_iter = np.zeros(n, dtype=np.int64)
+        for a, b, Lmax in _blocks(lens[order], K):
+            docs = order[a:b]
+            nb = b - a
+            B, cnt = _block_arrays(EbT, X, lens, docs, Lmax)
+            g = gamma[docs]
+            th = np.ones((nb, K))                 # exp(E[log θ] − max) at γ = 1
+            live = docs                           # document of each working row
+            act = np.ones(nb, dtype=bool)         # rows whose γ is not final yet
+            for it in range(1, max_it + 1):
+                Z = np.matmul(B, th[:, :, None])[:, :, 0]
+                np.divide(cnt, Z, out=Z)
+                G = np.matmul(Z[:, None, :], B)[:, 0, :]
+                G *= th
+                G += alpha
+                change = np.abs(np.subtract(G, g, out=g), out=g).sum(axis=1)
+                g = G
+                # exp(E[log θ] − max_k E[log θ]) = exp(ψ(γ_k) − ψ(max_k γ_k)): ψ(Σγ) cancels
+                e = digamma(g)
+                e -= digamma(g.max(axis=1))[:, None]
+                th = np.exp(e, out=e)
+                done = (change < tolK) if it < max_it else np.ones(len(act), dtype=bool)
+                done &= act
+                if done.any():
+                    gamma[live[done]] = g[done]
+                    n_iter[live[done]] = it
+                    act &= ~done
+                    nk = int(act.sum())
+                    if nk == 0:
+                        break
+                    # finished rows keep sweeping (harmlessly: their γ is saved) until
+                    # a quarter of the working rows have finished; then compact
+                    if nk <= 0.75 * len(act):
+                        B, cnt, g, th, live = B[act], cnt[act], g[act], th[act], live[act]
+                        act = np.ones(nk, dtype=bool)
+        return gamma, n_iter
+
+    def _fit_gamma_squarem(self, EbT: np.ndarray, X: sp.csr_matrix):
+        """:meth:`_fit_gamma` with SQUAREM extrapolation (``accelerate=True``).
+
+        Varadhan & Roland (2008), scheme S3, on the map F: γ → α + exp E[log θ]
+        ⊙ Σ_w (n_w/Z_w) exp E[log β_w]. A cycle from γ0: γ1 = F(γ0), γ2 = F(γ1),
+        r = γ1 − γ0, v = γ2 − γ1 − r, a = −‖r‖/‖v‖ (at most −1), γ' = γ0 − 2a r
+        + a² v (γ2 if some γ'_k ≤ 0), γ3 = F(γ'). The stopping rule is the same
+        (mean |Δγ| < tol between an evaluation of F and its input), checked
+        after every evaluation; every evaluation counts towards the cap. Same
+        fixed points, fewer sweeps for slowly converging documents (measured
+        on NYT, K = 50: ~1.7x fewer evaluations, and a final γ closer to the
+        fixed point).
+        """
+        n, K = X.shape[0], self.n_components
+        alpha, max_it = self._alpha, self.max_doc_update_iter
+        tolK = self.mean_change_tol * K
+        lens = np.diff(X.indptr)
+        order = np.argsort(lens, kind="stable")
+        gamma = np.ones((n, K))
+        n_iter = np.zeros(n, dtype=np.int64)
+
+        def theta(g):
+            e = digamma(g)
+            e -= digamma(g.max(axis=1))[:, None]
+            return np.exp(e, out=e)
+
+        for a, b, Lmax in _blocks(lens[order], K):
+            live = order[a:b]
+            B, cnt = _block_arrays(EbT, X, lens, live, Lmax)
+            act = np.ones(len(live), dtype=bool)
+            state = {"evals": 0}
+
+            def F(th):
+                Z = np.matmul(B, th[:, :, None])[:, :, 0]
+                np.divide(cnt, Z, out=Z)
+                G = np.matmul(Z[:, None, :], B)[:, 0, :]
+                G *= th
+                G += alpha
+                return G
+
+            def check(new, old):
+                """Finalise the rows that met the tolerance (or the cap); True if none is left."""
+                state["evals"] += 1
+                done = np.abs(new - old).sum(axis=1) < tolK
+                if state["evals"] >= max_it:
+                    done[:] = True
+                done &= act
+                if done.any():
+                    gamma[live[done]] = new[done]
+                    n_iter[live[done]] = state["evals"]
+                    act[done] = False
+                return not act.any()
+
+            g0 = gamma[live]
+            th0 = np.ones((len(live), K))            # γ = 1
+            while True:
+                g1 = F(th0)
+                if check(g1, g0):
+                    break
+                g2 = F(theta(g1))
+                if check(g2, g1):
+                    break
+                r = g1 - g0
+                v = g2 - g1 - r
+                nv = np.sqrt(np.einsum("ij,ij->i", v, v))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    s = np.where(nv > 0, -np.sqrt(np.einsum("ij,ij->i", r, r)) / nv, -1.0)
+                s = np.minimum(s, -1.0)[:, None]
+                gp = g0 - 2.0 * s * r + (s * s) * v
+                bad = ~(gp > 0).all(axis=1)
+                if bad.any():
+                    gp[bad] = g2[bad]
+                g3 = F(theta(gp))
+                if check(g3, gp):
+                    break
+                g0, th0 = g3, theta(g3)
+                if act.sum() <= 0.75 * len(act):  # compact between cycles
+                    B, cnt, g0, th0, live = B[act], cnt[act], g0[act], th0[act], live[act]
+                    act = np.ones(len(live), dtype=bool)
+        return gamma, n_iter
+
+    def _fit_gamma_dense(self, Eb: np.ndarray, X: sp.csr_matrix):
+        """As :meth:`_fit_gamma` with dense (documents × V) products, for small V·K.
+
+        Two BLAS matrix products per sweep for the whole batch; cheaper than
+        one small product per document when the vocabulary is small.
+        """
+        n, K = X.shape[0], self.n_components
+        alpha, max_it = self._alpha, self.max_doc_update_iter
+        tolK = self.mean_change_tol * K
+        C = X.toarray()
+        EbT = Eb.T
+        gamma = np.ones((n, K))
+        n_iter = np.zeros(n, dtype=np.int64)
+        g, th = gamma.copy(), np.ones((n, K))
+        live = np.arange(n)
+        act = np.ones(n, dtype=bool)
+        for it in range(1, max_it + 1):
+            Z = th @ Eb
+            np.divide(C, Z, out=Z)
+            G = Z @ EbT
+            G *= th
+            G += alpha
+            change = np.abs(np.subtract(G, g, out=g), out=g).sum(axis=1)
+            g = G
+            e = digamma(g)
+            e -= digamma(g.max(axis=1))[:, None]
+            th = np.exp(e, out=e)
+            done = (change < tolK) if it < max_it else np.ones(len(live), dtype=bool)
+            done &= act
+            if done.any():
+                gamma[live[done]] = g[done]
+                n_iter[live[done]] = it
+                act &= ~done
+                nk = int(act.sum())
+                if nk == 0:
+                    break
+                if nk <= 0.75 * len(act):      # as in _fit_gamma: compact now and then
+                    C, g, th, live = C[act], g[act], th[act], live[act]
+                    act = np.ones(nk, dtype=bool)
+        return gamma, n_iter
+
+    def _use_dense(self, X) -> bool:
+        """Dense products when V·K is small next to the documents' words (measured rule)."""
+        if self._local_path is not None:
+            return self._local_path == "dense"
+        K, V = self.n_components, self.n_features
+        return V * K <= 1.5 * K * X.nnz / max(X.shape[0], 1) + 1000
+
+    #: None (choose by size), "dense" or "blocked": which local-step kernel runs (for tests)
+    _local_path = None
+
+    def local_step(self, lam: NatParams, x) -> LDALocal:
+        """γ, φ of every document given λ (module docs), with the per-document ELBO."""
+        X = self.check_batch(x)
+        ex = self._expectations(lam)
+        if self.accelerate:
+            gamma, n_iter = self._fit_gamma_squarem(ex["exp_beta_t"], X)
+        elif self._use_dense(X):
+            gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
+        else:
+            gamma, n_iter = self._fit_gamma(ex["exp_beta_t"], X)
+        return self._finish(ex, X, gamma, n_iter)
+
+    def _finish(self, ex, X, gamma, n_iter) -> LDALocal:
+        """φ at the final γ: ratios n_dw/Z'_dw, shifted exp E[log θ], and L_d."""
+        n, K = gamma.shape
+        elog_t = self._elog_theta(gamma)
+        c = elog_t.max(axis=1)
+        Et = np.exp(elog_t - c[:, None])
+        rows = np.repeat(np.arange(n), np.diff(X.indptr))
+        Z = np.einsum("ij,ij->i", Et[rows], ex["exp_beta_t"][X.indices])
+        ratio = X.data / Z
+        word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][X.indices]), minlength=n)
+        Nd = np.bincount(rows, weights=X.data, minlength=n)
+        log_norm = (word_ll + Nd * c + self._alpha_const - gammaln(gamma.sum(axis=1))
+                    + gammaln(gamma).sum(axis=1) + ((self._alpha - gamma) * elog_t).sum(axis=1))
+        return LDALocal(x=X, gamma=gamma, exp_theta=Et, ratio=ratio, exp_beta=ex["exp_beta"],
+                        log_norm=log_norm, n_iter=n_iter)
+
+    # ------------------------------------------------- sufficient statistics
+    def _ratio_matrix(self, local: LDALocal, ratio=None) -> sp.csr_matrix:
+        X = local.x
+        return sp.csr_matrix((local.ratio if ratio is None else ratio, X.indices, X.indptr),
+                             shape=X.shape)
+
+    def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
+        """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
+        Et = local.exp_theta if weights is None else local.exp_theta * np.asarray(weights)[:, None]
+        S = (self._ratio_matrix(local).T @ Et).T
+        S *= local.exp_beta
+        return NatParams(topic_word=S)
+
+    def suffstats_pair(self, local: LDALocal, x, weights):
+        """(weighted, unweighted) statistics with one sparse product."""
+        K = self.n_components
+        Et = local.exp_theta
+        M = np.concatenate([Et * np.asarray(weights)[:, None], Et], axis=1)
+        S = (self._ratio_matrix(local).T @ M).T
+        S[:K] *= local.exp_beta
+        S[K:] *= local.exp_beta
+        return NatParams(topic_word=S[:K]), NatParams(topic_word=S[K:])
+
+    def suffstats_sqnorm(self, local: LDALocal, x=None) -> np.ndarray:
+        """Σ_{k,w} (n_dw φ_dwk)² per document."""
+        R2 = self._ratio_matrix(local, local.ratio ** 2)
+        Eb2T = (local.exp_beta ** 2).T
+        return ((R2 @ Eb2T) * local.exp_theta ** 2).sum(axis=1)
+
+    # ---------------------------------------------------------------- ELBO
+    def local_elbo(self, local: LDALocal) -> np.ndarray:
+        return local.log_norm
+
+    def global_elbo(self, lam: NatParams) -> float:
+        """−Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)), all constants included."""
+        L = lam["topic_word"]
+        elog = self._expectations(lam)["elog_beta"]
+        K = self.n_components
+        return float(K * self._eta_const - gammaln(L.sum(axis=1)).sum() + gammaln(L).sum()
+                     + ((self._eta - L) * elog).sum())
+
+    # -------------------------------------------------------------- domain
+    def in_domain(self, lam: NatParams) -> bool:
+        """True when every λ_kw is finite and > 0."""
+        L = lam["topic_word"]
+        return bool(lam.all_finite() and L.min() > 0)
+
+    def max_step(self, lam: NatParams, target: NatParams):
+        """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
+        lim = segment_limit_positive(lam["topic_word"], target["topic_word"]).min(axis=1)
+        return [(("topic_word",), lim)]
+
+    # ------------------------------------------------------------- scoring
+    def topics(self, lam: NatParams) -> np.ndarray:
+        """E_q[β] (K, V): each topic's word distribution."""
+        L = lam["topic_word"]
+        return L / L.sum(axis=1, keepdims=True)
+
+    def topic_proportions(self, lam: NatParams, x) -> np.ndarray:
+        """E_q[θ_d] = γ_d / Σγ_d (n, K) for new documents (scikit-learn's ``transform``)."""
+        g = self.local_step(lam, x).gamma
+        return g / g.sum(axis=1, keepdims=True)
+
+    def responsibilities(self, lam: NatParams, x) -> np.ndarray:
+        """Topic proportions E_q[θ_d] (the scoring interface's name)."""
+        return self.topic_proportions(lam, x)
+
+    def predict(self, lam: NatParams, x) -> np.ndarray:
+        """The dominant topic of each document."""
+        return self.topic_proportions(lam, x).argmax(axis=1)
+
+    def predictive_logpdf(self, lam: NatParams, x) -> np.ndarray:
+        """L_d per document: the local-step lower bound on log p(w_d | α, data).
+
+        The words of a document are scored as a sequence (no multinomial
+        coefficient), with β integrated under q(β) inside the bound; the
+        topics' KL term is not included (``topic_kl="none"`` below).
+        """
+        return self.local_step(lam, x).log_norm
+
+    def heldout_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None):
+        """(Σ_d L_d + c·G, Σ_d N_d) for the documents ``x``; see the module docs for c."""
+        X = self.check_batch(x)
+        docs = float(np.sum(self.local_step(lam, X).log_norm))
+        words = float(X.data.sum())
+        if topic_kl == "none":
+            c = 0.0
+        elif topic_kl == "full":
+            c = 1.0
+        elif topic_kl == "apportioned":
+            if n_docs is None or not n_docs >= X.shape[0]:
+                raise ValueError(f"topic_kl='apportioned' needs n_docs >= {X.shape[0]} (the number "
+                                 f"of documents the model was fitted to), got {n_docs!r}")
+            c = X.shape[0] / float(n_docs)
+        else:
+            raise ValueError(f"topic_kl must be 'none', 'full' or 'apportioned', got {topic_kl!r}")
+        return docs + (c * self.global_elbo(lam) if c else 0.0), words
+
+    def perword_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+        """Held-out bound per word; see the module docs."""
+        b, w = self.heldout_bound(lam, x, topic_kl, n_docs)
+        if w <= 0:
+            raise ValueError("the documents hold no words")
+        return b / w
+
+    def perplexity(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+        """exp(−perword_bound): lower is better."""
+        return math.exp(-self.perword_bound(lam, x, topic_kl, n_docs))
