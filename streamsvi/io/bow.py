@@ -150,6 +150,10 @@ class BowJsonCodec:
     def __init__(self, n_features: int):
         self.n_features = _check_v(n_features)
 
+    def empty(self) -> sp.csr_matrix:
+        """A batch with no documents."""
+        return sp.csr_matrix((0, self.n_features))
+
     def get_params(self) -> dict:
         return {"n_features": self.n_features}
 
@@ -257,6 +261,10 @@ class BowBinaryCodec:
         if dtype not in self._CODES:
             raise ValueError(f"dtype must be one of {sorted(self._CODES)}, got {dtype!r}")
         self.dtype = dtype
+
+    def empty(self) -> sp.csr_matrix:
+        """A batch with no documents."""
+        return sp.csr_matrix((0, self.n_features))
 
     def get_params(self) -> dict:
         return {"n_features": self.n_features, "dtype": self.dtype}
@@ -375,6 +383,10 @@ class TextCodec:
         if self.vocab is not None and len(self.vocab) > self.n_features:
             raise ValueError(f"vocabulary has {len(self.vocab)} words, more than "
                              f"n_features={self.n_features}")
+
+    def empty(self) -> sp.csr_matrix:
+        """A batch with no documents."""
+        return sp.csr_matrix((0, self.n_features))
 
     def get_params(self) -> dict:
         return {"n_features": self.n_features, "vocabulary": self.vocabulary_path,

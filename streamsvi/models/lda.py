@@ -613,6 +613,14 @@ class LDA:
         """Topic proportions E_q[θ_d] (the scoring interface's name)."""
         return self.topic_proportions(lam, x)
 
+    def score_records(self, lam: NatParams, x) -> list[dict]:
+        """JSON-ready scores per document (``streamsvi score``): the dominant topic,
+        the topic proportions E_q[θ_d] and the document's bound L_d."""
+        theta = self.topic_proportions(lam, x)
+        bound = self.predictive_logpdf(lam, x)
+        return [{"topic": int(t.argmax()), "topic_proportions": [round(float(v), 12) for v in t],
+                 "log_bound": float(b)} for t, b in zip(theta, bound)]
+
     def predict(self, lam: NatParams, x) -> np.ndarray:
         """The dominant topic of each document."""
         return self.topic_proportions(lam, x).argmax(axis=1)

@@ -220,6 +220,9 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             raise ConfigError("model.n_symbols: required for hmm (the alphabet size V)")
     elif mdl["n_features"] is None:
         raise ConfigError("model.n_features: required for gmm, gmm_dp and lda")
+    if inf["n_total"] == "auto" and src["codec"] == "binary":
+        raise ConfigError("inference.n_total: 'auto' counts messages (the topics' highwater marks), "
+                          "but a binary message carries a whole minibatch; set N as a number")
     if src["codec"] == "text" and mdl["kind"] != "lda":
         raise ConfigError(f"source.codec: text records need model.kind = 'lda', got {mdl['kind']!r}")
     if src["vocabulary"] is not None and src["codec"] != "text":

@@ -189,3 +189,104 @@ def test_the_kind_is_registered_and_round_trips():
     wide = kind.concat([X, BowJsonCodec(V).decode_rows(b'{"ids": [23]}')])
     assert wide.shape == (7, 24)
     assert kind.n_records(kind.empty(model)) == 0 and kind.empty(model).shape[1] == V
+
+
+# ------------------------------------------------------------------ the daemon
+def _lda_truth():
+    """3 well-separated topics over 30 words and a corpus drawn from them."""
+    from streamsvi.datasets import make_lda_corpus
+
+    topics = np.full((3, 30), 0.02 / 20)
+    for k in range(3):
+        topics[k, 10 * k:10 * k + 10] = 0.098
+    topics /= topics.sum(axis=1, keepdims=True)
+    X, _, _ = make_lda_corpus(600, n_topics=3, n_words=30, doc_length=60, alpha=0.3, seed=4,
+                              topics=topics)
+    return topics, X
+
+
+def _topics_recovered(fitted, truth):
+    """Every learned topic's mean word distribution within 0.15 (L1/2) of a distinct true topic."""
+    lam = fitted.lam["topic_word"]
+    beta = lam / lam.sum(axis=1, keepdims=True)
+    tv = 0.5 * np.abs(beta[:, None, :] - truth[None, :, :]).sum(axis=2)   # (K learned, K true)
+    match = tv.argmin(axis=1)
+    return sorted(match.tolist()) == [0, 1, 2] and float(tv.min(axis=1).max()) < 0.15, tv
+
+
+def test_daemon_learns_lda_from_a_file_of_documents_and_dead_letters_bad_ones(tmp_path):
+    """End to end: kind = "lda", JSONL bag-of-words file, dead letters, snapshot, load, score."""
+    import io
+
+    import streamsvi
+    from streamsvi.cli import main
+    from streamsvi.service.config import validate
+    from streamsvi.service.daemon import Daemon
+
+    truth, X = _lda_truth()
+    kind = KINDS["bow"]
+    lines = [json.dumps(d) for d in kind.to_json(X)]
+    lines[7] = json.dumps({"ids": [3, 30], "counts": [1, 2]})      # id 30 >= V
+    lines[8] = json.dumps({"ids": [], "counts": []})               # empty document
+    lines[9] = "{not json"
+    data = tmp_path / "docs.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    dead = tmp_path / "dead.jsonl"
+    cfg = validate({
+        "model": {"kind": "lda", "n_components": 3, "n_features": 30, "doc_topic_prior": 0.3,
+                  "topic_word_prior": 0.05},
+        "inference": {"n_total": "auto", "batch_size": 50, "tau0": 1.0, "kappa": 0.6},
+        "source": {"kind": "file", "path": str(data), "dead_letter_path": str(dead)},
+        "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 4},
+        "metrics": {"enabled": False, "heldout_size": 30, "heldout_every": 2, "progress_seconds": 0.0},
+    })
+    res = Daemon(cfg, out=io.StringIO()).run(until_drained=True, timeout=120)
+    assert res.stopped_by == "drained" and res.dead == 3 and res.heldout == 30
+    reasons = sorted(json.loads(d)["reason"] for d in dead.read_text().splitlines())
+    assert reasons == ['empty_document', 'id_out_of_range', 'json_invalid'], reasons
+    fitted = streamsvi.load(tmp_path / "ck")
+    assert fitted.records_seen == 600 - 3 - 30
+    ok, tv = _topics_recovered(fitted, truth)
+    assert ok, tv
+    # the held-out reservoir is stored in the snapshot as the kind's JSON and reads back
+    held = kind.from_json(fitted.extra["heldout"], fitted.model)
+    first_valid = X[np.r_[0:7, 10:33]]                           # lines 7-9 were dead-lettered
+    assert held.shape == (30, 30) and (held != first_valid).nnz == 0
+    (tmp_path / "in.jsonl").write_text('{"ids": [0, 1, 2], "counts": [3, 2, 4]}\n{"ids": [99]}\n'
+                                       '{"ids": [25, 27], "counts": [5, 5]}\n')
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert "error" in out[1] and "error" not in out[0] and "error" not in out[2]
+    assert out[0]["topic"] != out[2]["topic"] and abs(sum(out[0]["topic_proportions"]) - 1) < 1e-9
+
+
+def test_daemon_learns_lda_from_binary_csr_batches_on_kafka(tmp_path, kafka_broker, new_topic):
+    """The same model from a real broker, binary CSR minibatches produced with produce_rows."""
+    import io
+
+    import streamsvi
+    from streamsvi.io import produce_rows
+    from streamsvi.service.config import validate
+    from streamsvi.service.daemon import Daemon
+
+    truth, X = _lda_truth()
+    kind, model = KINDS["bow"], LDA(n_components=3, n_features=30)
+    topic = new_topic(partitions=1)
+    codec = kind.make_codec("binary", model, {})
+    assert produce_rows(kafka_broker.bootstrap, topic, X, codec, batch_rows=50, kind=kind) == 12
+    cfg = validate({
+        "model": {"kind": "lda", "n_components": 3, "n_features": 30, "doc_topic_prior": 0.3,
+                  "topic_word_prior": 0.05},
+        "inference": {"n_total": 600, "batch_size": 50, "tau0": 1.0, "kappa": 0.6},
+        "source": {"kind": "kafka", "bootstrap_servers": kafka_broker.bootstrap, "topics": [topic],
+                   "group_id": f"g-{topic}", "codec": "binary", "dead_letter_topic": f"{topic}-dead"},
+        "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 4},
+        "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0},
+    })
+    res = Daemon(cfg, out=io.StringIO()).run(until_drained=True, timeout=120)
+    assert res.stopped_by == "drained" and res.records == 600 and res.dead == 0
+    fitted = streamsvi.load(tmp_path / "ck")
+    assert fitted.records_seen == 600 and fitted.engine_settings["n_total"] == 600
+    ok, tv = _topics_recovered(fitted, truth)
+    assert ok, tv

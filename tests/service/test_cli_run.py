@@ -32,6 +32,8 @@ BAD_CONFIGS = [
     (_with("inference", effective_batch_size=80.0),
      "inference.effective_batch_size: must be in (0, batch_size=50], got 80"),
     (_with("checkpoint", directory=None), "checkpoint.directory: required"),
+    (_with("source", codec="binary").replace("n_total = 5000", 'n_total = "auto"'),
+     "inference.n_total: 'auto' counts messages"),
     (_with("metrics", port=70000), "metrics.port: must be <= 65535, got 70000"),
     (to_toml(GOOD) + "\n[modle]\nkind = 'gmm'\n", "unknown section(s) ['modle']"),
     (_with("source", group=None, grup="x"), "source: unknown setting(s) ['grup']"),
