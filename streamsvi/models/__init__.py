@@ -2,9 +2,10 @@
 from .base import NatParams
 from .gauss1d import KnownVarianceGMM1D
 from .gmm import BayesianGMM
+from .pmf import PMF, Ratings
 
 #: name -> class, for rebuilding a model from saved settings.
-MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D)}
+MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, PMF)}
 
 
 def model_from_dict(d: dict):
@@ -19,5 +20,5 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "MODELS", "model_from_dict",
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "PMF", "Ratings", "MODELS", "model_from_dict",
            "model_to_dict"]
