@@ -4,6 +4,7 @@ Layout (one job per module):
 
 ``codecs``      message bytes <-> float64 rows (:class:`JsonCodec`, :class:`BinaryBatchCodec`)
 ``validate``    which decoded rows may reach the model (:class:`RecordValidator`)
+``ratings``     the "ratings" record kind (user, item, rating) for PMF: codecs, validator
 ``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
 ``deadletter``  where rejected records go, counted by reason
 ``produce``     load a data set into a topic
@@ -20,6 +21,7 @@ from .produce import ProduceError, produce_rows
 from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailableError,
                       MemorySource, Offsets, Position, Source, SourceError)
 from .validate import RecordValidator
+from . import ratings as _ratings  # noqa: F401  (registers the "ratings" record kind)
 
 __all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
            "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",

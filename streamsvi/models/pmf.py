@@ -316,7 +316,7 @@ class PMF:
 
     def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
-                 remember_rated: bool = True):
+                 row_counts: str = "scaled", remember_rated: bool = True):
         if isinstance(n_factors, bool) or int(n_factors) != n_factors or n_factors < 1:
             raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
         self.n_factors = int(n_factors)
@@ -327,6 +327,9 @@ class PMF:
         self.biases = bool(biases)
         self.offset = _as_float("offset", offset, positive=False)
         self.init_scale = _as_float("init_scale", init_scale)
+        if row_counts not in ("scaled", "seen"):
+            raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
+        self.row_counts = row_counts
         if not isinstance(remember_rated, (bool, np.bool_)):
             raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
         self.remember_rated = bool(remember_rated)
@@ -344,7 +347,7 @@ class PMF:
     def get_params(self) -> dict:
         return {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
                 "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
-                "remember_rated": self.remember_rated}
+                "row_counts": self.row_counts, "remember_rated": self.remember_rated}
 
     def __repr__(self):
         return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
@@ -386,28 +389,37 @@ class PMF:
         x = self.check_batch(x)
         seed = int(rng.integers(0, 2**63))
         aux = self._empty_aux(seed)
-        lam, aux, _, _ = self._grow(self.prior(), aux, x)
+        lam, aux, _, _, _ = self._grow(self.prior(), aux, x)
         return lam, aux
 
     def init_params(self, rng, x, n_total) -> NatParams:
         return self.init_state(rng, x, n_total)[0]
 
     def _empty_aux(self, seed):
+        D = self.dim
         z = np.zeros(0, dtype=np.int64)
-        aux = {"seed": seed, "users": [], "items": [], "user_n": z, "user_t": z, "user_N": np.zeros(0),
-               "item_n": z, "item_t": z, "item_N": np.zeros(0)}
+        aux = {"seed": seed, "users": [], "items": []}
+        for side in ("user", "item"):
+            aux.update({f"{side}_n": z, f"{side}_t": z, f"{side}_N": np.zeros(0), f"{side}_kl": np.zeros(0),
+                        f"{side}_E": np.zeros((0, D + 1, D + 1))})
         if self.remember_rated:
             aux["rated"] = np.zeros((0, 2), dtype=np.int64)
         return aux
 
     def _grow(self, lam, aux, x):
-        """Rows for every id of ``x`` (new ones appended): (λ, aux, user rows, item rows)."""
+        """Rows for every id of ``x`` (new ones appended): (λ, aux, user rows, item rows, grew).
+
+        Besides the counters, ``aux`` caches per row E_q[X̃X̃ᵀ] (``*_E``) and
+        KL(q‖p) (``*_kl``), refreshed whenever a row changes, so an update
+        inverts each touched precision once.
+        """
         urows, new_u, grown_u = self._index["user"].lookup(aux["users"], x.user)
         irows, new_i, grown_i = self._index["item"].lookup(aux["items"], x.item)
         if not new_u and not new_i:
-            return lam, aux, urows, irows
+            return lam, aux, urows, irows, False
         aux = dict(aux)
         arrays = dict(lam)
+        c, D = self.prior_var, self.dim
         for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
             if not new:
                 continue
@@ -416,10 +428,15 @@ class PMF:
             arrays[f"{side}_prec"] = np.concatenate([lam[f"{side}_prec"], P])
             aux[f"{side}s"] = grown
             k = len(new)
-            aux[f"{side}_n"] = np.concatenate([aux[f"{side}_n"], np.zeros(k, np.int64)])
-            aux[f"{side}_t"] = np.concatenate([aux[f"{side}_t"], np.zeros(k, np.int64)])
-            aux[f"{side}_N"] = np.concatenate([aux[f"{side}_N"], np.zeros(k)])
-        return NatParams(arrays), aux, urows, irows
+            m = h * c                              # Λ = I/c: mean c h, covariance c I
+            E = np.empty((k, D + 1, D + 1))
+            E[:, :D, :D] = c * np.eye(D) + m[:, :, None] * m[:, None, :]
+            E[:, :D, D] = E[:, D, :D] = m
+            E[:, D, D] = 1.0
+            for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
+                              ("N", np.zeros(k)), ("kl", 0.5 * np.einsum("ni,ni->n", m, m) / c), ("E", E)):
+                aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
+        return NatParams(arrays), aux, urows, irows, True
 
     def check_state(self, lam, aux) -> None:
         """Raise ``ValueError`` unless (λ, aux) is a consistent PMF state of this model."""
@@ -435,11 +452,21 @@ class PMF:
                 raise ValueError(f"{side} parameters have shapes {lam[f'{side}_h'].shape}, "
                                  f"{lam[f'{side}_prec'].shape}; expected ({n}, {D}) and ({n}, {D}, {D}) "
                                  f"for {n} {side}s and D={D}")
-            for c in ("n", "t", "N"):
+            for c in ("n", "t", "N", "kl"):
                 if np.shape(aux.get(f"{side}_{c}")) != (n,):
                     raise ValueError(f"aux {side}_{c} must have {n} entries")
+            if np.shape(aux.get(f"{side}_E")) != (n, D + 1, D + 1):
+                raise ValueError(f"aux {side}_E must have shape ({n}, {D + 1}, {D + 1})")
 
     # ------------------------------------------------------------ moments
+    def _kl(self, m, S, P):
+        """KL(N(m, S) ‖ N(0, c I)) per row (S = Λ⁻¹)."""
+        c, D = self.prior_var, self.dim
+        L = np.linalg.cholesky(P)
+        logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+        return 0.5 * (np.trace(S, axis1=1, axis2=2) / c + np.einsum("ni,ni->n", m, m) / c
+                      - D + D * math.log(c) + logdetP)
+
     def _moments(self, h, P):
         """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ)."""
         S = np.linalg.inv(P)
@@ -459,10 +486,20 @@ class PMF:
         For a rating of row x of ``side`` against such a row z, f = x̃ᵀ φ with
         φ = B Z̃ (users; Bᵀ X̃ for items): Q = E[φφᵀ], a = E[φ]. The statistic
         of the rating for row x is Λ += Q[:D, :D]/σ², h += (y' a[:D] − Q[:D, D])/σ².
+        B only zeroes (no biases) or swaps (biases) the last two coordinates, so
+        this is indexing, not a product (``_B`` is the matrix, for reference).
         """
-        B = self._B if side == "user" else self._B.T
-        Q = B @ E @ B.T
-        return Q, E[:, :, -1] @ B.T
+        D = self.dim
+        if self.biases:                 # φ = (v, 1, e) from Z̃ = (v, e, 1): swap the last two
+            perm = np.r_[0:D - 1, D, D - 1]
+            Q = E[:, perm][:, :, perm]
+            return Q, Q[:, :, D - 1]    # E[φ] = E[φ · 1], and φ_{D-1} = 1
+        Q = E.copy()
+        Q[:, D, :] = 0.0
+        Q[:, :, D] = 0.0
+        a = E[:, :, D].copy()
+        a[:, D] = 0.0
+        return Q, a
 
     # ------------------------------------------------------------ statistics
     def _block_stats(self, side, Q, a, rows_other, rows_self, y, weights):
@@ -535,16 +572,13 @@ class PMF:
 
     def global_elbo(self, lam) -> float:
         """−Σ_rows KL(N(m, Λ⁻¹) ‖ N(0, c I))."""
-        c, D = self.prior_var, self.dim
         kl = 0.0
         for side in ("user", "item"):
             P = lam[f"{side}_prec"]
             if len(P) == 0:
                 continue
             m, S, _ = self._moments(lam[f"{side}_h"], P)
-            logdetP = np.linalg.slogdet(P)[1]
-            kl += 0.5 * float(np.sum(np.trace(S, axis1=1, axis2=2) / c + np.einsum("ni,ni->n", m, m) / c
-                                     - D + D * math.log(c) + logdetP))
+            kl += float(np.sum(self._kl(m, S, P)))
         return -kl
 
     def elbo(self, lam, aux, x) -> float:
@@ -572,62 +606,60 @@ class PMF:
 
         Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
         ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
-        ``domain_clipped`` and ``domain_blocks``.
+        ``domain_clipped`` and ``domain_blocks``. ``lam`` and ``aux`` are
+        new objects; the arguments are not modified.
         """
         if aux is None:
             raise ValueError("a PMF state needs aux; start it with SVI.init")
-        lam, aux, urows, irows = self._grow(lam, aux, x)
+        lam, aux, urows, irows, grew = self._grow(lam, aux, x)
+        new = NatParams._wrap(lam._layout, lam._flat if grew else lam._flat.copy())  # one fresh buffer
+        aux = dict(aux)
         S = len(x)
         M = float(S if effective_batch_size is None else effective_batch_size)
         R = records_before + S
         y = x.rating - self.offset
         eta_P = np.eye(self.dim) / self.prior_var
-        tau = boundary_fraction
         negative = weights is not None and bool(np.any(weights < 0))
-        arrays = dict(lam)
-        aux = dict(aux)
         report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
-        # moments at the old λ (grown): the ELBO and the user block
+        # the ELBO at the old λ (new rows at their initial values), from the per-row caches
         ut, uinv = np.unique(urows, return_inverse=True)
         it, iinv = np.unique(irows, return_inverse=True)
-        _, _, Eu_t = self._moments(lam["user_h"][ut], lam["user_prec"][ut])
-        _, _, Ev_t = self._moments(lam["item_h"][it], lam["item_prec"][it])
-        Qv, av = self._design_moments(Ev_t, "user")
-        local = self.local_elbo_terms(Eu_t[uinv], Qv[iinv], av[iinv], y)
-        elbo = self.global_elbo(lam) + (n_total / S) * float(np.sum(local))
+        Qv, av = self._design_moments(aux["item_E"][it], "user")
+        local = self.local_elbo_terms(aux["user_E"][urows], Qv[iinv], av[iinv], y)
+        elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
 
         # users from the current items, then items from the new users
-        self._step_block("user", arrays, aux, Qv, av, iinv, urows, y, weights, n_total, R, M, S,
-                         schedule, tau, negative, eta_P, report)
-        _, _, Eu_new = self._moments(arrays["user_h"][ut], arrays["user_prec"][ut])
-        Qu, au = self._design_moments(Eu_new, "item")
-        self._step_block("item", arrays, aux, Qu, au, uinv, irows, y, weights, n_total, R, M, S,
-                         schedule, tau, negative, eta_P, report)
+        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, negative, eta_P, report)
+        self._step_block("user", Qv, av, iinv, urows, *common)
+        Qu, au = self._design_moments(aux["user_E"][ut], "item")
+        self._step_block("item", Qu, au, uinv, irows, *common)
         if self.remember_rated:
             aux["rated"] = np.concatenate([aux["rated"], np.stack([urows, irows], axis=1)])
-        return {"lam": NatParams(arrays), "aux": aux, "elbo": elbo,
+        return {"lam": new, "aux": aux, "elbo": elbo,
                 "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
                 "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
 
-    def _step_block(self, side, arrays, aux, Q, a, inv_other, rows_self, y, weights, n_total, R, M, S,
+    def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
                     schedule, tau, negative, eta_P, report):
+        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``)."""
         uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, inv_other, rows_self, y, weights)
         n_new = aux[f"{side}_n"][uniq] + counts
         t_new = aux[f"{side}_t"][uniq] + 1
         N_old = aux[f"{side}_N"][uniq]
-        N_new = n_total * n_new / R
+        N_new = n_total * n_new / R if self.row_counts == "scaled" else n_new.astype(np.float64)
         scale = N_new / counts
         hs, Ps = self._unpack(sums_w)
         tgt_h = scale[:, None] * hs
         tgt_P = eta_P + scale[:, None, None] * Ps
-        h_old, P_old = arrays[f"{side}_h"][uniq], arrays[f"{side}_prec"][uniq]
+        H, P = new[f"{side}_h"], new[f"{side}_prec"]
+        h_old, P_old = H[uniq], P[uniq]
         r = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
         if np.any(r != 1.0):
             h_eff = r[:, None] * h_old
             P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
             if negative:                       # a non-PSD data part may not be stretched
-                bad = ~self._pd(P_eff)
+                bad = ~self._pd(P_eff - 1e-6 * eta_P)
                 h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
         else:
             h_eff, P_eff = h_old, P_old
@@ -635,28 +667,28 @@ class PMF:
         rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
         if negative:
             report["domain_blocks"] += len(uniq)
+            # the domain, with a margin: Λ − δI positive definite, δ = 1e-6/c (variances ≤ 10⁶ c)
+            delta = 1e-6 * eta_P
             trial = P_eff + (rho / tau)[:, None, None] * (tgt_P - P_eff)
-            out = ~self._pd(trial)
+            out = ~self._pd(trial - delta)
             if out.any():
-                limit = segment_limit_pd(P_eff[out], tgt_P[out])
+                limit = segment_limit_pd(P_eff[out] - delta, tgt_P[out] - delta)
                 rho_b = np.minimum(rho[out], tau * limit)
                 report["domain_clipped"] += int(np.count_nonzero(rho_b < rho[out]))
                 rho[out] = rho_b
         new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
         new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
-        H = arrays[f"{side}_h"].copy()
-        P = arrays[f"{side}_prec"].copy()
-        H[uniq], P[uniq] = new_h, 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
-        arrays[f"{side}_h"], arrays[f"{side}_prec"] = H, P
-        for c, v in (("n", n_new), ("t", t_new), ("N", N_new)):
+        new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
+        H[uniq], P[uniq] = new_h, new_P
+        m, Sig, E = self._moments(new_h, new_P)
+        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", self._kl(m, Sig, new_P)), ("E", E)):
             arr = aux[f"{side}_{c}"].copy()
             arr[uniq] = v
             aux[f"{side}_{c}"] = arr
         # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
         mean = sums / counts[:, None]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
-                          / np.maximum(counts - 1, 1), 0.0)
+        tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
+                      / np.maximum(counts - 1, 1), 0.0)
         report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
         report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
 
