@@ -63,7 +63,13 @@ Only those rows move; for row i::
 * Negative weights can make a precision non-positive-definite. Each touched
   row whose step would leave the domain takes ρ_i ← min(ρ_i, τ s_max,i)
   (the engine's fraction-to-boundary rule, per row, ``boundary_fraction``
-  τ); such rows are counted in ``domain_clipped``.
+  τ); such rows are counted in ``domain_clipped``. The domain used here is
+  Λ ⪰ δ I/c with δ = ``PREC_FLOOR`` = 1/2, not merely Λ ≻ 0: the exact
+  posterior always has Λ ⪰ I/c, and because a row's moments feed the other
+  side's statistics (E[v vᵀ] grows like Λ⁻¹), a nearly singular Λ lets the
+  SVI+ noise escalate between users and items until the numbers overflow
+  (observed with δ = 10⁻⁶). With non-negative weights (SVI, batch VI) Λ ⪰ I/c
+  holds anyway and nothing is clipped.
 
 New ids. Users and items are found through id→row maps kept in the engine
 state's ``aux`` (``users``/``items`` lists, JSON in the snapshot). A new id
@@ -313,6 +319,8 @@ class PMF:
     record_kind = "ratings"
     #: the conjugate blocks, in the order of one CAVI sweep
     blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
+    #: δ: a step with negative SVI+ weights may not take Λ below δ·I/c (no variance above c/δ)
+    PREC_FLOOR = 0.5
 
     def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
@@ -659,7 +667,7 @@ class PMF:
             h_eff = r[:, None] * h_old
             P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
             if negative:                       # a non-PSD data part may not be stretched
-                bad = ~self._pd(P_eff - 1e-6 * eta_P)
+                bad = ~self._pd(P_eff - self.PREC_FLOOR * eta_P)
                 h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
         else:
             h_eff, P_eff = h_old, P_old
@@ -667,8 +675,8 @@ class PMF:
         rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
         if negative:
             report["domain_blocks"] += len(uniq)
-            # the domain, with a margin: Λ − δI positive definite, δ = 1e-6/c (variances ≤ 10⁶ c)
-            delta = 1e-6 * eta_P
+            # the working domain: Λ − δ I/c positive definite (module docs, PREC_FLOOR)
+            delta = self.PREC_FLOOR * eta_P
             trial = P_eff + (rho / tau)[:, None, None] * (tgt_P - P_eff)
             out = ~self._pd(trial - delta)
             if out.any():
