@@ -6,6 +6,9 @@ Scoring jobs load what the daemon wrote and never train::
     fitted = streamsvi.load("var/checkpoints/gmm")          # follows `latest`
     fitted.predict(X); fitted.responsibilities(X); fitted.predictive_logpdf(X)
 
+    fitted = streamsvi.load("var/checkpoints/pmf")          # a rating model (PMF)
+    mean, var = fitted.predict_rating(["u1"], ["m7"]); fitted.recommend("u1", k=10)
+
 Loading goes through :func:`streamsvi.checkpoint.load_snapshot`: both
 checksums are verified, arrays are read with ``allow_pickle=False`` and the
 model is rebuilt from its registered name, so nothing in the file is ever
@@ -51,6 +54,7 @@ class FittedModel:
     path : Path of the snapshot directory; number : its snapshot number
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
+    aux : the engine state's model-owned extras (PMF: id→row maps), None for other models
     """
 
     model: object
@@ -64,13 +68,14 @@ class FittedModel:
     version: str
     extra: dict
     engine_settings: dict
+    aux: dict | None = None
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
         return cls(model=snap.engine.model, lam=snap.state.lam, step=snap.state.step,
                    records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
                    path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
-                   engine_settings=snap.engine.to_dict())
+                   engine_settings=snap.engine.to_dict(), aux=snap.state.aux)
 
     @property
     def settings(self) -> dict:
@@ -95,11 +100,26 @@ class FittedModel:
 
     def predictive_logpdf(self, x) -> np.ndarray:
         """log p(x* | data): the posterior predictive log density of each record."""
+        if self.aux is not None:
+            return self.model.predictive_logpdf(self.lam, x, aux=self.aux)
         return self.model.predictive_logpdf(self.lam, x)
+
+    def predict_rating(self, users, items):
+        """Rating models: posterior predictive (mean, variance) of each (user, item) pair."""
+        return self.model.predict_rating(self.lam, self.aux, users, items)
+
+    def recommend(self, user, k: int = 10, exclude=()):
+        """Rating models: the ``k`` best items for ``user`` as ``[(item, predicted rating)]``,
+        leaving out the items the user rated in the stream and ``exclude``."""
+        return self.model.recommend(self.lam, self.aux, user, k=k, exclude=exclude)
 
     def score(self, x) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts."""
         x = self.check(x)
+        if hasattr(self.model, "predict_rating"):     # ratings: predicted rating ± variance
+            mean, var = self.predict_rating(x.user, x.item)
+            return [{"user": u, "item": i, "prediction": float(m), "variance": float(v)}
+                    for u, i, m, v in zip(x.user, x.item, mean, var)]
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)
         return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],

@@ -446,6 +446,19 @@ class PMF:
                 aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
         return NatParams(arrays), aux, urows, irows, True
 
+    def refresh_cache(self, lam, aux) -> dict:
+        """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
+
+        Needed only after editing λ by hand (e.g. fixing rows in a test).
+        """
+        aux = dict(aux)
+        for side in ("user", "item"):
+            h, P = lam[f"{side}_h"], lam[f"{side}_prec"]
+            if len(h):
+                m, S, E = self._moments(h, P)
+                aux[f"{side}_E"], aux[f"{side}_kl"] = E, self._kl(m, S, P)
+        return aux
+
     def check_state(self, lam, aux) -> None:
         """Raise ``ValueError`` unless (λ, aux) is a consistent PMF state of this model."""
         names = {"user_h", "user_prec", "item_h", "item_prec"}
