@@ -84,7 +84,11 @@ top-k without already-rated items) are numpy arrays in ``aux``.
 
 Metrics (``UpdateInfo``): ``elbo`` is L_t = Σ_rows −KL(q‖p) + (N/|S|) Σ_{r∈S}
 E_q[log p(y_r | u, v)] at λ before the update (new rows at their initial
-values); in batch mode it is the full ELBO. ``grad_variance`` is
+values); in batch mode it is the full ELBO (with ``row_counts="seen"`` the
+likelihood term is still scaled by the engine's N: set N to the stream's
+size). ``UpdateInfo.gradient`` is None: λ's shape grows and untouched rows
+have no gradient, so the daemon's step-to-step gradient variance is not
+observed for PMF. ``grad_variance`` is
 Σ_{touched rows} N_i² tr(Σ̂_i) / M_i with Σ̂_i the sample covariance of the
 row's t_r and M_i = |S_i| M/|S| its effective count; ``grad_norm`` is the
 norm of λ̂ − λ^eff over the touched rows.
@@ -110,6 +114,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 
 import numpy as np
 import scipy.sparse as sp
@@ -243,18 +248,21 @@ class _RowIndex:
 
     def __init__(self):
         self._by_list: dict[int, tuple] = {}
+        self._lock = threading.Lock()           # scorers may look ids up from several threads
 
     def _entry(self, ids: list):
-        e = self._by_list.get(id(ids))
+        with self._lock:
+            e = self._by_list.get(id(ids))
         if e is None or e[0] is not ids:
             e = (ids, {k: r for r, k in enumerate(ids)}, [len(ids)])
             self._remember(e)
         return e
 
     def _remember(self, e):
-        if len(self._by_list) >= self._KEEP:
-            self._by_list.pop(next(iter(self._by_list)))
-        self._by_list[id(e[0])] = e
+        with self._lock:
+            if len(self._by_list) >= self._KEEP:
+                self._by_list.pop(next(iter(self._by_list)))
+            self._by_list[id(e[0])] = e
 
     def lookup(self, ids: list, keys, grow: bool = True) -> tuple[np.ndarray, list, list]:
         """(rows of ``keys``, the new ids in order, the grown list) — rows ≥ len(ids) are new."""
