@@ -62,9 +62,14 @@ from streamsvi.models import PMF  # noqa: E402
 OUT = Path(__file__).resolve().parent / "out"
 
 
+_DATA = None
+
+
 def _data():
-    x = load_movielens100k()
-    return split_ratings(x, 0.1, seed=0)
+    global _DATA
+    if _DATA is None:          # once per (worker) process
+        _DATA = split_ratings(load_movielens100k(), 0.1, seed=0)
+    return _DATA
 
 
 def rmse(model, state, test, clip=None):
@@ -105,7 +110,7 @@ def batch_experiment(n_inits, T, jobs):
     tasks = [(s, m, M0, T) for m, M0 in methods for s in range(n_inits)]
     t0 = time.perf_counter()
     with get_context("spawn").Pool(jobs) as pool:
-        res = pool.map(_one_init, tasks)
+        res = pool.map(_one_init, tasks, chunksize=1)
     print(f"(1) {len(tasks)} runs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     by = {m: [r for r in res if r[1] == m] for m, _ in methods}
     base = {r[0]: r[2][-1] for r in by["batch VI"]}

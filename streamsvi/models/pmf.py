@@ -701,7 +701,11 @@ class PMF:
             trial = P_eff + (rho / tau)[:, None, None] * (tgt_P - P_eff)
             out = ~self._pd(trial - delta)
             if out.any():
-                limit = segment_limit_pd(P_eff[out] - delta, tgt_P[out] - delta)
+                cur, tgt = P_eff[out] - delta, tgt_P[out] - delta
+                below = ~self._pd(cur)         # rounding left Λ just under the floor: use Λ ≻ 0
+                cur[below] += delta
+                tgt[below] += delta
+                limit = segment_limit_pd(cur, tgt)
                 rho_b = np.minimum(rho[out], tau * limit)
                 report["domain_clipped"] += int(np.count_nonzero(rho_b < rho[out]))
                 rho[out] = rho_b
