@@ -73,7 +73,7 @@ def _data():
 
 
 def rmse(model, state, test, clip=None):
-    mean, _ = model.predict_rating(state.lam, state.aux, test.user, test.item)
+    mean, _ = model.predict_rating(state.lam, test.user, test.item, aux=state.aux)
     if clip is not None:
         mean = np.clip(mean, *clip)
     return float(np.sqrt(np.mean((mean - test.rating) ** 2)))

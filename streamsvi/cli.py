@@ -172,7 +172,11 @@ def demo(args) -> int:
 def _score_lines(fitted, lines, fmt, fields):
     """(line number, dict) per input line: scores, or an error naming the reason."""
     from .io.codecs import CsvCodec, DecodeError, JsonCodec
+    from .io.records import DenseKind, record_kind
 
+    kind = record_kind(fitted.model)
+    if not isinstance(kind, DenseKind):
+        return _score_records_of_kind(fitted, kind, lines, fmt)
     D = fitted.n_features
     codec = JsonCodec(D, fields) if fmt == "jsonl" else CsvCodec(D)
     lines = [(n, raw.strip()) for n, raw in lines if raw.strip()]
@@ -198,6 +202,37 @@ def _score_lines(fitted, lines, fmt, fields):
         where.append(lineno)
     if rows:
         for lineno, sc in zip(where, fitted.score(np.vstack(rows))):
+            out[lineno] = {"line": lineno, **sc}
+    return [out[k] for k in sorted(out)]
+
+
+def _score_records_of_kind(fitted, kind, lines, fmt):
+    """``_score_lines`` for models whose records are not dense rows (one JSON record per line)."""
+    from .io.codecs import DecodeError
+
+    if fmt != "jsonl":
+        raise SystemExit(f"error: {kind.name!r} records are scored from JSON lines, not {fmt}")
+    codec = kind.make_codec("json", fitted.model, {})
+    validator = kind.make_validator(fitted.model, {})
+    parts, where, out = [], [], {}
+    for lineno, raw in lines:
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            part = codec.decode_rows(text.encode())
+        except DecodeError as exc:
+            out[lineno] = {"line": lineno, "error": f"{exc.reason}: {exc.message}"}
+            continue
+        _, rejected = validator.validate(part)
+        if rejected:
+            _, reason, message = rejected[0]
+            out[lineno] = {"line": lineno, "error": f"{reason}: {message}"}
+            continue
+        parts.append(part)
+        where.append(lineno)
+    if parts:
+        for lineno, sc in zip(where, fitted.score(kind.concat(parts))):
             out[lineno] = {"line": lineno, **sc}
     return [out[k] for k in sorted(out)]
 

@@ -314,7 +314,7 @@ class MatrixFactorization(_Ranker):
             return (np.full(n, float(self.offset)),
                     np.full(n, self.sigma2 + self.prior_var ** 2 * self.n_factors
                             + (2 * self.prior_var if self.biases else 0.0)))
-        return self.model.predict_rating(self._state.lam, self._state.aux, users, items)
+        return self.model.predict_rating(self._state.lam, users, items, aux=self._state.aux)
 
     def predict_one(self, user, item, x=None) -> float:
         return float(self._predict([user], [item])[0][0])
@@ -335,4 +335,4 @@ class MatrixFactorization(_Ranker):
         """The ``k`` best items not rated by ``user`` (in the learned stream) as ``[(item, rating)]``."""
         if self._state is None:
             return []
-        return self.model.recommend(self._state.lam, self._state.aux, user, k=k, exclude=exclude)
+        return self.model.recommend(self._state.lam, user, k=k, exclude=exclude, aux=self._state.aux)

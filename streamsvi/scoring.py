@@ -36,7 +36,7 @@ from .checkpoint import Snapshot, load_snapshot
 
 log = logging.getLogger("streamsvi.scoring")
 
-#: The scoring methods every fitted model offers when its model has them.
+#: The scoring methods of a model that does not list its own ``scoring_methods``.
 SCORING_METHODS = ("responsibilities", "predict", "predictive_logpdf")
 
 
@@ -55,6 +55,12 @@ class FittedModel:
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
     aux : the engine state's model-owned extras (PMF: id→row maps), None for other models
+
+    Every scoring method the model lists in its ``scoring_methods`` (each a
+    method ``f(lam, x, ...)``) is also a method of the fitted model with λ
+    filled in: ``fitted.predict(x)`` is ``model.predict(lam, x)``. For a
+    row-wise model (``aux`` not None) the state's ``aux`` is passed too, as
+    the keyword ``aux``.
     """
 
     model: object
@@ -86,6 +92,29 @@ class FittedModel:
     def n_features(self) -> int:
         return self.model.n_features
 
+    @property
+    def scoring_methods(self) -> tuple[str, ...]:
+        """The names of the scoring methods this fitted model offers."""
+        names = getattr(self.model, "scoring_methods", SCORING_METHODS)
+        return tuple(n for n in names if callable(getattr(self.model, n, None)))
+
+    def __getattr__(self, name):
+        # only called for names that are not attributes: the model's scoring methods
+        if name.startswith("_") or name in ("model", "lam") or name not in self.scoring_methods:
+            raise AttributeError(f"{type(self).__name__} of a {self.model.name!r} model has no "
+                                 f"attribute {name!r}; its scoring methods are "
+                                 f"{list(self.scoring_methods)}")
+        method = getattr(self.model, name)
+        lam = self.lam
+        extra = {} if self.aux is None else {"aux": self.aux}
+
+        def bound(*args, **kwargs):
+            return method(lam, *args, **extra, **kwargs)
+
+        bound.__name__ = name
+        bound.__doc__ = method.__doc__
+        return bound
+
     def check(self, x) -> np.ndarray:
         """Validate records the way the model does (raises ``ValueError`` naming the problem)."""
         return self.model.check_batch(x)
@@ -104,22 +133,17 @@ class FittedModel:
             return self.model.predictive_logpdf(self.lam, x, aux=self.aux)
         return self.model.predictive_logpdf(self.lam, x)
 
-    def predict_rating(self, users, items):
-        """Rating models: posterior predictive (mean, variance) of each (user, item) pair."""
-        return self.model.predict_rating(self.lam, self.aux, users, items)
-
-    def recommend(self, user, k: int = 10, exclude=()):
-        """Rating models: the ``k`` best items for ``user`` as ``[(item, predicted rating)]``,
-        leaving out the items the user rated in the stream and ``exclude``."""
-        return self.model.recommend(self.lam, self.aux, user, k=k, exclude=exclude)
-
     def score(self, x) -> list[dict]:
-        """Every scoring output for each record of ``x``, as JSON-ready dicts."""
+        """Every scoring output for each record of ``x``, as JSON-ready dicts.
+
+        A model with a ``score_records(lam, x)`` method decides what that is;
+        otherwise (the mixtures) the MAP assignment, the responsibilities and
+        the predictive log density.
+        """
+        own = getattr(self.model, "score_records", None)
+        if own is not None:
+            return own(self.lam, x) if self.aux is None else own(self.lam, x, aux=self.aux)
         x = self.check(x)
-        if hasattr(self.model, "predict_rating"):     # ratings: predicted rating ± variance
-            mean, var = self.predict_rating(x.user, x.item)
-            return [{"user": u, "item": i, "prediction": float(m), "variance": float(v)}
-                    for u, i, m, v in zip(x.user, x.item, mean, var)]
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)
         return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],

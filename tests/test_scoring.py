@@ -36,6 +36,26 @@ def test_load_returns_model_settings_and_scoring(tmp_path):
     assert f.responsibilities(X[:4]).shape == (4, 3)
 
 
+def test_fitted_model_offers_exactly_the_models_scoring_methods_with_lambda_bound(tmp_path):
+    engine, state, X = _engine_state()
+    CheckpointStore(tmp_path).save(engine, state, [])
+    f = streamsvi.load(tmp_path)
+    assert set(f.scoring_methods) == {"responsibilities", "predict", "predictive_logpdf"}
+
+    class Scorer(BayesianGMM):
+        scoring_methods = ("predict", "mean_of")
+
+        def mean_of(self, lam, x, shift=0.0):
+            return float(np.asarray(x).mean() + lam.sqnorm() + shift)
+
+    g = streamsvi.scoring.FittedModel(**{**f.__dict__, "model": Scorer(3, 2)})
+    assert g.mean_of(X[:5], shift=1.0) == float(X[:5].mean() + state.lam.sqnorm() + 1.0)
+    with pytest.raises(AttributeError, match="scoring methods are"):
+        g.fit_transform
+    with pytest.raises(AttributeError):
+        f.check_batch        # a model method, but not a scoring method
+
+
 def test_predictive_density_of_a_snapshot_matches_monte_carlo(tmp_path):
     """log p(x*|data) from the snapshot vs E_q[Σ π_k N(x*|μ_k, Λ_k⁻¹)] by 20,000 draws; 5 SE or 3%."""
     engine, state, _ = _engine_state(seed=2, steps=10)

@@ -27,7 +27,8 @@ class ProduceError(RuntimeError):
 def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int | None = None,
                  partitions: int | None = None, client_id: str = "streamsvi-producer",
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
-                 timeout_s: float = 60.0, producer_config: dict | None = None) -> int:
+                 timeout_s: float = 60.0, producer_config: dict | None = None,
+                 kind=None) -> int:
     """Write the rows of ``X`` to ``topic`` and wait until all are acknowledged.
 
     Parameters
@@ -36,7 +37,7 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
         Where the cluster is.
     topic : str
         The topic (must exist, or the broker must auto-create it).
-    X : array_like, shape (N, D)
+    X : array_like, shape (N, D), or a batch of ``kind``
         The records.
     codec : Codec
         A one-record codec (:class:`~streamsvi.io.codecs.JsonCodec`) writes one
@@ -56,6 +57,9 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
         Bound on the final flush.
     producer_config : dict, optional
         Further ``kafka.KafkaProducer`` settings.
+    kind : RecordKind, optional
+        The record kind of ``X`` and ``codec`` (default dense rows; see
+        :mod:`streamsvi.io.records`).
 
     Returns
     -------
@@ -71,9 +75,14 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
-    X = np.asarray(X, dtype=np.float64)
-    if X.ndim != 2 or X.shape[1] != codec.n_features:
-        raise ValueError(f"X must have shape (N, {codec.n_features}) for {codec!r}, got {X.shape}")
+    from .records import KINDS, DenseKind
+
+    kind = kind or KINDS["dense"]
+    if isinstance(kind, DenseKind):
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != codec.n_features:
+            raise ValueError(f"X must have shape (N, {codec.n_features}) for {codec!r}, got {X.shape}")
+    n_rows = kind.n_records(X)
     if codec.rows_per_message == 1:
         if batch_rows not in (None, 1):
             raise ValueError(f"batch_rows={batch_rows} needs a multi-row codec such as "
@@ -85,7 +94,7 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
             raise ValueError(f"batch_rows must be an integer >= 1, got {batch_rows!r}")
     if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
         raise ValueError(f"partitions must be an integer >= 1, got {partitions!r}")
-    messages = [codec.encode_rows(X[i:i + step]) for i in range(0, X.shape[0], step)]
+    messages = [codec.encode_rows(kind.take(X, slice(i, i + step))) for i in range(0, n_rows, step)]
     largest = max((len(m) for m in messages), default=0)
     config = {"bootstrap_servers": bootstrap_servers, "client_id": client_id, "acks": "all",
               "linger_ms": 5, "max_request_size": max(1 << 20, 2 * largest + 4096),

@@ -134,6 +134,9 @@ class RatingsJsonCodec:
     def get_params(self) -> dict:
         return {}
 
+    def empty(self) -> Ratings:
+        return Ratings.empty()
+
     def __repr__(self):
         return "RatingsJsonCodec()"
 
@@ -238,6 +241,9 @@ class RatingsBinaryCodec:
 
     def get_params(self) -> dict:
         return {}
+
+    def empty(self) -> Ratings:
+        return Ratings.empty()
 
     def __repr__(self):
         return "RatingsBinaryCodec()"

@@ -26,6 +26,7 @@ Codec protocol (see :class:`streamsvi.io.codecs.Codec`):
     when that is not possible (the caller then decodes one by one)
 ``encode_rows(part) -> bytes``  the inverse of ``decode_rows``
 ``get_params() -> dict``
+``empty() -> part``  a part with no records (kinds other than dense)
 
 Validator protocol (see :class:`streamsvi.io.validate.RecordValidator`):
 

@@ -47,6 +47,7 @@ import numpy as np
 from . import _fastfetch
 from ._kafka import KafkaUnavailableError, client_config, connect_with_retry, offset_and_metadata
 from .codecs import Codec, CsvCodec, DecodeError, JsonCodec
+from .records import KINDS, DenseKind, RecordKind
 from .validate import RecordValidator
 
 __all__ = ["Position", "DeadLetter", "Batch", "Offsets", "Source", "SourceError",
@@ -129,9 +130,11 @@ class Batch:
 
     Attributes
     ----------
-    x : ndarray, shape (n, D), float64
-        The accepted records. n can be 0 when every message was rejected;
-        the offsets must still be checkpointed and committed then.
+    x : ndarray, shape (n, D), float64, or the record kind's batch type
+        The accepted records (for dense records an array; for other
+        :mod:`~streamsvi.io.records` kinds whatever their codecs return, e.g.
+        a CSR matrix). n can be 0 when every message was rejected; the
+        offsets must still be checkpointed and committed then.
     next_offsets : dict[(source, partition), int]
         Last consumed offset + 1 for every partition that delivered a message
         (accepted or rejected) in this batch. Merge into the running offsets
@@ -172,6 +175,9 @@ def _check_offsets(offsets) -> Offsets:
     return out
 
 
+_DENSE = KINDS["dense"]
+
+
 class _BatchBuilder:
     """Decodes, validates and collects messages into one :class:`Batch`.
 
@@ -181,10 +187,16 @@ class _BatchBuilder:
     Only if that fails is the run decoded and validated message by message,
     which finds the bad messages and their reasons; the result is the same
     either way, the fast path only skips work when nothing is wrong.
+
+    ``kind`` (:class:`~streamsvi.io.records.RecordKind`, default dense) says
+    how decoded parts are counted, sliced and joined.
     """
 
-    def __init__(self, codec: Codec | None, validator: RecordValidator, n_features: int):
+    def __init__(self, codec: Codec | None, validator: RecordValidator, n_features: int | None,
+                 kind: RecordKind | None = None):
         self.codec, self.validator, self.n_features = codec, validator, n_features
+        self.kind = kind or _DENSE
+        self._empty = None
         self.parts: list[np.ndarray] = []
         self._fresh: list[bool] = []     # parts[i] is a new array nobody else holds
         self.dead: list[DeadLetter] = []
@@ -231,6 +243,7 @@ class _BatchBuilder:
         call); dead letters keep the order the messages were read.
         """
         single = self.codec.rows_per_message == 1
+        kind = self.kind
         rows, row_meta = [], []          # one-record codecs: decoded rows, (seq, pos, payload)
         dead: list[tuple[int, DeadLetter]] = []
         for seq, (source, partition, offset, payload) in enumerate(messages):
@@ -248,16 +261,17 @@ class _BatchBuilder:
                 dead.append((seq, DeadLetter(pos, exc.reason, exc.message, payload)))
                 continue
             if single:
-                rows.append(x[0])
+                rows.append(x)
                 row_meta.append((seq, pos, payload))
                 continue
             good, rejected = self.validator.validate(x)
+            n_x = kind.n_records(x)
             for i, reason, message in rejected:
-                dead.append((seq, DeadLetter(pos, reason, f"row {i} of {x.shape[0]}: {message}",
-                                             self.codec.encode_rows(x[i:i + 1]), i)))
+                dead.append((seq, DeadLetter(pos, reason, f"row {i} of {n_x}: {message}",
+                                             self.codec.encode_rows(kind.take(x, slice(i, i + 1))), i)))
             self._append(good, fresh=True)
         if rows:
-            good, rejected = self.validator.validate(np.array(rows))
+            good, rejected = self.validator.validate(kind.concat(rows))
             for i, reason, message in rejected:
                 seq, pos, payload = row_meta[i]
                 dead.append((seq, DeadLetter(pos, reason, message, payload)))
@@ -267,20 +281,23 @@ class _BatchBuilder:
 
     def add_rows(self, source: str, offset0: int, x: np.ndarray):
         """Rows already decoded (memory source): row i is message ``offset0 + i``."""
-        n = x.shape[0]
+        n = self.kind.n_records(x)
         self.n_messages += n
         self.next_offsets[(source, 0)] = offset0 + n
         good, rejected = self.validator.validate(x)
         for i, reason, message in rejected:
-            payload = json.dumps(x[i].tolist()).encode()
+            payload = json.dumps(self.kind.to_json(self.kind.take(x, slice(i, i + 1)))[0]).encode()
             self.dead.append(DeadLetter(Position(source, 0, offset0 + i), reason, message, payload))
         self._append(good, fresh=False)  # can be a view of the caller's array
 
-    def _append(self, good: np.ndarray, fresh: bool):
-        if good.shape[0]:
+    def _append(self, good, fresh: bool):
+        n = self.kind.n_records(good)
+        if n:
             self.parts.append(good)
             self._fresh.append(fresh)
-            self.n_rows += good.shape[0]
+            self.n_rows += n
+        else:
+            self._empty = good        # an empty part of the right type, for batch()
 
     def batch(self) -> Batch | None:
         if self.n_messages == 0:
@@ -289,9 +306,13 @@ class _BatchBuilder:
             # Always an array of its own: a part can be a view of the caller's data.
             x = self.parts[0] if self._fresh[0] else self.parts[0].copy()
         elif self.parts:
-            x = np.concatenate(self.parts)
-        else:
+            x = self.kind.concat(self.parts)
+        elif isinstance(self.kind, DenseKind):
             x = np.empty((0, self.n_features))
+        elif self._empty is not None:
+            x = self._empty
+        else:
+            x = self.codec.empty()
         return Batch(x, dict(self.next_offsets), self.dead, self.n_messages)
 
 
@@ -359,27 +380,39 @@ class MemorySource(Source):
         whose payload is the row as JSON.
     name : str
         The source name used in positions and offsets.
+    kind : RecordKind, optional
+        Default dense rows. For another kind ``x`` is a batch of that kind
+        (e.g. a CSR matrix) and ``validator`` is required; dead-letter
+        payloads are the kind's JSON form of the record.
     """
 
-    def __init__(self, x, validator: RecordValidator | None = None, name: str = "memory"):
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 2:
-            raise ValueError(f"x must be 2-D (records × features), got shape {x.shape}")
+    def __init__(self, x, validator: RecordValidator | None = None, name: str = "memory",
+                 kind: RecordKind | None = None):
+        self.kind = kind or _DENSE
+        if isinstance(self.kind, DenseKind):
+            x = np.asarray(x, dtype=np.float64)
+            if x.ndim != 2:
+                raise ValueError(f"x must be 2-D (records × features), got shape {x.shape}")
+            self.n_features = x.shape[1]
+            self.validator = validator or RecordValidator(self.n_features)
+            if self.validator.n_features != self.n_features:
+                raise ValueError(f"validator expects n_features={self.validator.n_features}, "
+                                 f"x has {self.n_features} columns")
+        else:
+            if validator is None:
+                raise ValueError(f"MemorySource with {self.kind.name!r} records needs a validator")
+            self.n_features, self.validator = None, validator
         self.x = x
-        self.n_features = x.shape[1]
-        self.validator = validator or RecordValidator(self.n_features)
-        if self.validator.n_features != self.n_features:
-            raise ValueError(f"validator expects n_features={self.validator.n_features}, "
-                             f"x has {self.n_features} columns")
+        self._n = self.kind.n_records(x)
         self.name = name
         self._pos = 0
 
     def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
         _check_poll_args(max_records, max_wait_s)
-        b = _BatchBuilder(None, self.validator, self.n_features)
-        while b.n_rows < max_records and self._pos < len(self.x):
-            stop = min(self._pos + (max_records - b.n_rows), len(self.x))
-            b.add_rows(self.name, self._pos, self.x[self._pos:stop])
+        b = _BatchBuilder(None, self.validator, self.n_features, self.kind)
+        while b.n_rows < max_records and self._pos < self._n:
+            stop = min(self._pos + (max_records - b.n_rows), self._n)
+            b.add_rows(self.name, self._pos, self.kind.take(self.x, slice(self._pos, stop)))
             self._pos = stop
         return b.batch()
 
@@ -388,13 +421,13 @@ class MemorySource(Source):
             if key != (self.name, 0):
                 raise SourceError(f"MemorySource {self.name!r} cannot seek to {key}: "
                                   f"its only partition is ({self.name!r}, 0)")
-            self._pos = min(off, len(self.x))
+            self._pos = min(off, self._n)
 
     def lag(self) -> Offsets:
-        return {(self.name, 0): len(self.x) - self._pos}
+        return {(self.name, 0): self._n - self._pos}
 
     def exhausted(self) -> bool:
-        return self._pos >= len(self.x)
+        return self._pos >= self._n
 
 
 # ------------------------------------------------------------------ file
@@ -426,6 +459,9 @@ class FileSource(Source):
         make up a record, in order.
     name : str, optional
         The source name in positions and offsets. Default: ``str(path)``.
+    kind : RecordKind, optional
+        The record kind of ``codec`` (default dense rows); other kinds need
+        their own ``codec`` and ``validator``, one record per line.
     """
 
     FORMATS = ("jsonl", "csv")
@@ -433,14 +469,22 @@ class FileSource(Source):
     def __init__(self, path, n_features: int | None = None, fmt: str = "jsonl",
                  codec: Codec | None = None, validator: RecordValidator | None = None,
                  has_header: bool = False, fields: Sequence[str] | None = None,
-                 name: str | None = None):
+                 name: str | None = None, kind: RecordKind | None = None):
+        self.kind = kind or _DENSE
+        if not isinstance(self.kind, DenseKind):
+            if codec is None or validator is None:
+                raise ValueError(f"FileSource with {self.kind.name!r} records needs a codec "
+                                 f"and a validator")
+            if fmt != "jsonl":
+                raise ValueError(f"{self.kind.name!r} records are read from jsonl files, not {fmt!r}")
         if fmt not in self.FORMATS:
             raise ValueError(f"fmt must be one of {self.FORMATS}, got {fmt!r}")
         if fmt == "jsonl" and has_header:
             raise ValueError("has_header applies only to fmt='csv'")
         if codec is None and n_features is None:
             raise ValueError("FileSource needs n_features (or a codec)")
-        if codec is not None and n_features is not None and codec.n_features != n_features:
+        if codec is not None and n_features is not None \
+                and getattr(codec, "n_features", n_features) != n_features:
             raise ValueError(f"codec has n_features={codec.n_features}, but n_features={n_features}")
         if codec is not None and fields is not None:
             raise ValueError("give fields to the codec or to FileSource, not both")
@@ -466,9 +510,9 @@ class FileSource(Source):
             self._f.close()
             raise
         self.codec = codec
-        self.n_features = codec.n_features
+        self.n_features = getattr(codec, "n_features", None)
         self.validator = validator or RecordValidator(self.n_features)
-        if self.validator.n_features != self.n_features:
+        if getattr(self.validator, "n_features", None) != self.n_features:
             self._f.close()
             raise ValueError(f"validator expects n_features={self.validator.n_features}, "
                              f"codec has {self.n_features}")
@@ -488,7 +532,7 @@ class FileSource(Source):
     def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
         """Up to ``max_records`` rows from the next lines (``max_wait_s`` is not used)."""
         _check_poll_args(max_records, max_wait_s)
-        b = _BatchBuilder(self.codec, self.validator, self.n_features)
+        b = _BatchBuilder(self.codec, self.validator, self.n_features, self.kind)
         at_end = False
         while b.n_rows < max_records and not at_end:
             chunk = []
@@ -561,6 +605,28 @@ def _rebalance_listener(source: "KafkaSource"):
     return _Listener()
 
 
+class _Run:
+    """Polled messages of one partition, in order: their offsets and values."""
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, offsets: list, values: list):
+        self.offsets, self.values = offsets, values
+
+    @classmethod
+    def of(cls, records) -> "_Run":
+        """From a consumer poll's list: lean runs (one per record batch) or records."""
+        offsets, values = [], []
+        for r in records:
+            if type(r) is _fastfetch.LeanRun:
+                offsets += r.offsets
+                values += r.values
+            else:
+                offsets.append(r.offset)
+                values.append(r.value)
+        return cls(offsets, values)
+
+
 class KafkaSource(Source):
     """Minibatches from Kafka topics via a consumer group, auto-commit off.
 
@@ -613,6 +679,9 @@ class KafkaSource(Source):
         Further ``kafka.KafkaConsumer`` settings (auto-commit cannot be enabled).
         ``max_poll_records`` (default 500) is the least number of messages one
         consumer poll asks for (see above).
+    kind : RecordKind, optional
+        The record kind of ``codec`` (default dense rows; see
+        :mod:`streamsvi.io.records`). Other kinds need their own ``validator``.
     lean_reader : bool
         Read plain record batches with :mod:`streamsvi.io._fastfetch` (offset
         and value only, about 3x less CPU per message than kafka-python's own
@@ -636,7 +705,7 @@ class KafkaSource(Source):
                  max_partition_fetch_bytes: int = 16 << 20, fetch_max_bytes: int = 64 << 20,
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
                  connect_timeout_s: float = 10.0, consumer_config: dict | None = None,
-                 lean_reader: bool = True):
+                 lean_reader: bool = True, kind: RecordKind | None = None):
         from kafka import KafkaConsumer
 
         if (topics is None) == (pattern is None):
@@ -647,8 +716,11 @@ class KafkaSource(Source):
             raise ValueError(f"topics must be a non-empty list of topic names, got {topics!r}")
         if not isinstance(group_id, str) or not group_id:
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
-        if not isinstance(codec, Codec):
+        self.kind = kind or _DENSE
+        if not isinstance(codec, Codec) and isinstance(self.kind, DenseKind):
             raise ValueError(f"codec must be a streamsvi.io.codecs.Codec, got {type(codec).__name__}")
+        if not isinstance(self.kind, DenseKind) and validator is None:
+            raise ValueError(f"KafkaSource with {self.kind.name!r} records needs a validator")
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', "
                              f"got {auto_offset_reset!r}")
@@ -661,9 +733,9 @@ class KafkaSource(Source):
         self.pattern = pattern
         self.group_id = group_id
         self.codec = codec
-        self.n_features = codec.n_features
+        self.n_features = getattr(codec, "n_features", None)
         self.validator = validator or RecordValidator(self.n_features)
-        if self.validator.n_features != self.n_features:
+        if getattr(self.validator, "n_features", None) != self.n_features:
             raise ValueError(f"validator expects n_features={self.validator.n_features}, "
                              f"codec has {self.n_features}")
         self._pending_seeks: Offsets = {}
@@ -780,22 +852,21 @@ class KafkaSource(Source):
         records = self._consumer.poll(timeout_ms=max(0, int(timeout_s * 1000)),
                                       max_records=max_records)
         self._position_cache.clear()
-        self._buffer.extend([tp, msgs, 0] for tp, msgs in records.items() if msgs)
+        self._buffer.extend([tp, _Run.of(msgs), 0] for tp, msgs in records.items() if msgs)
 
     def _take(self, b: _BatchBuilder, n: int) -> None:
         """Hand up to ``n`` buffered messages of the first buffered partition to ``b``."""
         chunk = self._buffer[0]
-        tp, msgs, start = chunk
-        stop = min(len(msgs), start + n)
-        if start == 0 and stop == len(msgs):
-            part = msgs
-        else:
-            part = msgs[start:stop]
-        if stop == len(msgs):
+        tp, run, start = chunk
+        stop = min(len(run.offsets), start + n)
+        if stop == len(run.offsets):
             self._buffer.popleft()
         else:
             chunk[2] = stop
-        b.add_run(tp.topic, tp.partition, [m.offset for m in part], [m.value for m in part])
+        if start == 0 and stop == len(run.offsets):
+            b.add_run(tp.topic, tp.partition, run.offsets, run.values)
+        else:
+            b.add_run(tp.topic, tp.partition, run.offsets[start:stop], run.values[start:stop])
 
     def poll_batch(self, max_records: int, max_wait_s: float = 1.0) -> Batch | None:
         """Collect up to ``max_records`` rows across partitions within ``max_wait_s``.
@@ -813,7 +884,7 @@ class KafkaSource(Source):
         if not self._buffer and not self._consumer.assignment():
             if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
                 return None
-        b = _BatchBuilder(self.codec, self.validator, self.n_features)
+        b = _BatchBuilder(self.codec, self.validator, self.n_features, self.kind)
         polled = False
         while True:
             while self._buffer and b.n_rows < max_records:
@@ -893,7 +964,7 @@ class KafkaSource(Source):
         """The offset of the next message :meth:`poll_batch` hands out from ``tp``."""
         for chunk in self._buffer:
             if chunk[0] == tp:
-                return int(chunk[1][chunk[2]].offset)
+                return int(chunk[1].offsets[chunk[2]])
         pos = self._position_cache.get(tp)
         if pos is None:
             pos = self._position_cache[tp] = int(self._consumer.position(tp))

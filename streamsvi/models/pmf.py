@@ -106,7 +106,7 @@ Examples
 >>> state, infos = engine.fit(engine.init(x, seed=1), x, n_steps=30)
 >>> infos[-1].elbo > infos[0].elbo
 True
->>> mean, var = model.predict_rating(state.lam, state.aux, [3], [7])
+>>> mean, var = model.predict_rating(state.lam, [3], [7], aux=state.aux)
 >>> bool(abs(mean[0] - U[3] @ V[7]) < 0.3)
 True
 """
@@ -189,6 +189,9 @@ class Ratings:
 
     def __repr__(self):
         return f"Ratings(n={len(self)})"
+
+    def copy(self) -> "Ratings":
+        return Ratings(self.user.copy(), self.item.copy(), self.rating.copy(), _canonical=True)
 
     @classmethod
     def concat(cls, parts) -> "Ratings":
@@ -327,6 +330,8 @@ class PMF:
     record_kind = "ratings"
     #: the conjugate blocks, in the order of one CAVI sweep
     blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
+    #: what ``streamsvi.load(...)`` offers (each called with λ and ``aux=``)
+    scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
     #: δ: a step with negative SVI+ weights may not take Λ below δ·I/c (no variance above c/δ)
     PREC_FLOOR = 0.5
 
@@ -745,13 +750,14 @@ class PMF:
             E[known] = self._moments(lam[f"{side}_h"][r], lam[f"{side}_prec"][r])[2]
         return E
 
-    def predict_rating(self, lam, aux, users, items):
+    def predict_rating(self, lam, users, items, aux=None):
         """Posterior predictive mean and variance of the rating of each (user, item) pair.
 
         mean = μ0 + E_q[f], variance = σ² + Var_q[f] with f = u_iᵀv_j (+ b_i + e_j),
         Var_q[f] = tr(E[X̃X̃ᵀ] B E[Z̃Z̃ᵀ] Bᵀ) − E[f]² (q(u_i), q(v_j) independent). Unknown
-        ids use the prior (cold start).
+        ids use the prior (cold start). ``aux`` is the state's (id→row maps).
         """
+        aux = self._need_aux(aux)
         Eu = self._row_moments(lam, "user", self.rows_of(aux, "user", users))
         Ev = self._row_moments(lam, "item", self.rows_of(aux, "item", items))
         Q, a = self._design_moments(Ev, "user")
@@ -761,19 +767,19 @@ class PMF:
 
     def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
         """log N(y | predictive mean, predictive variance) per rating (moment-matched Gaussian)."""
-        if aux is None:
-            raise ValueError("PMF.predictive_logpdf needs aux (the state's id→row maps)")
+        aux = self._need_aux(aux)
         x = self.check_batch(x)
-        mean, var = self.predict_rating(lam, aux, x.user, x.item)
+        mean, var = self.predict_rating(lam, x.user, x.item, aux=aux)
         return -0.5 * np.log(2 * math.pi * var) - (x.rating - mean) ** 2 / (2 * var)
 
-    def recommend(self, lam, aux, user, k: int = 10, exclude=()) -> list[tuple[str, float]]:
+    def recommend(self, lam, user, k: int = 10, exclude=(), aux=None) -> list[tuple[str, float]]:
         """The ``k`` items with the highest predicted rating for ``user``, best first.
 
         Leaves out the items the user rated in the training stream (when the
         model has ``remember_rated``) and any ids in ``exclude``. Returns
         ``[(item id, predicted rating), ...]``.
         """
+        aux = self._need_aux(aux)
         if isinstance(k, bool) or int(k) != k or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
         n_items = len(aux["items"])
@@ -798,3 +804,17 @@ class PMF:
         top = top[np.lexsort((top, -scores[top]))]
         items = aux["items"]
         return [(items[j], float(scores[j])) for j in top]
+
+    def score_records(self, lam, x, aux=None) -> list[dict]:
+        """``{"user", "item", "prediction", "variance"}`` per rating of ``x`` (JSON-ready)."""
+        x = self.check_batch(x)
+        mean, var = self.predict_rating(lam, x.user, x.item, aux=aux)
+        return [{"user": u, "item": i, "prediction": float(m), "variance": float(v)}
+                for u, i, m, v in zip(x.user, x.item, mean, var)]
+
+    @staticmethod
+    def _need_aux(aux):
+        if aux is None:
+            raise ValueError("PMF scoring needs aux=state.aux (the id→row maps of the state); "
+                             "streamsvi.load(...) passes it")
+        return aux

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible
-from .config import build_engine
+from ..io.records import record_kind
+from .config import build_engine, build_model
 from .metrics import DaemonMetrics
 
 log = logging.getLogger("streamsvi.daemon")
@@ -87,7 +88,9 @@ class Daemon:
         self.engine = None
         self.state = None
         self.offsets: dict = {}
-        self.heldout: np.ndarray | None = None
+        self.model = build_model(cfg["model"])
+        self.kind = record_kind(self.model)   # how records are counted, sliced, joined, stored
+        self.heldout = None                   # a batch of the kind, or None
         self.metrics_server = None
 
     # ---------------------------------------------------------- signals
@@ -124,14 +127,14 @@ class Daemon:
         self.offsets = {(o["source"], int(o["partition"])): int(o["offset"]) for o in snap.offsets}
         ho = (snap.extra or {}).get("heldout")
         if ho:
-            self.heldout = np.asarray(ho, dtype=np.float64)
+            self.heldout = self.kind.from_json(ho, self.model)
         self.elbo_history = collections.deque((snap.extra or {}).get("elbo_history", []), maxlen=1000)
         # the gauges describe the model: restored, not 0, until the next update
         self.metrics.step.set(snap.state.step)
         self.metrics.records_seen.set(snap.state.records_seen)
         self.metrics.checkpoint_ts.set(snap.created.timestamp())
         if self.heldout is not None:
-            self.metrics.heldout_records.set(len(self.heldout))
+            self.metrics.heldout_records.set(self.kind.n_records(self.heldout))
         log.info("resumed from %s: step %d, %d records, offsets %s", snap.path, snap.state.step,
                  snap.state.records_seen, self.offsets)
         print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
@@ -216,7 +219,7 @@ class Daemon:
         offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
         extra = {"elbo_history": list(self.elbo_history)}
         if self.heldout is not None:
-            extra["heldout"] = self.heldout.tolist()
+            extra["heldout"] = self.kind.to_json(self.heldout)
         snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
         self._write_history()
         self.metrics.checkpoint_ts.set(time.time())
@@ -342,14 +345,17 @@ class Daemon:
                     dead_sink.send(d)
                     self.metrics.observe_dead(d.reason)
                 res.dead += len(batch.dead)
-                x = batch.x
-                if H and (self.heldout is None or len(self.heldout) < H) and len(x):
-                    take = H - (0 if self.heldout is None else len(self.heldout))
-                    ho, x = x[:take], x[take:]
-                    self.heldout = ho if self.heldout is None else np.concatenate([self.heldout, ho])
-                    res.heldout += len(ho)
-                    self.metrics.heldout_records.set(len(self.heldout))
-                if len(x):
+                x, kind = batch.x, self.kind
+                n_x = kind.n_records(x)
+                n_ho = 0 if self.heldout is None else kind.n_records(self.heldout)
+                if H and n_ho < H and n_x:
+                    take = min(H - n_ho, n_x)
+                    ho, x = kind.take(x, slice(0, take)), kind.take(x, slice(take, n_x))
+                    self.heldout = ho if self.heldout is None else kind.concat([self.heldout, ho])
+                    res.heldout += take
+                    n_x -= take
+                    self.metrics.heldout_records.set(n_ho + take)
+                if n_x:
                     if self.engine is None:
                         self.engine = build_engine(cfg, self._n_total(source))
                     if self.state is None:
@@ -360,12 +366,12 @@ class Daemon:
                     self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
                     self.metrics.records_seen.set(self.state.records_seen)
                     self.elbo_history.append([info.step, info.elbo_per_record])
-                    res.records += len(x)
+                    res.records += n_x
                     res.batches += 1
                     batches_since_ck += 1
-                    progress_records += len(x)
+                    progress_records += n_x
                     heldout_ll = None
-                    if self.heldout is not None and len(self.heldout) and (
+                    if self.heldout is not None and (
                             info.step % mc["heldout_every"] == 0 or info.step == 1):
                         lp = self.engine.model.predictive_logpdf(self.state.lam, self.heldout)
                         heldout_ll = self.heldout_ll = float(np.mean(lp))
@@ -461,19 +467,26 @@ def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0
 
 
 def default_source(cfg, metrics):
-    from ..io.codecs import codec_from_config
+    from ..io.records import DenseKind
     from ..io.sources import FileSource, KafkaSource
-    from ..io.validate import RecordValidator
 
-    src, val, D = cfg["source"], cfg["validation"], cfg["model"]["n_features"]
-    codec = codec_from_config(src["codec"], D, src["fields"])
-    validator = RecordValidator(D, max_abs=val["max_abs"], max_message_bytes=val["max_message_bytes"])
+    src, val = cfg["source"], cfg["validation"]
+    model = build_model(cfg["model"])
+    kind = record_kind(model)
+    if src["codec"] not in kind.codec_names:
+        raise ValueError(f"source.codec: {src['codec']!r} is not a codec for {kind.name!r} records "
+                         f"(model {cfg['model']['kind']!r}); choose one of {list(kind.codec_names)}")
+    codec = kind.make_codec(src["codec"], model, src)
+    validator = kind.make_validator(model, val)
     if src["kind"] == "file":
-        codec = None if src["format"] == "csv" else codec
-        return FileSource(src["path"], n_features=D, fmt=src["format"], codec=codec,
-                          validator=validator, fields=src["fields"])
+        if isinstance(kind, DenseKind):
+            D = model.n_features
+            codec = None if src["format"] == "csv" else codec
+            return FileSource(src["path"], n_features=D, fmt=src["format"], codec=codec,
+                              validator=validator, fields=src["fields"])
+        return FileSource(src["path"], fmt=src["format"], codec=codec, validator=validator, kind=kind)
     return KafkaSource(src["bootstrap_servers"], topics=src["topics"], pattern=src["pattern"],
-                       group_id=src["group_id"], codec=codec, validator=validator,
+                       group_id=src["group_id"], codec=codec, validator=validator, kind=kind,
                        session_timeout_ms=src["session_timeout_ms"],
                        heartbeat_interval_ms=src["heartbeat_interval_ms"],
                        connect_attempts=1,      # the daemon retries (Daemon._open_source)

@@ -48,7 +48,12 @@ def read(cls, raw, fetch_offset=0, take=None, **kw):
         got = part.take(take)
         if not got:
             break
-        out += [(r.offset, r.value) for r in got]
+        for r in got:
+            if isinstance(r, _fastfetch.LeanRun):
+                assert r.offset == r.offsets[0] and len(r.offsets) == len(r.values)
+                out += list(zip(r.offsets, r.values))
+            else:
+                out.append((r.offset, r.value))
     return out, part.next_fetch_offset
 
 
@@ -79,6 +84,32 @@ def test_null_values_gaps_and_a_fetch_that_starts_inside_a_batch():
     assert same(raw, take=2)[0] == out                   # handed out two at a time
 
 
+def test_batches_of_every_size_and_mixed_nulls_keys_headers():
+    for n in (1, 2, 23, 24, 300):
+        recs = [(d, None if d % 4 else b"key", None if d % 7 == 3 else b"v" * (d * 37 % 300),
+                 [("h", b"x")] if d % 6 == 0 else []) for d in range(n)]
+        out, end = same(batch(1000, recs))
+        assert len(out) == n and end == 1000 + n
+        assert same(batch(1000, recs), fetch_offset=1000 + n // 2)[0] == out[n // 2:]
+
+
+def test_a_long_batch_with_broken_framing_is_corrupt_not_misread():
+    recs = [(d, None, b"[%d, 1.5]" % d, []) for d in range(100)]
+    raw = bytearray(batch(0, recs))
+    i = raw.index(b"[50, 1.5]")
+    raw[i - 1] = 0x7E                                   # value length 63: past the record's end
+    struct.pack_into(">I", raw, 17, calc_crc32c(memoryview(raw)[21:]))
+    with pytest.raises(CorruptRecordError):
+        Lean(0, TP, MemoryRecords(bytes(raw))).take(None)
+    # the good batches before a bad one are handed out first, as kafka-python does
+    good = batch(200, [(0, None, b"ok", [])] * 1)
+    part = Lean(0, TP, MemoryRecords(good + bytes(raw)))
+    first = part.take(None)
+    assert [(r.offsets, r.values) for r in first] == [([200], [b"ok"])]
+    with pytest.raises(CorruptRecordError):
+        part.take(None)
+
+
 def test_partial_batch_at_the_end_of_a_fetch_is_left_for_the_next_fetch():
     raw = batch(0, [(0, None, b"x", [])]) + batch(1, [(0, None, b"y", []), (1, None, b"z", [])])
     out, end = same(raw[:-5])
@@ -92,7 +123,7 @@ def test_compressed_transactional_and_control_batches_are_read_by_kafka_python()
         out, _ = same(plain + other)
         assert [o for o, _ in out][:2] == [0, 1]
         lean = Lean(0, TP, MemoryRecords(plain + other))
-        assert not isinstance(lean.take(1)[0], _fastfetch.LeanRecord)   # the stock reader
+        assert not isinstance(lean.take(1)[0], _fastfetch.LeanRun)   # the stock reader
     control = batch(1, [(0, None, b"\x00\x00\x00\x00\x00\x00", [])], attrs_or=0x20)
     out, end = same(plain + control + batch(2, [(0, None, b"after", [])]))
     assert out == [(0, b"p"), (2, b"after")] and end == 3

@@ -131,3 +131,27 @@ def test_kind_is_found_for_pmf_and_helpers_work():
     assert kind.n_records(kind.empty(model)) == 0
     # a decoded batch is what the model trains on
     model.check_batch(part)
+
+
+def test_file_and_memory_sources_dead_letter_bad_ratings(tmp_path):
+    """Through the sources: out-of-range ratings and malformed ids become dead letters with reasons."""
+    from streamsvi.io.sources import FileSource, MemorySource
+
+    kind = RatingsKind()
+    model = PMF()
+    validator = kind.make_validator(model, {"min_rating": 1.0, "max_rating": 5.0})
+    lines = [b'{"user": 1, "item": "a", "rating": 4}', b'{"user": 2, "item": "b", "rating": 7}',
+             b'{"user": 2.5, "item": "b", "rating": 3}', b'{"user": "u3", "item": 9, "rating": 1.5}']
+    path = tmp_path / "ratings.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    src = FileSource(path, codec=kind.make_codec("json", model, {}), validator=validator, kind=kind)
+    batch = src.poll_batch(10)
+    assert batch.x.to_records() == [{"user": "1", "item": "a", "rating": 4.0},
+                                    {"user": "u3", "item": "9", "rating": 1.5}]
+    assert sorted(d.reason for d in batch.dead) == ["bad_id", "out_of_range"]
+    x = Ratings([1, 2, 3], ["a", "b", "c"], [3.0, 0.0, 5.0])
+    mem = MemorySource(x, validator=validator, kind=kind)
+    b = mem.poll_batch(2)
+    assert b.x.user.tolist() == ["1"] and [d.reason for d in b.dead] == ["out_of_range"]
+    assert json.loads(b.dead[0].payload) == {"user": "2", "item": "b", "rating": 0.0}
+    assert mem.poll_batch(5).x.user.tolist() == ["3"]

@@ -237,7 +237,7 @@ def test_predictive_variance_matches_monte_carlo():
     model = PMF(n_factors=2, sigma2=0.3, prior_var=1.0, biases=True, offset=3.0)
     engine = batch_vi(model, len(x))
     state, _ = engine.fit(engine.init(x, seed=0), x, n_steps=5)
-    mean, var = model.predict_rating(state.lam, state.aux, ["u1", "nobody"], [3, 5])
+    mean, var = model.predict_rating(state.lam, ["u1", "nobody"], [3, 5], aux=state.aux)
     rng = np.random.default_rng(0)
     for k, (u, j) in enumerate([("u1", "3"), ("nobody", "5")]):
         if u in state.aux["users"]:
@@ -262,7 +262,7 @@ def test_streaming_pass_recovers_a_low_rank_matrix():
     state = engine.init(x[np.arange(200)], seed=0)
     for s in range(0, len(x), 200):
         state, _ = engine.update(state, x[np.arange(s, s + 200)])
-    mean, _ = model.predict_rating(state.lam, state.aux, test.user, test.item)
+    mean, _ = model.predict_rating(state.lam, test.user, test.item, aux=state.aux)
     # held-out ratings: noise sd 0.3, signal sd ≈ 1.4 (the sd of the ratings themselves)
     rmse = np.sqrt(np.mean((mean - test.rating) ** 2))
     assert test.rating.std() > 1.2 and rmse < 0.5
@@ -276,14 +276,14 @@ def test_snapshot_scoring_and_recommend(tmp_path):
     CheckpointStore(tmp_path).save(engine, state, offsets=[])
     fitted = load(tmp_path)
     m1, v1 = fitted.predict_rating(x.user[:5], x.item[:5])
-    m2, v2 = model.predict_rating(state.lam, state.aux, x.user[:5], x.item[:5])
+    m2, v2 = model.predict_rating(state.lam, x.user[:5], x.item[:5], aux=state.aux)
     np.testing.assert_array_equal(m1, m2)
     np.testing.assert_array_equal(v1, v2)
     np.testing.assert_array_equal(fitted.predictive_logpdf(x[np.arange(5)]),
                                   engine.predictive_logpdf(state, x[np.arange(5)]))
     rec = fitted.recommend("u0", k=3)
     rated = set(x.item[x.user == "u0"])
-    all_scores = {j: model.predict_rating(state.lam, state.aux, ["u0"], [j])[0][0]
+    all_scores = {j: model.predict_rating(state.lam, ["u0"], [j], aux=state.aux)[0][0]
                   for j in state.aux["items"] if j not in rated}
     best = sorted(all_scores, key=lambda j: -all_scores[j])[:3]
     assert [j for j, _ in rec] == best                   # brute force over the unrated items
@@ -313,7 +313,7 @@ def test_river_ranker_face():
 
 
 def model_mean(model, state, u, i):
-    return float(model.predict_rating(state.lam, state.aux, [u], [i])[0][0])
+    return float(model.predict_rating(state.lam, [u], [i], aux=state.aux)[0][0])
 
 
 def test_settings_are_validated():
