@@ -309,9 +309,9 @@ class RatingsValidator:
         rejected = []
         for r in np.flatnonzero(~ok).tolist():
             if not finite[r]:
-                rejected.append((r, "non_finite", f"rating is {y[r]!r}, expected a finite number"))
+                rejected.append((r, "non_finite", f"rating is {float(y[r])!r}, expected a finite number"))
             else:
-                rejected.append((r, "out_of_range", f"rating {y[r]!r} is outside "
+                rejected.append((r, "out_of_range", f"rating {float(y[r])!r} is outside "
                                                      f"[{self._lo!r}, {self._hi!r}]"))
         return x[np.flatnonzero(ok)], rejected
 
