@@ -35,7 +35,7 @@ Data: MovieLens 100K (``streamsvi.datasets.load_movielens100k``, the
 
 Run::
 
-    python bench/pmf_movielens.py            # full: 20 inits, 40 iterations (~10 min on 2 cores)
+    python bench/pmf_movielens.py            # full: 20 inits, 25 iterations (~10 min on 2 quiet cores)
     python bench/pmf_movielens.py --quick    # 3 inits, 12 iterations (< 2 min)
 """
 from __future__ import annotations
@@ -204,7 +204,7 @@ def main(argv=None):
     if a.only != "batch":
         stream_experiment(repeats=1 if a.quick else 3)
     if a.only != "stream":
-        batch_experiment(3 if a.quick else 20, 12 if a.quick else 40, a.jobs)
+        batch_experiment(3 if a.quick else 20, 12 if a.quick else 25, a.jobs)
 
 
 if __name__ == "__main__":

@@ -292,6 +292,20 @@ class _RowIndex:
         return rows, list(new), grown
 
 
+def _segment_limits(cur, tgt) -> np.ndarray:
+    """``segment_limit_pd`` per row; 0 for a row whose ``cur`` is numerically not PD."""
+    try:
+        return segment_limit_pd(cur, tgt)
+    except np.linalg.LinAlgError:
+        out = np.zeros(len(cur))
+        for k in range(len(cur)):
+            try:
+                out[k] = segment_limit_pd(cur[k:k + 1], tgt[k:k + 1])[0]
+            except np.linalg.LinAlgError:
+                out[k] = 0.0
+        return out
+
+
 def _as_float(name, v, positive=True):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
             or (positive and v <= 0):
@@ -710,13 +724,18 @@ class PMF:
                 below = ~self._pd(cur)         # rounding left Λ just under the floor: use Λ ≻ 0
                 cur[below] += delta
                 tgt[below] += delta
-                limit = segment_limit_pd(cur, tgt)
+                limit = _segment_limits(cur, tgt)
                 rho_b = np.minimum(rho[out], tau * limit)
                 report["domain_clipped"] += int(np.count_nonzero(rho_b < rho[out]))
                 rho[out] = rho_b
         new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
         new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
         new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
+        if negative:                           # rounding safety: a row that is not PD keeps its λ
+            stay = ~self._pd(new_P)
+            if stay.any():
+                new_h[stay], new_P[stay] = h_old[stay], P_old[stay]
+                report["domain_clipped"] += int(np.count_nonzero(stay))
         H[uniq], P[uniq] = new_h, new_P
         m, Sig, E = self._moments(new_h, new_P)
         for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", self._kl(m, Sig, new_P)), ("E", E)):
