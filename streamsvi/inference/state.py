@@ -5,6 +5,12 @@ UTF-8 JSON document (stored as a uint8 array) with the model's name and
 settings, the engine settings, step, records seen, the random-stream state and
 the library version. Loading uses ``allow_pickle=False`` and rebuilds the model
 from its registered name, so nothing in the file is ever executed.
+
+A row-wise model's ``state.aux`` (engine docs) is saved too: numpy-array
+values as ``aux/<name>`` arrays (numeric dtypes only), everything else under
+``"aux"`` in ``meta.json``. States without aux are written exactly as before.
+The shapes of λ are checked against the model's prior, or, for a model with
+``check_state(lam, aux)`` (whose λ grows with the data), by that method.
 """
 from __future__ import annotations
 
@@ -26,6 +32,13 @@ def state_to_arrays(engine: SVI, state: EngineState) -> dict[str, np.ndarray]:
             "engine": engine.to_dict(), "step": state.step, "records_seen": state.records_seen,
             "rng_state": state.rng_state}
     arrays = {f"lam/{k}": v for k, v in state.lam.items()}
+    if state.aux is not None:
+        meta["aux"] = {k: v for k, v in state.aux.items() if not isinstance(v, np.ndarray)}
+        for k, v in state.aux.items():
+            if isinstance(v, np.ndarray):
+                if v.dtype.kind not in "biuf":
+                    raise TypeError(f"aux array {k!r} has dtype {v.dtype}; only numeric arrays are saved")
+                arrays[f"aux/{k}"] = v
     arrays["meta.json"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     return arrays
 
@@ -41,15 +54,32 @@ def state_from_arrays(arrays) -> tuple[SVI, EngineState]:
     eng["schedule"] = schedule_from_dict(eng["schedule"])
     engine = SVI(model, **eng)
     lam = NatParams({k[4:]: np.array(arrays[k]) for k in arrays if k.startswith("lam/")})
+    aux = None
+    if "aux" in meta:
+        aux = dict(meta["aux"])
+        aux.update({k[4:]: np.array(arrays[k]) for k in arrays if k.startswith("aux/")})
+    check_state_shapes(model, lam, aux)
+    state = EngineState(step=int(meta["step"]), lam=lam, rng_state=meta["rng_state"],
+                        records_seen=int(meta["records_seen"]), aux=aux)
+    return engine, state
+
+
+def check_state_shapes(model, lam, aux=None) -> None:
+    """Raise ``ValueError`` unless λ (and aux) can belong to ``model``.
+
+    The names and shapes of the model's prior, or the model's own
+    ``check_state(lam, aux)`` for row-wise models whose λ grows.
+    """
+    own = getattr(model, "check_state", None)
+    if own is not None:
+        own(lam, aux)
+        return
     expected = set(model.prior())
     if set(lam) != expected:
         raise ValueError(f"state parameters {sorted(lam)} do not match model {sorted(expected)}")
     for k, v in model.prior().items():
         if lam[k].shape != v.shape:
             raise ValueError(f"parameter {k} has shape {lam[k].shape}, model expects {v.shape}")
-    state = EngineState(step=int(meta["step"]), lam=lam, rng_state=meta["rng_state"],
-                        records_seen=int(meta["records_seen"]))
-    return engine, state
 
 
 def save_state(path, engine: SVI, state: EngineState) -> None:

@@ -6,6 +6,7 @@ Layout (one job per module):
 ``validate``    which decoded rows may reach the model (:class:`RecordValidator`)
 ``sequences``   the "sequences" record kind (symbol sequences, the discrete HMM)
 ``bow``         bag-of-words records (kind "bow": JSON, binary CSR, raw text) for topic models
+``ratings``     the "ratings" record kind (user, item, rating) for PMF: codecs, validator
 ``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
 ``deadletter``  where rejected records go, counted by reason
 ``produce``     load a data set into a topic
@@ -24,6 +25,7 @@ from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailab
 from .validate import RecordValidator
 from . import sequences as _sequences  # noqa: F401,E402  registers the "sequences" record kind
 from . import bow  # noqa: F401,E402  (registers the "bow" record kind)
+from . import ratings as _ratings  # noqa: F401  (registers the "ratings" record kind)
 
 __all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
            "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",

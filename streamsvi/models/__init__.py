@@ -4,9 +4,10 @@ from .gauss1d import KnownVarianceGMM1D
 from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
 from .lda import LDA
+from .pmf import PMF, Ratings
 
 #: name -> class, for rebuilding a model from saved settings.
-MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA)}
+MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA, PMF)}
 
 
 def model_from_dict(d: dict):
@@ -21,5 +22,5 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "MODELS", "model_from_dict",
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "MODELS", "model_from_dict",
            "model_to_dict"]

@@ -30,10 +30,11 @@ class Field:
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
-                      "hmm (discrete hidden Markov model) or lda (topic model on bags of words)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda")),
-        "n_components": Field("int", REQUIRED, "K (the truncation level for gmm_dp; the number of "
-                              "hidden states for hmm; topics for lda)", min=1),
+                      "hmm (discrete hidden Markov model), lda (topic model on bags of words) or "
+                      "pmf (matrix factorisation of ratings)",
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf")),
+        "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
+                              "hidden states for hmm; topics for lda); required except for pmf", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
                             "size or number of hash buckets)", min=1),
         "weight_concentration": Field("float", None, "alpha0 of the Dirichlet on the weights "
@@ -42,9 +43,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "mean": Field("float", None, "m0, a number used for every coordinate (gmm, gmm_dp)"),
         "degrees_of_freedom": Field("float", None, "nu0 > D - 1; default D (gmm, gmm_dp)"),
         "scale": Field("float", None, "W0 = scale * I (gmm, gmm_dp)", min=0),
-        "sigma2": Field("float", None, "known observation variance (gauss1d)", min=0),
+        "sigma2": Field("float", None, "known observation variance (gauss1d); rating noise variance (pmf)",
+                        min=0),
         "prior_mean": Field("float", None, "mu0 (gauss1d)"),
-        "prior_var": Field("float", None, "tau^2 (gauss1d)", min=0),
+        "prior_var": Field("float", None, "tau^2 (gauss1d); c, prior variance of every factor (pmf)", min=0),
         "n_symbols": Field("int", None, "V, the alphabet size: symbols are 0..V-1 (hmm)", min=1),
         "init_concentration": Field("float", None, "Dirichlet prior of the initial state "
                                     "distribution; default 1/K (hmm)", min=0),
@@ -66,6 +68,14 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "documents (topics seeded from random documents)", choices=("gamma", "documents")),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
+        "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
+        "biases": Field("bool", None, "add a user and an item bias to the mean (pmf)"),
+        "offset": Field("float", None, "mu0 subtracted from every rating, e.g. the training mean (pmf)"),
+        "init_scale": Field("float", None, "std of the random initial means of new rows (pmf)", min=0),
+        "row_counts": Field("str", None, "N_i per user/item (pmf): scaled = n_total * n_i / records seen "
+                            "(data set or population), seen = ratings of the row seen so far "
+                            "(one pass over a stream)", choices=("scaled", "seen")),
+        "remember_rated": Field("bool", None, "keep rated pairs so top-k leaves them out (pmf)"),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -115,6 +125,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                          "largest word count)", min=0),
         "max_message_bytes": Field("int", 1_048_576, "largest accepted message (JSON codec)", min=1),
         "max_sequence_length": Field("int", 100_000, "longest accepted sequence (hmm records)", min=1),
+        "min_rating": Field("float", None, "pmf: ratings below this are dead-lettered (out_of_range)"),
+        "max_rating": Field("float", None, "pmf: ratings above this are dead-lettered (out_of_range)"),
     },
     "checkpoint": {
         "directory": Field("str", REQUIRED, "where snapshots are written"),
@@ -209,7 +221,12 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         raise ConfigError("inference.effective_fraction: must be in (0, 1]")
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] == "gauss1d":
+    if mdl["kind"] != "pmf" and mdl["n_components"] is None:
+        raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
+    if mdl["kind"] == "pmf":
+        if src["fields"] is not None:
+            raise ConfigError("source.fields: pmf records are JSON objects with user, item and rating")
+    elif mdl["kind"] == "gauss1d":
         if mdl["n_features"] not in (None, 1):
             raise ConfigError("model.n_features: gauss1d records have 1 value")
         mdl["n_features"] = 1
@@ -239,7 +256,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if src["fields"] is not None and len(src["fields"]) != 1:
             raise ConfigError(f"source.fields: hmm records take one name (the key of the symbol "
                               f"array), got {len(src['fields'])}")
-    elif src["fields"] is not None and len(src["fields"]) != mdl["n_features"]:
+    elif src["fields"] is not None and mdl["kind"] != "pmf" and len(src["fields"]) != mdl["n_features"]:
         raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
@@ -264,10 +281,19 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import LDA, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+    from ..models import LDA, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
 
     kind = model_cfg["kind"]
     given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
+    if kind == "pmf":
+        wrong = set(given) - {"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
+                              "row_counts", "remember_rated"}
+        if wrong:
+            raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = 'pmf'")
+        try:
+            return PMF(**given)
+        except ValueError as exc:
+            raise ConfigError(f"model: {exc}") from None
     gmm_keys = {"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
                 "degrees_of_freedom", "scale"}
     g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}

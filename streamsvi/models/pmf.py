@@ -1,0 +1,839 @@
+"""Probabilistic matrix factorisation (PMF) with Gaussian variational factors (seed 000 §IV-A).
+
+Generative model (Mnih & Salakhutdinov 2007; seed 000 eqs. 24–25)::
+
+    u_i ~ N(0, c I),  v_j ~ N(0, c I)                 users i, items j, rank d
+    y_ij | u_i, v_j ~ N(u_iᵀ v_j + μ0, σ²)            (i, j) ∈ Ω, the observed ratings
+
+With ``biases=True`` each side gets one more free coordinate, a user bias
+b_i and an item bias e_j (both N(0, c)), and the mean is
+u_iᵀv_j + b_i + e_j + μ0. μ0 (``offset``) is a fixed, documented centring of
+the ratings (e.g. the training mean), not a learned parameter.
+
+Variational family: q = Π_i N(u_i | m_i, Λ_i⁻¹) Π_j N(v_j | m_j, Λ_j⁻¹), each
+row in precision form with natural parameters (h, Λ) (``*_h``, ``*_prec``)::
+
+    prior η:       h = 0,   Λ = I / c
+    user i:        Λ_i = I/c + Σ_{j ∈ Ω_i} E_q[v_j v_jᵀ] / σ²,  h_i = Σ_{j ∈ Ω_i} y'_ij E_q[v_j] / σ²
+
+(seed 000 eq. 26; y' = y − μ0; with biases E_q[v v_ᵀ] and y' E_q[v] are
+replaced by the moments of the user's "design" (v_j, 1) and the response
+y' − e_j, see ``_design_moments``). Items are symmetric. There are no local
+variables: both U and V are global, and a rating r = (i, j, y) contributes
+the statistic t_r to row i (computed from q(v_j)) and to row j (from q(u_i)).
+
+Batch VI. U | V and V | U are conjugate blocks, so CAVI is the alternating
+sweep: every user row from the current items, then every item row from the
+new users. One update of the engine is one such sweep (users first), which
+is what makes the batch-VI ELBO monotone (a simultaneous "Jacobi" update of
+both blocks is not coordinate ascent and can oscillate).
+
+Stochastic updates: who is touched, N_i and the scaling. A minibatch S of
+ratings touches the rows S_i = {r ∈ S: user(r) = i} (and likewise items).
+Only those rows move; for row i::
+
+    target   λ̂_i = η + (N_i / |S_i|) Σ_{r ∈ S_i} w_r t_r
+    step     λ_i ← (1 − ρ_i) λ_i^eff + ρ_i λ̂_i
+
+* N_i is row i's share of the population: N_i = N · n_i / R, where N is the
+  engine's ``n_total`` (the data-set size, or the population size α of an
+  unbounded stream), n_i the number of ratings of row i seen so far
+  (including this batch) and R the number of ratings seen so far (including
+  this batch). On a fixed data set processed in epochs or in full batches,
+  n_i / R = N_i / N exactly after every full epoch, so N_i is row i's true
+  count; in batch mode (S = Ω) the scale N_i/|S_i| is exactly 1 and the
+  target is the CAVI update. Given |S_i|, a uniformly drawn S_i makes
+  (N_i/|S_i|) Σ_{S_i} t_r an unbiased estimate of Σ_{r ∈ Ω_i} t_r.
+* N_i changes as the stream goes on, so before the step the data part of
+  the old λ_i is rescaled to the new count: λ_i^eff = η + (N_i/N_i^old)(λ_i − η),
+  with N_i^old the N_i of row i's previous update (no rescaling for a row's
+  first update). This is SVI on the per-rating statistic (λ_i − η)/N_i; with
+  a constant N_i (batch, known counts) λ_i^eff = λ_i and the step is the
+  ordinary SVI step.
+* ρ_i = schedule(t_i), where t_i counts the updates row i has received: a
+  row first seen at global step 10 000 starts with a large step, not with
+  ρ_10000. In batch mode every row is updated every step, so ρ_i = ρ_t.
+  ``UpdateInfo.rho`` is the schedule at the global step.
+* SVI+ weights are per rating, drawn by the engine exactly as for every
+  other model (w_r = 1 + ε_r − ε̄, ε_r ~ N(0, |S|/M − 1)), and enter every
+  sum above: Σ_{r ∈ S_i} w_r t_r. Given the batch, the noise added to row
+  i's target has covariance (N_i/|S_i|)² (|S|/M − 1)(Σ_{S_i} t_r t_rᵀ −
+  (Σ_{S_i} t_r)(Σ_{S_i} t_r)ᵀ/|S|) (tested). M = |S| is plain SVI bit for
+  bit; S = Ω with M < |Ω| is the batch SVI+ of seed 000's experiment.
+* Negative weights can make a precision non-positive-definite. Each touched
+  row whose step would leave the domain takes ρ_i ← min(ρ_i, τ s_max,i)
+  (the engine's fraction-to-boundary rule, per row, ``boundary_fraction``
+  τ); such rows are counted in ``domain_clipped``. The domain used here is
+  Λ ⪰ δ I/c with δ = ``PREC_FLOOR`` = 1/2, not merely Λ ≻ 0: the exact
+  posterior always has Λ ⪰ I/c, and because a row's moments feed the other
+  side's statistics (E[v vᵀ] grows like Λ⁻¹), a nearly singular Λ lets the
+  SVI+ noise escalate between users and items until the numbers overflow
+  (observed with δ = 10⁻⁶). With non-negative weights (SVI, batch VI) Λ ⪰ I/c
+  holds anyway and nothing is clipped.
+
+New ids. Users and items are found through id→row maps kept in the engine
+state's ``aux`` (``users``/``items`` lists, JSON in the snapshot). A new id
+appends a row (λ grows) initialised at the prior precision with a random
+mean whose coordinates are N(0, ``init_scale``²), drawn from a hash of
+(the state's init seed, side, id): deterministic, independent of arrival
+order, seed-dependent. Ids are strings or integers; an integer is the same id
+as its decimal string (42 ≡ "42"), so JSON producers and TSV files agree.
+Per-row counters ``*_n`` (ratings), ``*_t`` (updates), ``*_N`` (last N_i)
+and, with ``remember_rated``, the rated (user row, item row) pairs (for
+top-k without already-rated items) are numpy arrays in ``aux``.
+
+Metrics (``UpdateInfo``): ``elbo`` is L_t = Σ_rows −KL(q‖p) + (N/|S|) Σ_{r∈S}
+E_q[log p(y_r | u, v)] at λ before the update (new rows at their initial
+values); in batch mode it is the full ELBO (with ``row_counts="seen"`` the
+likelihood term is still scaled by the engine's N: set N to the stream's
+size). ``UpdateInfo.gradient`` is None: λ's shape grows and untouched rows
+have no gradient, so the daemon's step-to-step gradient variance is not
+observed for PMF. ``grad_variance`` is
+Σ_{touched rows} N_i² tr(Σ̂_i) / M_i with Σ̂_i the sample covariance of the
+row's t_r and M_i = |S_i| M/|S| its effective count; ``grad_norm`` is the
+norm of λ̂ − λ^eff over the touched rows.
+
+Examples
+--------
+>>> import numpy as np
+>>> from streamsvi.inference import batch_vi
+>>> rng = np.random.default_rng(0)
+>>> U, V = rng.normal(size=(30, 2)), rng.normal(size=(20, 2))
+>>> i, j = rng.integers(0, 30, 400), rng.integers(0, 20, 400)
+>>> x = Ratings(i, j, (U[i] * V[j]).sum(1) + 0.1 * rng.normal(size=400))
+>>> model = PMF(n_factors=2, sigma2=0.01, prior_var=1.0)
+>>> engine = batch_vi(model, len(x))
+>>> state, infos = engine.fit(engine.init(x, seed=1), x, n_steps=30)
+>>> infos[-1].elbo > infos[0].elbo
+True
+>>> mean, var = model.predict_rating(state.lam, [3], [7], aux=state.aux)
+>>> bool(abs(mean[0] - U[3] @ V[7]) < 0.3)
+True
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+
+import numpy as np
+import scipy.sparse as sp
+
+from .base import NatParams, segment_limit_pd
+
+__all__ = ["PMF", "Ratings", "canonical_id"]
+
+#: longest accepted id (characters)
+MAX_ID_LENGTH = 256
+
+
+def canonical_id(value, what: str = "id") -> str:
+    """The canonical form of a user or item id: a non-empty string.
+
+    Integers become their decimal string (so 42 and "42" are the same id);
+    strings are kept as given. Booleans, floats, None, empty strings, strings
+    longer than 256 characters and strings with control characters are
+    rejected with a ``ValueError`` naming the value.
+
+    >>> canonical_id(42), canonical_id("u-7")
+    ('42', 'u-7')
+    """
+    if isinstance(value, str):
+        if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+            raise ValueError(f"{what} id must be a non-empty printable string of at most "
+                             f"{MAX_ID_LENGTH} characters, got {value[:40]!r}")
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return str(int(value))
+    raise ValueError(f"{what} id must be a string or an integer, got {type(value).__name__} {value!r}")
+
+
+class Ratings:
+    """A minibatch of ratings: ``user`` and ``item`` ids and ``rating`` values.
+
+    The engine needs only ``shape[0]`` and row selection ``x[int_array]``.
+    Ids are canonicalised with :func:`canonical_id` (an object array of str).
+
+    >>> x = Ratings([1, "a"], ["m1", 2], [4.0, 3.5])
+    >>> len(x), x[np.array([1])].user.tolist(), x.item.tolist()
+    (2, ['a'], ['m1', '2'])
+    """
+
+    __slots__ = ("user", "item", "rating")
+
+    def __init__(self, user, item, rating, *, _canonical: bool = False):
+        rating = np.asarray(rating, dtype=np.float64).reshape(-1)
+        if _canonical:
+            self.user, self.item = user, item
+        else:
+            self.user = np.array([canonical_id(u, "user") for u in np.asarray(user, dtype=object).reshape(-1)],
+                                 dtype=object)
+            self.item = np.array([canonical_id(v, "item") for v in np.asarray(item, dtype=object).reshape(-1)],
+                                 dtype=object)
+        if not (len(self.user) == len(self.item) == len(rating)):
+            raise ValueError(f"user, item and rating must have the same length, got "
+                             f"{len(self.user)}, {len(self.item)}, {len(rating)}")
+        self.rating = rating
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.rating),)
+
+    def __len__(self):
+        return len(self.rating)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            index = [int(index)]
+        return Ratings(self.user[index], self.item[index], self.rating[index], _canonical=True)
+
+    def __repr__(self):
+        return f"Ratings(n={len(self)})"
+
+    def copy(self) -> "Ratings":
+        return Ratings(self.user.copy(), self.item.copy(), self.rating.copy(), _canonical=True)
+
+    @classmethod
+    def concat(cls, parts) -> "Ratings":
+        parts = list(parts)
+        if not parts:
+            return cls.empty()
+        return cls(np.concatenate([p.user for p in parts]), np.concatenate([p.item for p in parts]),
+                   np.concatenate([p.rating for p in parts]), _canonical=True)
+
+    @classmethod
+    def empty(cls) -> "Ratings":
+        return cls(np.empty(0, dtype=object), np.empty(0, dtype=object), np.empty(0), _canonical=True)
+
+    def to_records(self) -> list[dict]:
+        """One ``{"user", "item", "rating"}`` dict per rating."""
+        return [{"user": u, "item": v, "rating": float(y)}
+                for u, v, y in zip(self.user, self.item, self.rating)]
+
+
+def _hash64(side: str, ids) -> np.ndarray:
+    return np.array([int.from_bytes(hashlib.blake2b(f"{side}\x00{i}".encode(), digest_size=8).digest(),
+                                    "little") for i in ids], dtype=np.uint64)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _hashed_normals(seed: int, side: str, ids, D: int) -> np.ndarray:
+    """Standard normals (len(ids), D), a deterministic function of (seed, side, id)."""
+    if len(ids) == 0:
+        return np.empty((0, D))
+    base = _hash64(side, ids) ^ _splitmix64(np.array([seed], dtype=np.uint64))
+    k = np.arange(2 * D, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        z = _splitmix64(base[:, None] + _splitmix64(k)[None, :])
+    u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+    u1, u2 = u[:, :D], u[:, D:]
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+class _RowIndex:
+    """id → row lookups for the append-only id lists of ``aux`` (a cache, not state).
+
+    The id lists of successive states are prefixes of one another, so one
+    dict serves a whole lineage: an entry ``id → r`` is valid for a list of
+    length n iff r < n. New ids extend the dict only from the newest list of
+    the lineage (its "tip"); growing an older list (a branch) builds a fresh
+    dict. Results never depend on the cache, only the cost does.
+    """
+
+    _KEEP = 8
+
+    def __init__(self):
+        self._by_list: dict[int, tuple] = {}
+        self._lock = threading.Lock()           # scorers may look ids up from several threads
+
+    def _entry(self, ids: list):
+        with self._lock:
+            e = self._by_list.get(id(ids))
+        if e is None or e[0] is not ids:
+            e = (ids, {k: r for r, k in enumerate(ids)}, [len(ids)])
+            self._remember(e)
+        return e
+
+    def _remember(self, e):
+        with self._lock:
+            if len(self._by_list) >= self._KEEP:
+                self._by_list.pop(next(iter(self._by_list)))
+            self._by_list[id(e[0])] = e
+
+    def lookup(self, ids: list, keys, grow: bool = True) -> tuple[np.ndarray, list, list]:
+        """(rows of ``keys``, the new ids in order, the grown list) — rows ≥ len(ids) are new."""
+        _, d, tip = self._entry(ids)
+        n = len(ids)
+        rows = np.empty(len(keys), dtype=np.int64)
+        new: dict = {}
+        for p, k in enumerate(keys):
+            r = d.get(k)
+            if r is None or r >= n:
+                r = new.get(k)
+                if r is None:
+                    r = new[k] = n + len(new)
+            rows[p] = r
+        if not new or not grow:
+            return rows, list(new), ids
+        grown = ids + list(new)
+        if tip[0] == n:
+            d.update(new)
+            tip[0] = len(grown)
+            self._remember((grown, d, tip))
+        else:
+            self._remember((grown, {k: r for r, k in enumerate(grown)}, [len(grown)]))
+        return rows, list(new), grown
+
+
+def _segment_limits(cur, tgt) -> np.ndarray:
+    """``segment_limit_pd`` per row; 0 for a row whose ``cur`` is numerically not PD."""
+    try:
+        return segment_limit_pd(cur, tgt)
+    except np.linalg.LinAlgError:
+        out = np.zeros(len(cur))
+        for k in range(len(cur)):
+            try:
+                out[k] = segment_limit_pd(cur[k:k + 1], tgt[k:k + 1])[0]
+            except np.linalg.LinAlgError:
+                out[k] = 0.0
+        return out
+
+
+def _as_float(name, v, positive=True):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
+            or (positive and v <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v!r}")
+    return float(v)
+
+
+class PMF:
+    """Probabilistic matrix factorisation, q in precision form, users and items as growing rows.
+
+    Parameters
+    ----------
+    n_factors : int
+        d, the rank.
+    sigma2 : float
+        σ², the rating noise variance (seed 000: 1/2).
+    prior_var : float
+        c, the prior variance of every factor (and bias) coordinate (seed 000: 1).
+    biases : bool
+        Add a user and an item bias (each N(0, c)) to the mean.
+    offset : float
+        μ0, subtracted from every rating (a fixed centring, e.g. the training mean).
+    init_scale : float
+        Standard deviation of the random initial means of new rows.
+    remember_rated : bool
+        Keep the rated (user, item) pairs in the state so that :meth:`recommend`
+        leaves them out (costs 16 bytes per rating in every snapshot).
+
+    Attributes
+    ----------
+    dim : int
+        D, the free coordinates per row: d, or d + 1 with biases.
+    """
+
+    name = "pmf"
+    record_kind = "ratings"
+    #: the conjugate blocks, in the order of one CAVI sweep
+    blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
+    #: what ``streamsvi.load(...)`` offers (each called with λ and ``aux=``)
+    scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
+    #: δ: a step with negative SVI+ weights may not take Λ below δ·I/c (no variance above c/δ)
+    PREC_FLOOR = 0.5
+
+    def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
+                 biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
+                 row_counts: str = "scaled", remember_rated: bool = True):
+        if isinstance(n_factors, bool) or int(n_factors) != n_factors or n_factors < 1:
+            raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
+        self.n_factors = int(n_factors)
+        self.sigma2 = _as_float("sigma2", sigma2)
+        self.prior_var = _as_float("prior_var", prior_var)
+        if not isinstance(biases, (bool, np.bool_)):
+            raise ValueError(f"biases must be true or false, got {biases!r}")
+        self.biases = bool(biases)
+        self.offset = _as_float("offset", offset, positive=False)
+        self.init_scale = _as_float("init_scale", init_scale)
+        if row_counts not in ("scaled", "seen"):
+            raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
+        self.row_counts = row_counts
+        if not isinstance(remember_rated, (bool, np.bool_)):
+            raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
+        self.remember_rated = bool(remember_rated)
+        d = self.n_factors
+        self.dim = D = d + 1 if self.biases else d
+        # the mean is f = X̃ᵀ B Z̃ with X̃ = (x, 1), Z̃ = (z, 1): uᵀv (+ b + e)
+        B = np.zeros((D + 1, D + 1))
+        B[:d, :d] = np.eye(d)
+        if self.biases:
+            B[d, D] = 1.0      # user bias × 1
+            B[D, d] = 1.0      # 1 × item bias
+        self._B = B
+        self._index = {"user": _RowIndex(), "item": _RowIndex()}
+
+    def get_params(self) -> dict:
+        return {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
+                "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
+                "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+
+    def __repr__(self):
+        return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
+
+    # ------------------------------------------------------------ batches
+    def check_batch(self, x) -> Ratings:
+        """A :class:`Ratings` with at least one finite rating (or a mapping of user/item/rating)."""
+        if not isinstance(x, Ratings):
+            try:
+                x = Ratings(x["user"], x["item"], x["rating"])
+            except (KeyError, TypeError, IndexError):
+                raise ValueError(f"a PMF batch must be Ratings or have 'user', 'item' and 'rating' "
+                                 f"columns, got {type(x).__name__}") from None
+        if len(x) == 0:
+            raise ValueError("x must hold at least one rating, got 0")
+        if not np.all(np.isfinite(x.rating)):
+            bad = np.flatnonzero(~np.isfinite(x.rating))
+            raise ValueError(f"x has non-finite ratings at {bad[:10].tolist()}")
+        return x
+
+    # ------------------------------------------------------------ λ and aux
+    def prior(self, n_users: int = 0, n_items: int = 0) -> NatParams:
+        """η for ``n_users`` user rows and ``n_items`` item rows (h = 0, Λ = I/c)."""
+        D = self.dim
+        eye = np.eye(D) / self.prior_var
+        return NatParams(user_h=np.zeros((n_users, D)), user_prec=np.broadcast_to(eye, (n_users, D, D)),
+                         item_h=np.zeros((n_items, D)), item_prec=np.broadcast_to(eye, (n_items, D, D)))
+
+    def prior_like(self, lam) -> NatParams:
+        return self.prior(lam["user_h"].shape[0], lam["item_h"].shape[0])
+
+    def _new_rows(self, seed, side, ids):
+        m = self.init_scale * _hashed_normals(seed, side, ids, self.dim)
+        P = np.broadcast_to(np.eye(self.dim) / self.prior_var, (len(ids), self.dim, self.dim))
+        return m / self.prior_var, P
+
+    def init_state(self, rng, x, n_total):
+        """λ with one row per user and item of ``x`` (first-appearance order) and the aux maps."""
+        x = self.check_batch(x)
+        seed = int(rng.integers(0, 2**63))
+        aux = self._empty_aux(seed)
+        lam, aux, _, _, _ = self._grow(self.prior(), aux, x)
+        return lam, aux
+
+    def init_params(self, rng, x, n_total) -> NatParams:
+        return self.init_state(rng, x, n_total)[0]
+
+    def _empty_aux(self, seed):
+        D = self.dim
+        z = np.zeros(0, dtype=np.int64)
+        aux = {"seed": seed, "users": [], "items": []}
+        for side in ("user", "item"):
+            aux.update({f"{side}_n": z, f"{side}_t": z, f"{side}_N": np.zeros(0), f"{side}_kl": np.zeros(0),
+                        f"{side}_E": np.zeros((0, D + 1, D + 1))})
+        if self.remember_rated:
+            aux["rated"] = np.zeros((0, 2), dtype=np.int64)
+        return aux
+
+    def _grow(self, lam, aux, x):
+        """Rows for every id of ``x`` (new ones appended): (λ, aux, user rows, item rows, grew).
+
+        Besides the counters, ``aux`` caches per row E_q[X̃X̃ᵀ] (``*_E``) and
+        KL(q‖p) (``*_kl``), refreshed whenever a row changes, so an update
+        inverts each touched precision once.
+        """
+        urows, new_u, grown_u = self._index["user"].lookup(aux["users"], x.user)
+        irows, new_i, grown_i = self._index["item"].lookup(aux["items"], x.item)
+        if not new_u and not new_i:
+            return lam, aux, urows, irows, False
+        aux = dict(aux)
+        arrays = dict(lam)
+        c, D = self.prior_var, self.dim
+        for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
+            if not new:
+                continue
+            h, P = self._new_rows(aux["seed"], side, new)
+            arrays[f"{side}_h"] = np.concatenate([lam[f"{side}_h"], h])
+            arrays[f"{side}_prec"] = np.concatenate([lam[f"{side}_prec"], P])
+            aux[f"{side}s"] = grown
+            k = len(new)
+            m = h * c                              # Λ = I/c: mean c h, covariance c I
+            E = np.empty((k, D + 1, D + 1))
+            E[:, :D, :D] = c * np.eye(D) + m[:, :, None] * m[:, None, :]
+            E[:, :D, D] = E[:, D, :D] = m
+            E[:, D, D] = 1.0
+            for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
+                              ("N", np.zeros(k)), ("kl", 0.5 * np.einsum("ni,ni->n", m, m) / c), ("E", E)):
+                aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
+        return NatParams(arrays), aux, urows, irows, True
+
+    def refresh_cache(self, lam, aux) -> dict:
+        """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
+
+        Needed only after editing λ by hand (e.g. fixing rows in a test).
+        """
+        aux = dict(aux)
+        for side in ("user", "item"):
+            h, P = lam[f"{side}_h"], lam[f"{side}_prec"]
+            if len(h):
+                m, S, E = self._moments(h, P)
+                aux[f"{side}_E"], aux[f"{side}_kl"] = E, self._kl(m, S, P)
+        return aux
+
+    def check_state(self, lam, aux) -> None:
+        """Raise ``ValueError`` unless (λ, aux) is a consistent PMF state of this model."""
+        names = {"user_h", "user_prec", "item_h", "item_prec"}
+        if set(lam) != names:
+            raise ValueError(f"PMF parameters must be {sorted(names)}, got {sorted(lam)}")
+        if not isinstance(aux, dict) or not {"users", "items", "seed"} <= set(aux):
+            raise ValueError("a PMF state needs aux with the 'users' and 'items' id lists")
+        D = self.dim
+        for side in ("user", "item"):
+            n = len(aux[f"{side}s"])
+            if lam[f"{side}_h"].shape != (n, D) or lam[f"{side}_prec"].shape != (n, D, D):
+                raise ValueError(f"{side} parameters have shapes {lam[f'{side}_h'].shape}, "
+                                 f"{lam[f'{side}_prec'].shape}; expected ({n}, {D}) and ({n}, {D}, {D}) "
+                                 f"for {n} {side}s and D={D}")
+            for c in ("n", "t", "N", "kl"):
+                if np.shape(aux.get(f"{side}_{c}")) != (n,):
+                    raise ValueError(f"aux {side}_{c} must have {n} entries")
+            if np.shape(aux.get(f"{side}_E")) != (n, D + 1, D + 1):
+                raise ValueError(f"aux {side}_E must have shape ({n}, {D + 1}, {D + 1})")
+
+    # ------------------------------------------------------------ moments
+    def _kl(self, m, S, P):
+        """KL(N(m, S) ‖ N(0, c I)) per row (S = Λ⁻¹)."""
+        c, D = self.prior_var, self.dim
+        L = np.linalg.cholesky(P)
+        logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+        return 0.5 * (np.trace(S, axis1=1, axis2=2) / c + np.einsum("ni,ni->n", m, m) / c
+                      - D + D * math.log(c) + logdetP)
+
+    def _moments(self, h, P):
+        """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ)."""
+        S = np.linalg.inv(P)
+        S = 0.5 * (S + np.swapaxes(S, 1, 2))
+        m = np.einsum("nij,nj->ni", S, h)
+        n, D = m.shape
+        E = np.empty((n, D + 1, D + 1))
+        E[:, :D, :D] = S + m[:, :, None] * m[:, None, :]
+        E[:, :D, D] = m
+        E[:, D, :D] = m
+        E[:, D, D] = 1.0
+        return m, S, E
+
+    def _design_moments(self, E, side):
+        """For rows of the *other* side with moments E: (Q (n, D+1, D+1), a (n, D+1)).
+
+        For a rating of row x of ``side`` against such a row z, f = x̃ᵀ φ with
+        φ = B Z̃ (users; Bᵀ X̃ for items): Q = E[φφᵀ], a = E[φ]. The statistic
+        of the rating for row x is Λ += Q[:D, :D]/σ², h += (y' a[:D] − Q[:D, D])/σ².
+        B only zeroes (no biases) or swaps (biases) the last two coordinates, so
+        this is indexing, not a product (``_B`` is the matrix, for reference).
+        """
+        D = self.dim
+        if self.biases:                 # φ = (v, 1, e) from Z̃ = (v, e, 1): swap the last two
+            perm = np.r_[0:D - 1, D, D - 1]
+            Q = E[:, perm][:, :, perm]
+            return Q, Q[:, :, D - 1]    # E[φ] = E[φ · 1], and φ_{D-1} = 1
+        Q = E.copy()
+        Q[:, D, :] = 0.0
+        Q[:, :, D] = 0.0
+        a = E[:, :, D].copy()
+        a[:, D] = 0.0
+        return Q, a
+
+    # ------------------------------------------------------------ statistics
+    def _block_stats(self, side, Q, a, rows_other, rows_self, y, weights):
+        """Σ_r w_r t_r per touched row of ``side``: (rows, ΣwΛ-part, Σw h-part, unweighted, sqnorm sums)."""
+        D, s2 = self.dim, self.sigma2
+        Qr = Q[rows_other]
+        A = Qr[:, :D, :D] / s2                                      # (S, D, D)
+        b = (y[:, None] * a[rows_other, :D] - Qr[:, :D, D]) / s2     # (S, D)
+        T = np.concatenate([b, A.reshape(len(y), D * D)], axis=1)
+        uniq, inv = np.unique(rows_self, return_inverse=True)
+        S = len(y)
+        ones = np.ones(S)
+        Wmat = sp.csr_matrix((ones if weights is None else weights, (inv, np.arange(S))),
+                             shape=(len(uniq), S))
+        sums_w = Wmat @ T
+        if weights is None:
+            sums = sums_w
+        else:
+            sums = sp.csr_matrix((ones, (inv, np.arange(S))), shape=(len(uniq), S)) @ T
+        counts = np.bincount(inv, minlength=len(uniq))
+        sq = np.bincount(inv, weights=np.einsum("ij,ij->i", T, T), minlength=len(uniq))
+        return uniq, sums_w, sums, counts, sq
+
+    def _unpack(self, flat):
+        D = self.dim
+        return flat[:, :D], flat[:, D:].reshape(-1, D, D)
+
+    def local_step(self, lam, x, aux=None):
+        """Index ``x`` against ``aux`` and gather every row's moments (PMF has no local variables).
+
+        Every id of ``x`` must already have a row (e.g. ``aux`` from ``init_state`` on ``x``).
+        """
+        x = self.check_batch(x)
+        if aux is None:
+            raise ValueError("PMF.local_step needs aux (the id→row maps of the state)")
+        urows, new_u, _ = self._index["user"].lookup(aux["users"], x.user, grow=False)
+        irows, new_i, _ = self._index["item"].lookup(aux["items"], x.item, grow=False)
+        if new_u or new_i:
+            raise ValueError(f"ids without a row: users {new_u[:5]}, items {new_i[:5]}")
+        _, _, Eu = self._moments(lam["user_h"], lam["user_prec"])
+        _, _, Ev = self._moments(lam["item_h"], lam["item_prec"])
+        return {"urows": urows, "irows": irows, "Eu": Eu, "Ev": Ev, "shape": (len(Eu), len(Ev))}
+
+    def suffstats(self, local, x, weights=None) -> NatParams:
+        """Σ_r w_r t_r of both blocks at the moments of ``local`` (rows not rated: 0).
+
+        The user block uses q(V) and the item block q(U) from the same λ (so
+        one CAVI sweep is ``local_step``/``suffstats`` once per block, see ``blocks``).
+        """
+        y = x.rating - self.offset
+        nu, ni = local["shape"]
+        out = {}
+        for side, E_other, rows_o, rows_s, n in (("user", local["Ev"], local["irows"], local["urows"], nu),
+                                                 ("item", local["Eu"], local["urows"], local["irows"], ni)):
+            Q, a = self._design_moments(E_other, side)
+            uniq, sums_w, _, _, _ = self._block_stats(side, Q, a, rows_o, rows_s, y, weights)
+            h, P = self._unpack(sums_w)
+            H = np.zeros((n, self.dim))
+            PP = np.zeros((n, self.dim, self.dim))
+            H[uniq], PP[uniq] = h, P
+            out[f"{side}_h"], out[f"{side}_prec"] = H, PP
+        return NatParams(user_h=out["user_h"], user_prec=out["user_prec"], item_h=out["item_h"],
+                         item_prec=out["item_prec"])
+
+    def local_elbo_terms(self, Eu_rows, Qv_rows, av_rows, y):
+        """E_q[log N(y' | f, σ²)] per rating, from E[X̃X̃ᵀ] of its user and (Q, a) of its item."""
+        Ef = np.einsum("ni,ni->n", Eu_rows[:, :, -1], av_rows)
+        Ef2 = np.einsum("nij,nij->n", Eu_rows, Qv_rows)
+        return -0.5 * math.log(2 * math.pi * self.sigma2) - (y * y - 2 * y * Ef + Ef2) / (2 * self.sigma2)
+
+    def global_elbo(self, lam) -> float:
+        """−Σ_rows KL(N(m, Λ⁻¹) ‖ N(0, c I))."""
+        kl = 0.0
+        for side in ("user", "item"):
+            P = lam[f"{side}_prec"]
+            if len(P) == 0:
+                continue
+            m, S, _ = self._moments(lam[f"{side}_h"], P)
+            kl += float(np.sum(self._kl(m, S, P)))
+        return -kl
+
+    def elbo(self, lam, aux, x) -> float:
+        """The ELBO of the data ``x`` (every id must have a row) at λ."""
+        loc = self.local_step(lam, x, aux)
+        Q, a = self._design_moments(loc["Ev"], "user")
+        y = x.rating - self.offset
+        return self.global_elbo(lam) + float(np.sum(self.local_elbo_terms(
+            loc["Eu"][loc["urows"]], Q[loc["irows"]], a[loc["irows"]], y)))
+
+    # ------------------------------------------------------------ domain
+    @staticmethod
+    def _pd(P) -> np.ndarray:
+        if len(P) == 0:
+            return np.zeros(0, dtype=bool)
+        return np.linalg.eigvalsh(0.5 * (P + np.swapaxes(P, 1, 2)))[:, 0] > 0
+
+    def in_domain(self, lam) -> bool:
+        return lam.all_finite() and bool(self._pd(lam["user_prec"]).all() and self._pd(lam["item_prec"]).all())
+
+    # ------------------------------------------------------------ the update
+    def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
+                 boundary_fraction, effective_batch_size=None):
+        """One SVI / SVI+ step on the touched rows: users, then items (module docs).
+
+        Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
+        ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
+        ``domain_clipped`` and ``domain_blocks``. ``lam`` and ``aux`` are
+        new objects; the arguments are not modified.
+        """
+        if aux is None:
+            raise ValueError("a PMF state needs aux; start it with SVI.init")
+        lam, aux, urows, irows, grew = self._grow(lam, aux, x)
+        new = NatParams._wrap(lam._layout, lam._flat if grew else lam._flat.copy())  # one fresh buffer
+        aux = dict(aux)
+        S = len(x)
+        M = float(S if effective_batch_size is None else effective_batch_size)
+        R = records_before + S
+        y = x.rating - self.offset
+        eta_P = np.eye(self.dim) / self.prior_var
+        negative = weights is not None and bool(np.any(weights < 0))
+        report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
+
+        # the ELBO at the old λ (new rows at their initial values), from the per-row caches
+        ut, uinv = np.unique(urows, return_inverse=True)
+        it, iinv = np.unique(irows, return_inverse=True)
+        Qv, av = self._design_moments(aux["item_E"][it], "user")
+        local = self.local_elbo_terms(aux["user_E"][urows], Qv[iinv], av[iinv], y)
+        elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
+
+        # users from the current items, then items from the new users
+        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, negative, eta_P, report)
+        self._step_block("user", Qv, av, iinv, urows, *common)
+        Qu, au = self._design_moments(aux["user_E"][ut], "item")
+        self._step_block("item", Qu, au, uinv, irows, *common)
+        if self.remember_rated:
+            aux["rated"] = np.concatenate([aux["rated"], np.stack([urows, irows], axis=1)])
+        return {"lam": new, "aux": aux, "elbo": elbo,
+                "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
+                "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
+
+    def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
+                    schedule, tau, negative, eta_P, report):
+        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``)."""
+        uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, inv_other, rows_self, y, weights)
+        n_new = aux[f"{side}_n"][uniq] + counts
+        t_new = aux[f"{side}_t"][uniq] + 1
+        N_old = aux[f"{side}_N"][uniq]
+        N_new = n_total * n_new / R if self.row_counts == "scaled" else n_new.astype(np.float64)
+        scale = N_new / counts
+        hs, Ps = self._unpack(sums_w)
+        tgt_h = scale[:, None] * hs
+        tgt_P = eta_P + scale[:, None, None] * Ps
+        H, P = new[f"{side}_h"], new[f"{side}_prec"]
+        h_old, P_old = H[uniq], P[uniq]
+        r = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
+        if np.any(r != 1.0):
+            h_eff = r[:, None] * h_old
+            P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
+            if negative:                       # a non-PSD data part may not be stretched
+                bad = ~self._pd(P_eff - self.PREC_FLOOR * eta_P)
+                h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
+        else:
+            h_eff, P_eff = h_old, P_old
+        rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
+        rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
+        if negative:
+            report["domain_blocks"] += len(uniq)
+            # the working domain: Λ − δ I/c positive definite (module docs, PREC_FLOOR)
+            delta = self.PREC_FLOOR * eta_P
+            trial = P_eff + (rho / tau)[:, None, None] * (tgt_P - P_eff)
+            out = ~self._pd(trial - delta)
+            if out.any():
+                cur, tgt = P_eff[out] - delta, tgt_P[out] - delta
+                below = ~self._pd(cur)         # rounding left Λ just under the floor: use Λ ≻ 0
+                cur[below] += delta
+                tgt[below] += delta
+                limit = _segment_limits(cur, tgt)
+                rho_b = np.minimum(rho[out], tau * limit)
+                report["domain_clipped"] += int(np.count_nonzero(rho_b < rho[out]))
+                rho[out] = rho_b
+        new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
+        new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
+        new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
+        if negative:                           # rounding safety: a row that is not PD keeps its λ
+            stay = ~self._pd(new_P)
+            if stay.any():
+                new_h[stay], new_P[stay] = h_old[stay], P_old[stay]
+                report["domain_clipped"] += int(np.count_nonzero(stay))
+        H[uniq], P[uniq] = new_h, new_P
+        m, Sig, E = self._moments(new_h, new_P)
+        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", self._kl(m, Sig, new_P)), ("E", E)):
+            arr = aux[f"{side}_{c}"].copy()
+            arr[uniq] = v
+            aux[f"{side}_{c}"] = arr
+        # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
+        mean = sums / counts[:, None]
+        tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
+                      / np.maximum(counts - 1, 1), 0.0)
+        report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
+        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
+
+    # ------------------------------------------------------------ scoring
+    def rows_of(self, aux, side: str, ids) -> np.ndarray:
+        """Rows of ``ids`` (canonicalised) on ``side`` ("user"/"item"); −1 for unknown ids."""
+        keys = [canonical_id(i, side) for i in ids]
+        rows, _, _ = self._index[side].lookup(aux[f"{side}s"], keys, grow=False)
+        n = len(aux[f"{side}s"])
+        return np.where(rows < n, rows, -1)
+
+    def _row_moments(self, lam, side, rows):
+        """E[X̃X̃ᵀ] of rows; the prior's for row −1 (an unknown id: mean 0, covariance c I)."""
+        D = self.dim
+        known = rows >= 0
+        E = np.zeros((len(rows), D + 1, D + 1))
+        E[:, :D, :D] = np.eye(D) * self.prior_var
+        E[:, D, D] = 1.0
+        if known.any():
+            r = rows[known]
+            E[known] = self._moments(lam[f"{side}_h"][r], lam[f"{side}_prec"][r])[2]
+        return E
+
+    def predict_rating(self, lam, users, items, aux=None):
+        """Posterior predictive mean and variance of the rating of each (user, item) pair.
+
+        mean = μ0 + E_q[f], variance = σ² + Var_q[f] with f = u_iᵀv_j (+ b_i + e_j),
+        Var_q[f] = tr(E[X̃X̃ᵀ] B E[Z̃Z̃ᵀ] Bᵀ) − E[f]² (q(u_i), q(v_j) independent). Unknown
+        ids use the prior (cold start). ``aux`` is the state's (id→row maps).
+        """
+        aux = self._need_aux(aux)
+        Eu = self._row_moments(lam, "user", self.rows_of(aux, "user", users))
+        Ev = self._row_moments(lam, "item", self.rows_of(aux, "item", items))
+        Q, a = self._design_moments(Ev, "user")
+        Ef = np.einsum("ni,ni->n", Eu[:, :, -1], a)
+        Ef2 = np.einsum("nij,nij->n", Eu, Q)
+        return self.offset + Ef, self.sigma2 + np.maximum(Ef2 - Ef * Ef, 0.0)
+
+    def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
+        """log N(y | predictive mean, predictive variance) per rating (moment-matched Gaussian)."""
+        aux = self._need_aux(aux)
+        x = self.check_batch(x)
+        mean, var = self.predict_rating(lam, x.user, x.item, aux=aux)
+        return -0.5 * np.log(2 * math.pi * var) - (x.rating - mean) ** 2 / (2 * var)
+
+    def recommend(self, lam, user, k: int = 10, exclude=(), aux=None) -> list[tuple[str, float]]:
+        """The ``k`` items with the highest predicted rating for ``user``, best first.
+
+        Leaves out the items the user rated in the training stream (when the
+        model has ``remember_rated``) and any ids in ``exclude``. Returns
+        ``[(item id, predicted rating), ...]``.
+        """
+        aux = self._need_aux(aux)
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        n_items = len(aux["items"])
+        if n_items == 0:
+            return []
+        urow = self.rows_of(aux, "user", [user])
+        Eu = self._row_moments(lam, "user", urow)[0]
+        Ev = self._row_moments(lam, "item", np.arange(n_items))
+        _, a = self._design_moments(Ev, "user")
+        scores = self.offset + a @ Eu[:, -1]
+        keep = np.ones(n_items, dtype=bool)
+        if urow[0] >= 0 and "rated" in aux and len(aux["rated"]):
+            rated = aux["rated"]
+            keep[rated[rated[:, 0] == urow[0], 1]] = False
+        ex = self.rows_of(aux, "item", list(exclude)) if len(exclude) else np.empty(0, np.int64)
+        keep[ex[ex >= 0]] = False
+        cand = np.flatnonzero(keep)
+        if len(cand) == 0:
+            return []
+        kk = min(int(k), len(cand))
+        top = cand[np.argpartition(-scores[cand], kk - 1)[:kk]]
+        top = top[np.lexsort((top, -scores[top]))]
+        items = aux["items"]
+        return [(items[j], float(scores[j])) for j in top]
+
+    def score_records(self, lam, x, aux=None) -> list[dict]:
+        """``{"user", "item", "prediction", "variance"}`` per rating of ``x`` (JSON-ready)."""
+        x = self.check_batch(x)
+        mean, var = self.predict_rating(lam, x.user, x.item, aux=aux)
+        return [{"user": u, "item": i, "prediction": float(m), "variance": float(v)}
+                for u, i, m, v in zip(x.user, x.item, mean, var)]
+
+    @staticmethod
+    def _need_aux(aux):
+        if aux is None:
+            raise ValueError("PMF scoring needs aux=state.aux (the id→row maps of the state); "
+                             "streamsvi.load(...) passes it")
+        return aux

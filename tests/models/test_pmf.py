@@ -1,0 +1,348 @@
+"""PMF-specific checks: exact oracles for the user/item posteriors, scaling, SVI+ noise, scoring.
+
+The shared checks (tests/models/test_checks.py) run on the "pmf" case too.
+The oracles here are written out in plain numpy loops from the formulas of
+seed 000 §IV-A and textbook Bayesian linear regression, not from the model code.
+"""
+import numpy as np
+import pytest
+
+from streamsvi import load
+from streamsvi.checkpoint import CheckpointStore
+from streamsvi.estimators import MatrixFactorization
+from streamsvi.inference import SVI, Constant, EngineState, RobbinsMonro, batch_vi
+from streamsvi.models import PMF, NatParams, Ratings
+from streamsvi.models.pmf import canonical_id
+from tests.conftest import pmf_ratings
+
+
+def _moments(lam, side, r):
+    P = lam[f"{side}_prec"][r]
+    S = np.linalg.inv(P)
+    return S @ lam[f"{side}_h"][r], S
+
+
+def _with_fixed_items(model, state, item_means, prec=1e12):
+    """The state with every item row at a point value (precision 1e12·I, mean given)."""
+    n, D = item_means.shape
+    lam = dict(state.lam)
+    lam["item_prec"] = np.broadcast_to(prec * np.eye(D), (n, D, D)).copy()
+    lam["item_h"] = prec * item_means
+    lam = NatParams(lam)
+    return EngineState(state.step, lam, state.rng_state, state.records_seen,
+                       aux=model.refresh_cache(lam, state.aux))
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_user_posterior_is_bayesian_linear_regression_given_point_items(biases):
+    """Items fixed at point values: q(u_i) is the exact posterior of a Bayesian linear regression."""
+    x = pmf_ratings(n_users=6, n_items=15, n=120, d=3, seed=1)
+    c, s2, mu0 = 0.7, 0.3, 3.0
+    model = PMF(n_factors=3, sigma2=s2, prior_var=c, biases=biases, offset=mu0)
+    engine = SVI(model, n_total=len(x), schedule=Constant(1.0))
+    state = engine.init(x, seed=0)
+    D = model.dim
+    rng = np.random.default_rng(3)
+    V = rng.normal(size=(len(state.aux["items"]), D))     # with biases: (v_j, e_j)
+    state = _with_fixed_items(model, state, V)
+    new, _ = engine.update(state, x)                        # the user block uses these items
+    users, items = state.aux["users"], state.aux["items"]
+    for r, u in enumerate(users):
+        sel = np.flatnonzero(x.user == u)
+        J = [items.index(j) for j in x.item[sel]]
+        y = x.rating[sel] - mu0
+        if biases:          # y' = uᵀv + b + e: design (v_j, 1), response y' − e_j
+            X = np.column_stack([V[J, :3], np.ones(len(J))])
+            y = y - V[J, 3]
+        else:
+            X = V[J]
+        cov = np.linalg.inv(np.eye(D) / c + X.T @ X / s2)
+        mean = cov @ X.T @ y / s2
+        m, S = _moments(new.lam, "user", r)
+        np.testing.assert_allclose(m, mean, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(S, cov, rtol=1e-6, atol=1e-9)
+
+
+def _loop_cavi_sweep(lam, users, items, x, c, s2):
+    """One CAVI sweep of plain PMF (no biases), users then items, as loops (seed 000 eq. 26)."""
+    U = {u: _moments(lam, "user", r) for r, u in enumerate(users)}
+    V = {j: _moments(lam, "item", r) for r, j in enumerate(items)}
+    D = lam["user_h"].shape[1]
+    outU, outV = {}, {}
+    for u in users:
+        P, h = np.eye(D) / c, np.zeros(D)
+        for j, y in zip(x.item[x.user == u], x.rating[x.user == u]):
+            m, S = V[j]
+            P = P + (S + np.outer(m, m)) / s2
+            h = h + y * m / s2
+        outU[u] = (h, P)
+        U[u] = (np.linalg.solve(P, h), np.linalg.inv(P))
+    for j in items:
+        P, h = np.eye(D) / c, np.zeros(D)
+        for u, y in zip(x.user[x.item == j], x.rating[x.item == j]):
+            m, S = U[u]
+            P = P + (S + np.outer(m, m)) / s2
+            h = h + y * m / s2
+        outV[j] = (h, P)
+    return outU, outV
+
+
+def test_batch_update_is_the_alternating_cavi_sweep():
+    x = pmf_ratings(n_users=8, n_items=7, n=90, d=2, seed=4)
+    model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0)
+    engine = batch_vi(model, len(x))
+    state, _ = engine.fit(engine.init(x, seed=2), x, n_steps=2)   # a non-trivial λ
+    new, _ = engine.update(state, x)
+    outU, outV = _loop_cavi_sweep(state.lam, state.aux["users"], state.aux["items"], x, 1.0, 0.5)
+    for r, u in enumerate(state.aux["users"]):
+        np.testing.assert_allclose(new.lam["user_h"][r], outU[u][0], rtol=1e-9)
+        np.testing.assert_allclose(new.lam["user_prec"][r], outU[u][1], rtol=1e-9)
+    for r, j in enumerate(state.aux["items"]):
+        np.testing.assert_allclose(new.lam["item_h"][r], outV[j][0], rtol=1e-9)
+        np.testing.assert_allclose(new.lam["item_prec"][r], outV[j][1], rtol=1e-9)
+
+
+def test_minibatch_scales_each_row_by_its_share():
+    """First update of a row with ρ = 1: λ_i = η + (N_i/|S_i|) Σ t_r, N_i = N n_i / R."""
+    x = pmf_ratings(n_users=8, n_items=7, n=200, d=2, seed=5)
+    model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0)
+    N = 1000.0
+    engine = SVI(model, n_total=N, schedule=Constant(1.0))
+    state = engine.init(x, seed=1)
+    batch = x[np.arange(60)]
+    new, _ = engine.update(state, batch)
+    outU, _ = _loop_cavi_sweep(state.lam, state.aux["users"], state.aux["items"], batch, 1.0, 0.5)
+    for r, u in enumerate(state.aux["users"]):
+        n_i = int(np.sum(batch.user == u))
+        if n_i == 0:      # untouched rows do not move
+            np.testing.assert_array_equal(new.lam["user_h"][r], state.lam["user_h"][r])
+            continue
+        scale = (N * n_i / len(batch)) / n_i
+        h, P = outU[u]
+        np.testing.assert_allclose(new.lam["user_h"][r], scale * h, rtol=1e-9)
+        np.testing.assert_allclose(new.lam["user_prec"][r], np.eye(2) + scale * (P - np.eye(2)), rtol=1e-9)
+    assert new.aux["user_n"].sum() == len(batch) and new.aux["item_n"].sum() == len(batch)
+
+
+def test_row_counts_seen_accumulates_like_streaming_bayes():
+    """row_counts="seen", ρ_i = 1/t_i, one rating per row per batch: λ_i − η = Σ of the stats."""
+    rng = np.random.default_rng(0)
+    users = [f"u{k}" for k in range(5)]
+    model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0, row_counts="seen")
+    engine = SVI(model, n_total=1.0, schedule=RobbinsMonro(tau0=0.0, kappa=1.0))
+    first = Ratings(users, ["a"] * 5, rng.normal(3, 1, 5))
+    state = engine.init(first, seed=0)
+    # item "a" held at a point value, so each user's statistic is known in closed form
+    state = _with_fixed_items(model, state, np.array([[0.5, -1.0]]))
+    total_y = np.zeros(5)
+    for step in range(4):
+        y = rng.normal(3, 1, 5)
+        total_y += y
+        batch = Ratings(users, ["a"] * 5, y)
+        state, _ = engine.update(state, batch)
+        state = _with_fixed_items(model, state, np.array([[0.5, -1.0]]))
+    v = np.array([0.5, -1.0])
+    for r in range(5):   # 4 ratings each: Λ = I + 4 v vᵀ/σ², h = Σ y v /σ² (+1e-12 item variance)
+        np.testing.assert_allclose(state.lam["user_prec"][r], np.eye(2) + 4 * np.outer(v, v) / 0.5, rtol=1e-9)
+        np.testing.assert_allclose(state.lam["user_h"][r], total_y[r] * v / 0.5, rtol=1e-9)
+
+
+def test_new_ids_grow_rows_and_integer_ids_equal_strings():
+    model = PMF(n_factors=2)
+    engine = SVI(model, n_total=100.0)
+    state = engine.init(Ratings([1, 2], ["a", "b"], [3.0, 4.0]), seed=0)
+    assert state.aux["users"] == ["1", "2"] and state.lam["user_h"].shape == (2, 2)
+    state2, _ = engine.update(state, Ratings(["2", 7], ["c", "a"], [5.0, 1.0]))
+    assert state2.aux["users"] == ["1", "2", "7"] and state2.aux["items"] == ["a", "b", "c"]
+    assert state2.lam["item_prec"].shape == (3, 2, 2)
+    np.testing.assert_array_equal(state2.lam["user_h"][0], state.lam["user_h"][0])   # untouched
+    assert state.aux["users"] == ["1", "2"]              # the input state is unchanged
+    # a new row's initial mean depends on (seed, side, id), not on arrival order
+    other = engine.init(Ratings([7, 1], ["c", "a"], [1.0, 3.0]), seed=0)
+    np.testing.assert_array_equal(other.lam["user_h"][1], state.lam["user_h"][0])
+    for bad in (True, 1.5, None, "", "x" * 300, "a\nb"):
+        with pytest.raises(ValueError, match="id"):
+            canonical_id(bad, "user")
+
+
+def _svi_plus_user_targets(model, state, batch, M, N, draws):
+    """ρ = 1 on rows seen for the first time: the new user rows are the targets themselves."""
+    engine = SVI(model, n_total=N, schedule=Constant(1.0), effective_batch_size=M)
+    out = []
+    rng = np.random.default_rng(11)
+    for _ in range(draws):
+        st = EngineState(0, state.lam, np.random.Generator(np.random.PCG64(int(rng.integers(2**63))))
+                         .bit_generator.state, 0, aux=state.aux)
+        new, _ = engine.update(st, batch)
+        out.append(new.lam["user_h"].copy())
+    return np.array(out)
+
+
+def test_svi_plus_noise_of_a_row_has_the_closed_form_covariance():
+    """Cov(λ̂_i | batch) = (N_i/|S_i|)² (|S|/M − 1)(Σ t tᵀ − (Σ t)(Σ t)ᵀ/|S|) for the h-part of each user.
+
+    1,000 draws; the relative standard error of a variance estimate is
+    √(2/1000) ≈ 4.5 %, we allow 20 % on each user's trace.
+    """
+    x = pmf_ratings(n_users=5, n_items=12, n=80, d=2, seed=8)
+    model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0)
+    state = model.init_state(np.random.default_rng(0), x, len(x))
+    state = EngineState(0, state[0], np.random.Generator(np.random.PCG64(0)).bit_generator.state, 0,
+                        aux=state[1])
+    S, M, N = len(x), 20.0, 400.0
+    H = _svi_plus_user_targets(model, state, x, M, N, 1000)
+    items = state.aux["items"]
+    for r, u in enumerate(state.aux["users"]):
+        sel = np.flatnonzero(x.user == u)
+        t = np.zeros((S, 2))                      # t_r for this row (0 for other users' ratings)
+        for k in sel:
+            m, _ = _moments(state.lam, "item", items.index(x.item[k]))
+            t[k] = x.rating[k] * m / 0.5
+        scale = (N * len(sel) / S) / len(sel)
+        cov = scale ** 2 * (S / M - 1) * (t.T @ t - np.outer(t.sum(0), t.sum(0)) / S)
+        emp = np.cov(H[:, r].T)
+        assert np.trace(emp) == pytest.approx(np.trace(cov), rel=0.2)
+        np.testing.assert_allclose(H[:, r].mean(0), scale * t.sum(0),
+                                   atol=5 * np.sqrt(np.trace(cov) / 1000) + 1e-9)
+
+
+def test_gradient_variance_matches_brute_force_per_row():
+    """info.grad_variance = Σ_rows N_i² tr Σ̂_i / (|S_i| M/|S|), Σ̂_i the sample covariance of t_r."""
+    x = pmf_ratings(n_users=6, n_items=5, n=150, d=2, seed=9)
+    model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0)
+    N, M = 600.0, 75.0
+    engine = SVI(model, n_total=N, effective_batch_size=M, schedule=Constant(0.5))
+    state = engine.init(x, seed=1)
+    new, info = engine.update(state, x)
+    S = len(x)
+    total = 0.0
+    for side, other, lam_other in (("user", "item", state.lam), ("item", "user", new.lam)):
+        ids_o = state.aux[f"{other}s"]
+        for key in state.aux[f"{side}s"]:
+            sel = np.flatnonzero(getattr(x, side) == key)
+            if len(sel) < 2:
+                continue
+            T = []
+            for k in sel:
+                m, Sg = _moments(lam_other, other, ids_o.index(getattr(x, other)[k]))
+                T.append(np.concatenate([x.rating[k] * m, (Sg + np.outer(m, m)).ravel()]) / 0.5)
+            T = np.array(T)
+            N_i = N * len(sel) / S
+            total += N_i ** 2 * np.var(T, axis=0, ddof=1).sum() / (len(sel) * M / S)
+    assert info.grad_variance == pytest.approx(total, rel=1e-8)
+
+
+def test_predictive_variance_matches_monte_carlo():
+    x = pmf_ratings(n_users=10, n_items=8, n=60, d=2, seed=2)
+    model = PMF(n_factors=2, sigma2=0.3, prior_var=1.0, biases=True, offset=3.0)
+    engine = batch_vi(model, len(x))
+    state, _ = engine.fit(engine.init(x, seed=0), x, n_steps=5)
+    mean, var = model.predict_rating(state.lam, ["u1", "nobody"], [3, 5], aux=state.aux)
+    rng = np.random.default_rng(0)
+    for k, (u, j) in enumerate([("u1", "3"), ("nobody", "5")]):
+        if u in state.aux["users"]:
+            mu, Su = _moments(state.lam, "user", state.aux["users"].index(u))
+        else:                                             # unknown user: the prior
+            mu, Su = np.zeros(3), np.eye(3)
+        mv, Sv = _moments(state.lam, "item", state.aux["items"].index(j))
+        U = rng.multivariate_normal(mu, Su, 200_000)
+        V = rng.multivariate_normal(mv, Sv, 200_000)
+        f = (U[:, :2] * V[:, :2]).sum(1) + U[:, 2] + V[:, 2] + 3.0
+        y = f + np.sqrt(0.3) * rng.normal(size=len(f))
+        se = np.sqrt(y.var() / len(y))
+        assert abs(mean[k] - y.mean()) < 5 * se
+        assert var[k] == pytest.approx(y.var(), rel=0.02)   # sd of a variance estimate ≈ 0.3 % here
+
+
+def test_streaming_pass_recovers_a_low_rank_matrix():
+    data = pmf_ratings(n_users=60, n_items=40, n=7000, d=2, seed=12, noise=0.3)
+    x, test = data[np.arange(6000)], data[np.arange(6000, 7000)]
+    model = PMF(n_factors=2, sigma2=0.1, prior_var=1.0, biases=True, offset=3.0, row_counts="seen")
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(tau0=0.0, kappa=1.0))
+    state = engine.init(x[np.arange(200)], seed=0)
+    for s in range(0, len(x), 200):
+        state, _ = engine.update(state, x[np.arange(s, s + 200)])
+    mean, _ = model.predict_rating(state.lam, test.user, test.item, aux=state.aux)
+    # held-out ratings: noise sd 0.3, signal sd ≈ 1.4 (the sd of the ratings themselves)
+    rmse = np.sqrt(np.mean((mean - test.rating) ** 2))
+    assert test.rating.std() > 1.2 and rmse < 0.5
+
+
+def test_snapshot_scoring_and_recommend(tmp_path):
+    x = pmf_ratings(n_users=12, n_items=9, n=80, d=2, seed=3)
+    model = PMF(n_factors=2, sigma2=0.5, biases=True, offset=3.0)
+    engine = SVI(model, n_total=len(x))
+    state, _ = engine.update(engine.init(x, seed=0), x)
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    fitted = load(tmp_path)
+    m1, v1 = fitted.predict_rating(x.user[:5], x.item[:5])
+    m2, v2 = model.predict_rating(state.lam, x.user[:5], x.item[:5], aux=state.aux)
+    np.testing.assert_array_equal(m1, m2)
+    np.testing.assert_array_equal(v1, v2)
+    np.testing.assert_array_equal(fitted.predictive_logpdf(x[np.arange(5)]),
+                                  engine.predictive_logpdf(state, x[np.arange(5)]))
+    rec = fitted.recommend("u0", k=3)
+    rated = set(x.item[x.user == "u0"])
+    all_scores = {j: model.predict_rating(state.lam, ["u0"], [j], aux=state.aux)[0][0]
+                  for j in state.aux["items"] if j not in rated}
+    best = sorted(all_scores, key=lambda j: -all_scores[j])[:3]
+    assert [j for j, _ in rec] == best                   # brute force over the unrated items
+    assert not rated & {j for j, _ in fitted.recommend("u0", k=100)}
+    assert best[0] not in {j for j, _ in fitted.recommend("u0", k=3, exclude=[best[0]])}
+    out = fitted.score(x[np.arange(2)])
+    assert set(out[0]) == {"user", "item", "prediction", "variance"}
+
+
+def test_river_ranker_face():
+    x = pmf_ratings(n_users=30, n_items=20, n=3000, d=2, seed=13, noise=0.2)
+    est = MatrixFactorization(n_factors=2, sigma2=0.1, offset=3.0, batch_size=300, seed=0)
+    assert est.predict_one("u1", 2) == 3.0               # before any update: the offset
+    for u, i, y in zip(x.user, x.item, x.rating):
+        est.learn_one(u, i, y)
+    assert est.state.records_seen == 3000
+    # the same as driving the engine directly with the same batches
+    engine = SVI(est.model, n_total=est.n_total, schedule=RobbinsMonro(0.0, 1.0), short_batches="svi")
+    state = engine.init(x[np.arange(300)], seed=0)
+    for s in range(0, 3000, 300):
+        state, _ = engine.update(state, x[np.arange(s, s + 300)])
+    assert est.predict_one("u1", 2) == model_mean(est.model, state, "u1", "2")
+    ranked = est.rank("u1", {0, 1, 2, 3})
+    preds = {i: est.predict_one("u1", i) for i in (0, 1, 2, 3)}
+    assert ranked == sorted(preds, key=lambda i: -preds[i])
+    assert est.predict_var_one("u1", 2) > est.sigma2
+
+
+def model_mean(model, state, u, i):
+    return float(model.predict_rating(state.lam, [u], [i], aux=state.aux)[0][0])
+
+
+def test_settings_are_validated():
+    for kw, msg in (({"n_factors": 0}, "n_factors"), ({"sigma2": -1.0}, "sigma2"),
+                    ({"row_counts": "all"}, "row_counts"), ({"biases": "yes"}, "biases")):
+        with pytest.raises(ValueError, match=msg):
+            PMF(**kw)
+    with pytest.raises(ValueError, match="non-finite"):
+        PMF().check_batch(Ratings([1], [2], [np.nan]))
+    with pytest.raises(ValueError, match="'user', 'item' and 'rating'"):
+        PMF().check_batch(np.zeros((3, 3)))
+
+
+def test_config_builds_the_model_and_validator():
+    from pathlib import Path
+
+    from streamsvi.io.records import record_kind
+    from streamsvi.service.config import ConfigError, build_engine, load_config, validate
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "pmf.toml")
+    engine = build_engine(cfg, n_total=1000.0)
+    assert isinstance(engine.model, PMF)
+    assert engine.model.get_params()["row_counts"] == "seen" and engine.model.biases
+    v = record_kind(engine.model).make_validator(engine.model, cfg["validation"])
+    assert (v.min_rating, v.max_rating) == (1.0, 5.0)
+    base = {"model": {"kind": "pmf", "n_factors": 4}, "inference": {"n_total": 10.0},
+            "source": {"kind": "file", "path": "r.jsonl"}, "checkpoint": {"directory": "c"}}
+    assert validate(base)["model"]["n_components"] is None
+    with pytest.raises(ConfigError, match="do not apply to kind = 'pmf'"):
+        build_engine(validate({**base, "model": {"kind": "pmf", "scale": 1.0}}), 10.0)
+    with pytest.raises(ConfigError, match="n_components: required"):
+        validate({**base, "model": {"kind": "gmm", "n_features": 2}})
