@@ -373,7 +373,7 @@ class Daemon:
                     heldout_ll = None
                     if self.heldout is not None and (
                             info.step % mc["heldout_every"] == 0 or info.step == 1):
-                        lp = self.engine.model.predictive_logpdf(self.state.lam, self.heldout)
+                        lp = self.engine.predictive_logpdf(self.state, self.heldout)
                         heldout_ll = self.heldout_ll = float(np.mean(lp))
                         self.metrics.heldout_loglik.set(heldout_ll)
                         self.elbo_history[-1].append(heldout_ll)
