@@ -257,8 +257,10 @@ def test_snapshot_scores_topic_proportions_and_perplexity(tmp_path):
     assert fitted.perplexity(X) == pytest.approx(model.perplexity(state.lam, X))
     assert fitted.perword_bound(X, "full") == pytest.approx(model.perword_bound(state.lam, X, "full"))
     scored = fitted.score(X[:3])
-    assert len(scored) == 3 and len(scored[0]["responsibilities"]) == 4
-    assert scored[0]["log_density"] == pytest.approx(model.predictive_logpdf(state.lam, X[:1])[0])
+    theta = model.topic_proportions(state.lam, X[:3])
+    assert len(scored) == 3 and [s["topic"] for s in scored] == theta.argmax(axis=1).tolist()
+    np.testing.assert_allclose([s["topic_proportions"] for s in scored], theta, atol=1e-11)
+    assert scored[0]["log_bound"] == pytest.approx(model.predictive_logpdf(state.lam, X[:1])[0])
 
 
 def test_accelerated_local_step_reaches_the_same_fixed_point():
