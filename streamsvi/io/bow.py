@@ -58,7 +58,7 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .codecs import DecodeError
+from .codecs import DecodeError, unpack_binary_header
 from .records import RecordKind, register_kind
 
 try:  # optional, as in codecs.py
@@ -274,18 +274,7 @@ class BowBinaryCodec:
 
     def decode_rows(self, payload: bytes) -> sp.csr_matrix:
         H = self.HEADER.size
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise DecodeError("bad_header", f"binary message must be bytes, got {type(payload).__name__}")
-        if len(payload) < H:
-            raise DecodeError("truncated", f"binary message has {len(payload)} bytes, less than the "
-                                           f"{H}-byte header")
-        magic, version, code, reserved, n, nnz = self.HEADER.unpack_from(payload)
-        if magic != self.MAGIC:
-            raise DecodeError("bad_header", f"binary message starts with {bytes(magic)!r}, expected "
-                                            f"magic {self.MAGIC!r}")
-        if version != self.VERSION:
-            raise DecodeError("bad_version", f"binary format version {version} is not supported "
-                                             f"(this reader knows version {self.VERSION})")
+        _, _, code, reserved, n, nnz = unpack_binary_header(payload, self.HEADER, self.MAGIC, self.VERSION)
         if code not in self.DTYPES:
             raise DecodeError("bad_dtype", f"count dtype code {code} is unknown "
                                            f"(1 = float32, 2 = float64, 3 = uint32)")

@@ -162,6 +162,29 @@ def _short(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def unpack_binary_header(payload, header, magic: bytes, version: int) -> tuple:
+    """The fields of a binary batch message's fixed header, after the checks every format shares.
+
+    ``header`` is a :class:`struct.Struct` whose first two fields are the
+    4-byte magic and the format version. Raises :class:`DecodeError`:
+    ``bad_header`` (not bytes, or the wrong magic), ``truncated`` (shorter
+    than the header) or ``bad_version``; the caller checks the rest.
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise DecodeError("bad_header", f"binary message must be bytes, got {type(payload).__name__}")
+    if len(payload) < header.size:
+        raise DecodeError("truncated", f"binary message has {len(payload)} bytes, "
+                                       f"less than the {header.size}-byte header")
+    fields = header.unpack_from(payload)
+    if fields[0] != magic:
+        raise DecodeError("bad_header", f"binary message starts with {bytes(fields[0])!r}, "
+                                        f"expected magic {magic!r}")
+    if fields[1] != version:
+        raise DecodeError("bad_version", f"binary format version {fields[1]} is not supported "
+                                         f"(this reader knows version {version})")
+    return fields
+
+
 class JsonCodec(Codec):
     """One record per message, as JSON.
 
@@ -412,16 +435,8 @@ class BinaryBatchCodec(Codec):
     def _view(self, payload: bytes) -> np.ndarray:
         """The rows of one message as a (read-only) view of its bytes, after every check."""
         H = self.HEADER.size
-        if len(payload) < H:
-            raise DecodeError("truncated", f"binary message has {len(payload)} bytes, "
-                                           f"less than the {H}-byte header")
-        magic, version, code, reserved, n_rows, n_cols = self.HEADER.unpack_from(payload)
-        if magic != self.MAGIC:
-            raise DecodeError("bad_header", f"binary message starts with {magic!r}, "
-                                            f"expected magic {self.MAGIC!r}")
-        if version != self.VERSION:
-            raise DecodeError("bad_version", f"binary format version {version} is not supported "
-                                             f"(this reader knows version {self.VERSION})")
+        _, _, code, reserved, n_rows, n_cols = unpack_binary_header(payload, self.HEADER, self.MAGIC,
+                                                                    self.VERSION)
         if code not in self.DTYPES:
             raise DecodeError("bad_dtype", f"binary dtype code {code} is unknown "
                                            f"(1 = float32, 2 = float64)")

@@ -49,7 +49,7 @@ from typing import Sequence
 import numpy as np
 
 from ..models.pmf import MAX_ID_LENGTH, Ratings, canonical_id
-from .codecs import DecodeError
+from .codecs import DecodeError, unpack_binary_header
 from .records import RecordKind, register_kind
 
 try:  # optional, faster JSON
@@ -171,17 +171,7 @@ class RatingsBinaryCodec:
 
     def decode_rows(self, payload: bytes) -> Ratings:
         H = self.HEADER.size
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise DecodeError("bad_header", f"message is {type(payload).__name__}, not bytes")
-        if len(payload) < H:
-            raise DecodeError("truncated", f"binary message has {len(payload)} bytes, less than the "
-                                           f"{H}-byte header")
-        magic, version, reserved, n, nu, ni = self.HEADER.unpack_from(payload)
-        if magic != self.MAGIC:
-            raise DecodeError("bad_header", f"binary message starts with {magic!r}, expected {self.MAGIC!r}")
-        if version != self.VERSION:
-            raise DecodeError("bad_version", f"binary ratings format version {version} is not supported "
-                                             f"(this reader knows version {self.VERSION})")
+        _, _, reserved, n, nu, ni = unpack_binary_header(payload, self.HEADER, self.MAGIC, self.VERSION)
         if reserved != b"\0\0\0":
             raise DecodeError("bad_header", "binary header reserved bytes must be 0")
         expected = H + 12 * n + nu + ni

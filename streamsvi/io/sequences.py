@@ -61,7 +61,7 @@ from typing import Sequence
 import numpy as np
 
 from ..sequences import Sequences
-from .codecs import DecodeError
+from .codecs import DecodeError, unpack_binary_header
 from .records import RecordKind, register_kind
 
 try:  # optional, as in codecs.py
@@ -222,16 +222,7 @@ class SequenceBinaryCodec:
             ``wrong_shape`` or ``trailing_data``.
         """
         H = self.HEADER.size
-        if len(payload) < H:
-            raise DecodeError("truncated", f"binary message has {len(payload)} bytes, "
-                                           f"less than the {H}-byte header")
-        magic, version, code, reserved, n, m = self.HEADER.unpack_from(payload)
-        if magic != self.MAGIC:
-            raise DecodeError("bad_header", f"binary message starts with {magic!r}, "
-                                            f"expected magic {self.MAGIC!r}")
-        if version != self.VERSION:
-            raise DecodeError("bad_version", f"binary format version {version} is not supported "
-                                             f"(this reader knows version {self.VERSION})")
+        _, _, code, reserved, n, m = unpack_binary_header(payload, self.HEADER, self.MAGIC, self.VERSION)
         if code != 1:
             raise DecodeError("bad_dtype", f"binary symbol dtype code {code} is unknown (1 = int32)")
         if reserved != 0:
