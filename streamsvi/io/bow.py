@@ -58,13 +58,9 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .codecs import DecodeError, unpack_binary_header
+from .codecs import DecodeError, load_json_message, unpack_binary_header
 from .records import RecordKind, register_kind
-
-try:  # optional, as in codecs.py
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+from .validate import check_message_size
 
 __all__ = ["BowJsonCodec", "BowBinaryCodec", "TextCodec", "BowValidator", "BowKind",
            "concat_csr", "tokenize", "load_vocabulary"]
@@ -160,24 +156,8 @@ class BowJsonCodec:
     def __repr__(self):
         return f"BowJsonCodec(n_features={self.n_features})"
 
-    @staticmethod
-    def _parse(payload):
-        try:
-            if _orjson is not None:
-                try:
-                    return _orjson.loads(payload)
-                except _orjson.JSONDecodeError:
-                    pass                      # the stdlib reads NaN and gives the message
-            return json.loads(payload)
-        except UnicodeDecodeError as exc:
-            raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise DecodeError("json_invalid", "message is not valid JSON: nested too deeply") from None
-
     def decode_rows(self, payload: bytes) -> sp.csr_matrix:
-        ids, counts = _doc_from_obj(self._parse(payload))
+        ids, counts = _doc_from_obj(load_json_message(payload))
         return _csr(ids, counts, [0, len(ids)], self.n_features)
 
     def decode_many(self, payloads: Sequence[bytes]):
@@ -185,7 +165,7 @@ class BowJsonCodec:
         ids, counts, indptr = [], [], [0]
         try:
             for p in payloads:
-                i, c = _doc_from_obj(self._parse(p))
+                i, c = _doc_from_obj(load_json_message(p))
                 ids.extend(i)
                 counts.extend(c)
                 indptr.append(len(ids))
@@ -445,10 +425,7 @@ class BowValidator:
                 "max_message_bytes": self.max_message_bytes}
 
     def check_size(self, payload: bytes):
-        n = len(payload)
-        if n > self.max_message_bytes:
-            return "too_large", f"message has {n} bytes, more than max_message_bytes={self.max_message_bytes}"
-        return None
+        return check_message_size(payload, self.max_message_bytes)
 
     def _row_flags(self, X):
         n = X.shape[0]

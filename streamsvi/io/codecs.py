@@ -157,6 +157,57 @@ def _as_float(value, where: str) -> float:
         raise DecodeError("out_of_range", f"{where} = {_short(value)} does not fit in a float64") from None
 
 
+def load_json_message(payload, fast: bool = True):
+    """One message parsed as JSON, for every JSON codec.
+
+    With ``fast``, orjson when it is installed; the stdlib otherwise, and for
+    what orjson refuses (NaN, Infinity, invalid text, whose error message the
+    stdlib gives). ``fast=False`` is the stdlib only, for codecs that must see
+    integers beyond 64 bits as integers (orjson reads some as floats). Raises
+    :class:`DecodeError` ``json_invalid``.
+    """
+    if not isinstance(payload, (bytes, bytearray, memoryview, str)):
+        raise DecodeError("json_invalid", f"message is {type(payload).__name__}, not bytes")
+    if fast and _orjson is not None:
+        try:
+            return _orjson.loads(payload)
+        except _orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(payload)
+    except UnicodeDecodeError as exc:
+        raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
+    except RecursionError:
+        raise DecodeError("json_invalid", "message is not valid JSON: arrays or objects "
+                                          "nested too deeply") from None
+    except (ValueError, TypeError) as exc:
+        raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
+
+
+def join_json_arrays(payloads: Sequence[bytes], allowed: bytes) -> bytes | None:
+    """``b"[" + b",".join(payloads) + b"]"``, or None unless it is safe to parse at once.
+
+    Safe means: every payload is non-empty bytes ending with ``]`` and the
+    text holds only the bytes in ``allowed`` (numbers, brackets, commas,
+    whitespace; no strings or objects). Then each joining comma follows the
+    end of an array, so if the parse gives exactly n arrays, array i is
+    message i (see :meth:`JsonCodec.decode_many`).
+    """
+    try:
+        blob = b"[" + b",".join(payloads) + b"]"
+    except TypeError:                           # a None (tombstone) or str payload
+        return None
+    if blob.translate(None, allowed):
+        return None
+    # index in blob of the last byte of message i: 1 + Σ_{j<=i} len_j + i − 1
+    n = len(payloads)
+    lens = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
+    last = np.cumsum(lens) + np.arange(n)
+    if lens.min() < 1 or not np.all(np.frombuffer(blob, np.uint8)[last] == ord("]")):
+        return None
+    return blob
+
+
 def _short(value, limit: int = 40) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -241,15 +292,7 @@ class JsonCodec(Codec):
             ``json_invalid``, ``wrong_shape``, ``not_numeric``, ``missing_field``
             or ``out_of_range``.
         """
-        try:
-            obj = json.loads(payload)
-        except UnicodeDecodeError as exc:
-            raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise DecodeError("json_invalid", "message is not valid JSON: arrays or objects "
-                                              "nested too deeply") from None
+        obj = load_json_message(payload, fast=False)
         D = self.n_features
         if isinstance(obj, dict):
             if self.fields is not None:
@@ -300,16 +343,8 @@ class JsonCodec(Codec):
             return np.empty((0, self.n_features))
         if self.fields is not None:
             return None
-        try:
-            blob = b"[" + b",".join(payloads) + b"]"
-        except TypeError:                       # a None (tombstone) or str payload
-            return None
-        if blob.translate(None, self._ARRAY_BYTES):
-            return None
-        # index in blob of the last byte of message i: 1 + Σ_{j<=i} len_j + i − 1
-        lens = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
-        last = np.cumsum(lens) + np.arange(n)
-        if lens.min() < 1 or not np.all(np.frombuffer(blob, np.uint8)[last] == ord("]")):
+        blob = join_json_arrays(payloads, self._ARRAY_BYTES)
+        if blob is None:
             return None
         obj = None
         if _orjson is not None:

@@ -49,13 +49,9 @@ from typing import Sequence
 import numpy as np
 
 from ..models.pmf import MAX_ID_LENGTH, Ratings, canonical_id
-from .codecs import DecodeError, unpack_binary_header
+from .codecs import DecodeError, load_json_message, unpack_binary_header
 from .records import RecordKind, register_kind
-
-try:  # optional, faster JSON
-    import orjson as _orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+from .validate import check_message_size
 
 __all__ = ["RatingsJsonCodec", "RatingsBinaryCodec", "RatingsValidator", "RatingsKind"]
 
@@ -65,22 +61,6 @@ def _short(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _load_json(payload):
-    if _orjson is not None:
-        try:
-            return _orjson.loads(payload)
-        except _orjson.JSONDecodeError:
-            pass                               # NaN/Infinity, or really invalid: ask the stdlib
-        except TypeError:
-            raise DecodeError("json_invalid", f"message is {type(payload).__name__}, not bytes") from None
-    try:
-        return json.loads(payload)
-    except UnicodeDecodeError as exc:
-        raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
-
-
 class RatingsJsonCodec:
     """One rating per message: a JSON object with ``user``, ``item`` and ``rating``."""
 
@@ -88,7 +68,7 @@ class RatingsJsonCodec:
     rows_per_message = 1
 
     def decode(self, payload: bytes) -> tuple[str, str, float]:
-        obj = _load_json(payload)
+        obj = load_json_message(payload)
         if not isinstance(obj, dict):
             raise DecodeError("wrong_shape", f"expected a JSON object with user, item and rating, "
                                              f"got {type(obj).__name__} {_short(obj)}")
@@ -276,10 +256,7 @@ class RatingsValidator:
                 "max_message_bytes": self.max_message_bytes}
 
     def check_size(self, payload: bytes):
-        n = len(payload)
-        if n > self.max_message_bytes:
-            return "too_large", f"message has {n} bytes, more than max_message_bytes={self.max_message_bytes}"
-        return None
+        return check_message_size(payload, self.max_message_bytes)
 
     def all_valid(self, x: Ratings) -> bool:
         if len(x) == 0:

@@ -61,8 +61,9 @@ from typing import Sequence
 import numpy as np
 
 from ..sequences import Sequences
-from .codecs import DecodeError, unpack_binary_header
+from .codecs import DecodeError, join_json_arrays, load_json_message, unpack_binary_header
 from .records import RecordKind, register_kind
+from .validate import check_message_size
 
 try:  # optional, as in codecs.py
     import orjson as _orjson
@@ -111,14 +112,7 @@ class SequenceJsonCodec:
 
     def decode(self, payload: bytes) -> np.ndarray:
         """One message -> the int64 symbols of its sequence."""
-        try:
-            obj = json.loads(payload)
-        except UnicodeDecodeError as exc:
-            raise DecodeError("json_invalid", f"message is not UTF-8 text: {exc}") from None
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise DecodeError("json_invalid", f"message is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise DecodeError("json_invalid", "message is not valid JSON: nested too deeply") from None
+        obj = load_json_message(payload, fast=False)   # huge integers stay integers: out_of_range
         if isinstance(obj, dict):
             if self.field not in obj:
                 raise DecodeError("missing_field", f"JSON object has no {self.field!r} array "
@@ -157,15 +151,8 @@ class SequenceJsonCodec:
         n = len(payloads)
         if n == 0:
             return _empty()
-        try:
-            blob = b"[" + b",".join(payloads) + b"]"
-        except TypeError:
-            return None
-        if blob.translate(None, self._ARRAY_BYTES):
-            return None
-        lens = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
-        last = np.cumsum(lens) + np.arange(n)
-        if lens.min() < 1 or not np.all(np.frombuffer(blob, np.uint8)[last] == ord("]")):
+        blob = join_json_arrays(payloads, self._ARRAY_BYTES)
+        if blob is None:
             return None
         try:
             obj = _orjson.loads(blob) if _orjson is not None else json.loads(blob)
@@ -292,10 +279,7 @@ class SequenceValidator:
         return f"SequenceValidator({args})"
 
     def check_size(self, payload: bytes) -> tuple[str, str] | None:
-        n = len(payload)
-        if n > self.max_message_bytes:
-            return "too_large", f"message has {n} bytes, more than max_message_bytes={self.max_message_bytes}"
-        return None
+        return check_message_size(payload, self.max_message_bytes)
 
     def all_valid(self, part: Sequences) -> bool:
         """True if every sequence of ``part`` passes :meth:`validate` (a few reductions)."""

@@ -28,10 +28,19 @@ import math
 
 import numpy as np
 
-__all__ = ["RecordValidator", "Rejection"]
+__all__ = ["RecordValidator", "Rejection", "check_message_size"]
 
 #: (row index, reason code, message)
 Rejection = tuple[int, str, str]
+
+
+def check_message_size(payload: bytes, max_message_bytes: int) -> tuple[str, str] | None:
+    """``("too_large", message)`` if ``payload`` is longer than the limit, else None
+    (the size check of every record kind's validator)."""
+    n = len(payload)
+    if n > max_message_bytes:
+        return "too_large", f"message has {n} bytes, more than max_message_bytes={max_message_bytes}"
+    return None
 
 
 class RecordValidator:
@@ -79,11 +88,7 @@ class RecordValidator:
 
     def check_size(self, payload: bytes) -> tuple[str, str] | None:
         """``("too_large", message)`` if the raw message is over the limit, else None."""
-        n = len(payload)
-        if n > self.max_message_bytes:
-            return "too_large", (f"message has {n} bytes, more than "
-                                 f"max_message_bytes={self.max_message_bytes}")
-        return None
+        return check_message_size(payload, self.max_message_bytes)
 
     def all_valid(self, x: np.ndarray) -> bool:
         """True if every row of the float64 array ``x`` (n, D) passes :meth:`validate`.
