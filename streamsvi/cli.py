@@ -171,7 +171,7 @@ def demo(args) -> int:
 
 def _score_lines(fitted, lines, fmt, fields):
     """(line number, dict) per input line: scores, or an error naming the reason."""
-    from .io.codecs import CsvCodec, DecodeError, JsonCodec
+    from .io.codecs import CsvCodec, JsonCodec
     from .io.records import DenseKind, record_kind
 
     kind = record_kind(fitted.model)
@@ -184,26 +184,13 @@ def _score_lines(fitted, lines, fmt, fields):
     if fast is not None and len(fast) == len(lines) and np.isfinite(fast).all():
         # every line decoded in one parse (the common case): score them all at once
         return [{"line": n, **sc} for (n, _), sc in zip(lines, fitted.score(fast))]
-    rows, where, out = [], [], {}
-    for lineno, raw in lines:
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            x = np.asarray(codec.decode(text.encode()), dtype=np.float64).reshape(-1)
-            fitted.check(x[None, :])
-        except DecodeError as exc:
-            out[lineno] = {"line": lineno, "error": f"{exc.reason}: {exc.message}"}
-            continue
-        except ValueError as exc:
-            out[lineno] = {"line": lineno, "error": f"invalid: {exc}"}
-            continue
-        rows.append(x)
-        where.append(lineno)
-    if rows:
-        for lineno, sc in zip(where, fitted.score(np.vstack(rows))):
-            out[lineno] = {"line": lineno, **sc}
-    return [out[k] for k in sorted(out)]
+
+    def decode(payload):
+        x = np.asarray(codec.decode(payload), dtype=np.float64).reshape(-1)
+        fitted.check(x[None, :])
+        return x
+
+    return _score_one_by_one(fitted, lines, decode, np.vstack)
 
 
 def _score_records_of_kind(fitted, kind, lines, fmt):
@@ -214,25 +201,43 @@ def _score_records_of_kind(fitted, kind, lines, fmt):
         raise SystemExit(f"error: {kind.name!r} records are scored from JSON lines, not {fmt}")
     codec = kind.make_codec("json", fitted.model, {})
     validator = kind.make_validator(fitted.model, {})
+
+    def decode(payload):
+        part = codec.decode_rows(payload)
+        _, rejected = validator.validate(part)
+        if rejected:
+            _, reason, message = rejected[0]
+            raise DecodeError(reason, message)
+        return part
+
+    return _score_one_by_one(fitted, lines, decode, kind.concat)
+
+
+def _score_one_by_one(fitted, lines, decode, concat):
+    """Decode each line with ``decode`` (bytes -> records); score the good ones together.
+
+    A ``DecodeError`` becomes ``"reason: message"``, any other ``ValueError``
+    ``"invalid: ..."``; ``concat`` joins the decoded records.
+    """
+    from .io.codecs import DecodeError
+
     parts, where, out = [], [], {}
     for lineno, raw in lines:
         text = raw.strip()
         if not text:
             continue
         try:
-            part = codec.decode_rows(text.encode())
+            part = decode(text.encode())
         except DecodeError as exc:
             out[lineno] = {"line": lineno, "error": f"{exc.reason}: {exc.message}"}
             continue
-        _, rejected = validator.validate(part)
-        if rejected:
-            _, reason, message = rejected[0]
-            out[lineno] = {"line": lineno, "error": f"{reason}: {message}"}
+        except ValueError as exc:
+            out[lineno] = {"line": lineno, "error": f"invalid: {exc}"}
             continue
         parts.append(part)
         where.append(lineno)
     if parts:
-        for lineno, sc in zip(where, fitted.score(kind.concat(parts))):
+        for lineno, sc in zip(where, fitted.score(concat(parts))):
             out[lineno] = {"line": lineno, **sc}
     return [out[k] for k in sorted(out)]
 
