@@ -33,6 +33,14 @@ from .inference import SVI, EngineState, RobbinsMonro
 from .models import BayesianGMM
 
 
+def _check_batch_sizes(batch_size, effective_batch_size) -> None:
+    """|S| an integer >= 1 and M (SVI+; None for SVI) in (0, |S|], else ValueError."""
+    if int(batch_size) != batch_size or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
+    if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
+        raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
+                         f"got {effective_batch_size}")
+
 class GaussianMixture(base.Clusterer):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
 
@@ -74,11 +82,7 @@ class GaussianMixture(base.Clusterer):
         self.scale = scale
         self.features = features
         self.seed = seed
-        if int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
-        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
-            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
-                             f"got {effective_batch_size}")
+        _check_batch_sizes(batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
         self._engine = None
         self._state = None
@@ -276,11 +280,7 @@ class TopicModel(base.MiniBatchTransformer):
         self.max_doc_update_iter = max_doc_update_iter
         self.mean_change_tol = mean_change_tol
         self.seed = seed
-        if int(batch_size) != batch_size or batch_size < 1:
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
-        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
-            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
-                             f"got {effective_batch_size}")
+        _check_batch_sizes(batch_size, effective_batch_size)
         if vocabulary is not None and len(vocabulary) > n_features:
             raise ValueError(f"vocabulary has {len(vocabulary)} words, more than n_features={n_features}")
         self._vocab = {w: i for i, w in enumerate(vocabulary)} if vocabulary is not None else None
@@ -434,11 +434,9 @@ class MatrixFactorization(_Ranker):
         self.row_counts = row_counts
         self.tau0 = tau0
         self.kappa = kappa
-        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+        if isinstance(batch_size, bool):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
-        if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
-            raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
-                             f"got {effective_batch_size}")
+        _check_batch_sizes(batch_size, effective_batch_size)
         model = PMF(n_factors=n_factors, sigma2=sigma2, prior_var=prior_var, biases=biases,
                     offset=offset, init_scale=init_scale, row_counts=row_counts)
         self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
