@@ -78,6 +78,65 @@ def test_local_step_matches_a_per_document_loop(path):
     assert model.suffstats_sqnorm(local, X)[5] == pytest.approx((one ** 2).sum(), rel=1e-10)
 
 
+def _topic_sparse_problem(alpha, K=30, V=600, n=120, seed=5):
+    """Documents about 2-3 of K distinct topics, and λ near those topics."""
+    X, _, _ = make_lda_corpus(n, n_topics=K, n_words=V, doc_length=150, alpha=0.05, eta=0.02,
+                              seed=seed)
+    rng = np.random.default_rng(seed)
+    lam = NatParams(topic_word=rng.gamma(0.3, 30.0, (K, V)) + 0.02)
+    return LDA(K, V, doc_topic_prior=alpha, topic_word_prior=0.02), lam, X.tocsr()
+
+
+def _counting(monkeypatch, name):
+    calls = []
+    orig = getattr(LDA, name)
+
+    def wrapped(*a, **k):
+        calls.append(a)
+        return orig(*a, **k)
+    monkeypatch.setattr(LDA, name, staticmethod(wrapped) if name == "_hold" else wrapped)
+    return calls
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.001])      # θ̃ unshifted / shifted by ψ(max γ)
+def test_held_topics_do_not_change_the_local_step(alpha, monkeypatch):
+    """Holding negligible topics (_hold) gives the local step of the plain iteration: same
+    sweeps, γ and bound to 1e-9, statistics to 1e-9, and it does hold topics here."""
+    model, lam, X = _topic_sparse_problem(alpha)
+    model._local_path = "blocked"
+    calls = _counting(monkeypatch, "_hold")
+    held = model.local_step(lam, X)
+    assert calls, "no sweep reached a hold point"
+    assert model._theta_unshifted() == (alpha > 0.01)
+    monkeypatch.setattr("streamsvi.models.lda._HOLD_AT", ())
+    plain = model.local_step(lam, X)
+    assert plain.n_iter.mean() > 20                       # the holds had sweeps to save
+    np.testing.assert_array_equal(held.n_iter, plain.n_iter)
+    np.testing.assert_allclose(held.gamma, plain.gamma, rtol=1e-9)
+    np.testing.assert_allclose(held.log_norm, plain.log_norm, rtol=1e-12)
+    np.testing.assert_allclose(held.ratio, plain.ratio, rtol=1e-9)
+    np.testing.assert_allclose(model.suffstats(held)["topic_word"], model.suffstats(plain)["topic_word"],
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_a_held_topic_that_would_come_back_is_refitted(monkeypatch):
+    """With a reckless threshold (ε = 1) topics are held while they still matter; the final
+    check finds the documents where a held topic is no longer negligible and fits them
+    again without holding, so those come out exactly as the plain iteration."""
+    model, lam, X = _topic_sparse_problem(0.05)
+    model._local_path = "blocked"
+    monkeypatch.setattr("streamsvi.models.lda._HOLD_EPS", 1.0)
+    refits = _counting(monkeypatch, "_refit")
+    reckless = model.local_step(lam, X)
+    assert refits, "the final check found nothing to refit"
+    docs = np.concatenate([c[2] for c in refits])
+    monkeypatch.setattr("streamsvi.models.lda._HOLD_AT", ())
+    plain = model.local_step(lam, X)
+    np.testing.assert_allclose(reckless.gamma[docs], plain.gamma[docs], rtol=1e-12)
+    np.testing.assert_array_equal(reckless.n_iter[docs], plain.n_iter[docs])
+    np.testing.assert_allclose(reckless.log_norm[docs], plain.log_norm[docs], rtol=1e-12)
+
+
 def test_local_step_does_not_depend_on_batching():
     X = _corpus(n=90, V=400, length=80, seed=2)      # long enough for several blocks
     model = LDA(4, X.shape[1], mean_change_tol=1e-5)
