@@ -45,7 +45,7 @@ from the last sweep, so φ costs no extra product.
 
 Held topics. A document uses few of the K topics, and the others' θ̃_dk
 collapse to ~exp(ψ(α_k)) within a few sweeps (NYT, K = 50: ~7 live topics
-per document after 30 sweeps). At sweeps 4, 6, 8, 12, … a topic is *held*
+per document after 30 sweeps). At sweeps 4, 8, 12, 16, 24, … a topic is *held*
 when θ̃_dk <= ε min_w Z_dw, ε = 1e-14: since exp(E[log β_kw] − m_w) <= 1,
 its share of every Z_dw is then below ε and its next γ_dk is within N_d ε
 of α_k; it is set to α_k (that change still counts in the convergence
@@ -118,7 +118,7 @@ _BLOCK_WASTE = 1.5
 #: ... unless it is smaller than this (padding is cheaper than another block).
 _BLOCK_SMALL = 2 ** 16
 #: Sweeps after which a document's negligible topics are held (module docs) ...
-_HOLD_AT = (4, 6, 8, 12, 16, 24, 32, 48, 64, 96)
+_HOLD_AT = (4, 8, 12, 16, 24, 32, 48, 64)
 #: ... namely those whose share r_dk = θ̃_dk max_w β̃_kw / Z_dw is at most this.
 _HOLD_EPS = 1e-14
 #: A block's arrays are narrowed to the topics still free when that saves this much.
@@ -434,6 +434,7 @@ class LDA:
             s = None
             Z = np.matmul(th[:, None, :], B)[:, 0, :]
             act = np.ones(nb, dtype=bool)         # rows whose γ is not final yet
+            thr = np.full(nb, tolK)               # their threshold; −1 once final
             for it in range(1, max_it + 1):
                 np.divide(cnt, Z, out=Z)
                 G = np.matmul(B, Z[:, :, None])[:, :, 0]
@@ -452,8 +453,7 @@ class LDA:
                     e -= s[:, None]
                 th = np.exp(e, out=e)
                 Z = np.matmul(th[:, None, :], B)[:, 0, :]
-                done = (change < tolK) if it < max_it else np.ones(len(act), dtype=bool)
-                done &= act
+                done = (change < thr) if it < max_it else act.copy()
                 if it in hold_at:
                     B, g, th, A, tid, pend = self._hold(B, Z, g, th, A, tid, act & ~done)
                 if done.any():
@@ -471,6 +471,7 @@ class LDA:
                     if s is not None:
                         shift[fin] = s[done]
                     act &= ~done
+                    thr[done] = -1.0
                     nk = int(act.sum())
                     if nk == 0:
                         break
@@ -479,6 +480,7 @@ class LDA:
                     if nk <= 0.75 * len(act):
                         B, cnt, pos, g, th, Z, live, A = (B[act], cnt[act], pos[act], g[act],
                                                           th[act], Z[act], live[act], A[act])
+                        thr = thr[act]
                         if tid is not None:
                             tid = tid[act]
                         if pend is not None:
