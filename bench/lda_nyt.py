@@ -25,9 +25,10 @@ seed 0): 7,603 training and 844 held-out documents.
     which is its ``fit`` without the extra E-step over the training set at the
     end; gensim ``LdaModel(corpus, ...)`` with ``eval_every=None``; streamsvi
     ``SVI.update`` per batch, which also computes the ELBO and gradient-variance
-    metrics). Best of ``--repeats`` runs (seeds 0, 1, …), single-threaded BLAS
-    for everyone; the perplexity is the mean over the same runs (one run's
-    figure varies by ~1 % with the seed).
+    metrics). Median and best of ``--repeats`` runs (seeds 0, 1, …; the methods
+    interleaved), single-threaded BLAS for everyone; the perplexity is the
+    mean over the same runs with its standard error (one run's figure varies
+    by ~1 % with the seed).
 
     A fourth row, "streamsvi accelerate", is ``LDA(accelerate=True)``: the
     same stopping rule and cap, with SQUAREM-extrapolated sweeps.
@@ -164,10 +165,11 @@ def part_a(Xtr, Xte, passes_list, repeats):
                 ppl = ev.perplexity(NatParams(topic_word=lam), Xte, topic_kl="none")
                 runs.setdefault(name, []).append((secs, ppl, lam, obj))
         for name, rs in runs.items():
-            secs = min(r[0] for r in rs)
+            rates = passes * n / np.array([r[0] for r in rs])
             ppls = np.array([r[1] for r in rs])
-            rows.append([name, passes, f"{passes * n / secs:,.0f}", f"{secs:.2f}", f"{ppls.mean():,.1f}",
-                         f"{ppls.min():,.1f}-{ppls.max():,.1f}"])
+            se = ppls.std(ddof=1) / math.sqrt(len(ppls)) if len(ppls) > 1 else float("nan")
+            rows.append([name, passes, f"{np.median(rates):,.0f}", f"{rates.max():,.0f}",
+                         f"{ppls.mean():,.1f}", f"{se:.1f}", f"{ppls.min():,.1f}-{ppls.max():,.1f}"])
             _, _, lam, obj = rs[0]
             L = NatParams(topic_word=lam)
             if name == "scikit-learn":
@@ -237,7 +239,8 @@ def plot_b(curves, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 pass, 1 repeat, a short part (b)")
-    ap.add_argument("--repeats", type=int, default=2, help="timing repeats per method (best kept)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per method (seeds 0, 1, ...): median and best docs/s, mean perplexity")
     ap.add_argument("--skip-a", action="store_true", help="only part (b)")
     ap.add_argument("--skip-b", action="store_true", help="only part (a)")
     ap.add_argument("--data", default=None, help="directory with nyt.ldac and nyt.tokens")
@@ -267,22 +270,28 @@ def main(argv=None):
 
 
 def report_a(rows, cross, passes_list):
-    print("(a) training throughput (best of the repeats) and held-out perplexity (mean over the "
-          "repeats, seeds 0..; one evaluator: local-step bound, topic_kl='none'; lower is better)")
-    print(fmt_table(["method", "passes", "docs/s", "seconds", "perplexity (mean)", "(min-max)"], rows))
+    print("(a) training throughput (median and best of the repeats) and held-out perplexity "
+          "(mean over the repeats, seeds 0..; one evaluator: local-step bound, topic_kl='none'; "
+          "lower is better)")
+    print(fmt_table(["method", "passes", "docs/s (median)", "(best)", "perplexity (mean)", "(s.e.)",
+                     "(min-max)"], rows))
+    num = lambda v: float(v.replace(",", ""))  # noqa: E731
     for passes in passes_list:
         r = {row[0]: row for row in rows if row[1] == passes}
-        peer = max(float(r[p][2].replace(",", "")) for p in ("scikit-learn", "gensim"))
-        pp = {k: float(v[4].replace(",", "")) for k, v in r.items()}
+        peers = ("scikit-learn", "gensim")
+        fast = max(peers, key=lambda p: num(r[p][2]))
         for ours_name in ("streamsvi", "streamsvi accelerate"):
-            ours = float(r[ours_name][2].replace(",", ""))
-            print(f"  {passes} pass(es): {ours_name} / faster peer = {ours / peer:.2f}x docs/s "
-                  f"(target >= 2x); perplexity {pp[ours_name]:.1f} vs best peer "
-                  f"{min(pp['scikit-learn'], pp['gensim']):.1f}")
+            o = r[ours_name]
+            diffs = ", ".join(
+                f"{p} {num(o[4]) - num(r[p][4]):+.1f} ± {math.hypot(num(o[5]), num(r[p][5])):.1f}"
+                for p in peers)
+            print(f"  {passes} pass(es): {ours_name} / faster peer ({fast}) = "
+                  f"{num(o[2]) / num(r[fast][2]):.2f}x median docs/s, "
+                  f"{num(o[3]) / max(num(r[p][3]) for p in peers):.2f}x best (target >= 2x); "
+                  f"perplexity minus peer's (± s.e.): {diffs}")
     print("\ncross-check: each peer's own perplexity figure vs ours computed the same way "
           "(same λ)")
     print(fmt_table(["peer", "passes", "peer's own", "value", "ours as", "value"], cross, left=1))
-
 
 
 def report_b(Xtr, Xte, quick):
