@@ -258,8 +258,10 @@ def main(argv=None):
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, BLAS {blas_build()} "
           f"(OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}); numpy {np.__version__}, "
           f"scipy {scipy.__version__}, scikit-learn {sklearn.__version__}, gensim {gensim.__version__}")
+    from streamsvi.models.lda import COMPILED
     print(f"K = {K}, alpha = eta = 1/K, batch {BATCH}, rho_t = ({TAU0:g} + t)^-{KAPPA}, local step: "
-          f"<= {MAX_IT} sweeps, mean |dgamma| < {TOL:g}\n")
+          f"<= {MAX_IT} sweeps, mean |dgamma| < {TOL:g}; streamsvi's local step: "
+          f"{'compiled (_ldakernel.c)' if COMPILED else 'numpy (no C compiler at install)'}\n")
 
     passes_list = [1] if args.quick else [1, 3]
     repeats = 1 if args.quick else args.repeats

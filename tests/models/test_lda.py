@@ -11,6 +11,7 @@ from scipy.special import digamma, gammaln, logsumexp
 from streamsvi.datasets import make_lda_corpus
 from streamsvi.inference import SVI, RobbinsMonro, batch_vi
 from streamsvi.models import LDA, NatParams, model_from_dict, model_to_dict
+from streamsvi.models import lda as lda_module
 
 sklearn_lda = pytest.importorskip("sklearn.decomposition")
 
@@ -56,7 +57,11 @@ def _brute_local(lam, X, alpha, tol, max_it):
     return np.array(gammas), np.array(iters), np.array(bounds), stats_
 
 
-@pytest.mark.parametrize("path", ["blocked", "dense"])
+compiled = pytest.mark.skipif(not lda_module.COMPILED, reason="the compiled local step is not built")
+PATHS = ["blocked", "dense", pytest.param("compiled", marks=compiled)]
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_local_step_matches_a_per_document_loop(path):
     X = _corpus()
     K, V = 4, X.shape[1]
@@ -137,10 +142,71 @@ def test_a_held_topic_that_would_come_back_is_refitted(monkeypatch):
     np.testing.assert_allclose(reckless.log_norm[docs], plain.log_norm[docs], rtol=1e-12)
 
 
-def test_local_step_does_not_depend_on_batching():
+@compiled
+@pytest.mark.parametrize("alpha", [0.05, 0.001])
+def test_compiled_local_step_equals_the_numpy_kernel(alpha):
+    """The C kernel (one document at a time) and the blocked numpy kernel: same sweeps,
+    γ, bound and statistics to 1e-9 (only the order of the sums differs)."""
+    model, lam, X = _topic_sparse_problem(alpha)
+    model._local_path = "compiled"
+    c = model.local_step(lam, X)
+    model._local_path = "blocked"
+    b = model.local_step(lam, X)
+    np.testing.assert_array_equal(c.n_iter, b.n_iter)
+    np.testing.assert_allclose(c.gamma, b.gamma, rtol=1e-9)
+    np.testing.assert_allclose(c.log_norm, b.log_norm, rtol=1e-12)
+    np.testing.assert_allclose(c.ratio, b.ratio, rtol=1e-9)
+    np.testing.assert_allclose(model.suffstats(c)["topic_word"], model.suffstats(b)["topic_word"],
+                               rtol=1e-9, atol=1e-12)
+
+
+@compiled
+@pytest.mark.parametrize("eps, hold_at", [(1.0, None), (1e-2, tuple(range(1, 400)))])
+def test_compiled_kernel_holds_and_refits_as_the_numpy_kernel(eps, hold_at, monkeypatch):
+    """With reckless thresholds (the refit test's; and a hold check after every sweep, so
+    that the change owed by held topics decides when documents stop), the C kernel holds
+    the same topics, refits the same documents without holding, and so agrees with the
+    numpy kernel document by document (while both differ from the plain iteration)."""
+    model, lam, X = _topic_sparse_problem(0.05)
+    monkeypatch.setattr("streamsvi.models.lda._HOLD_EPS", eps)
+    if hold_at is not None:
+        monkeypatch.setattr("streamsvi.models.lda._HOLD_AT", hold_at)
+    model._local_path = "compiled"
+    c = model.local_step(lam, X)
+    model._local_path = "blocked"
+    b = model.local_step(lam, X)
+    np.testing.assert_array_equal(c.n_iter, b.n_iter)
+    np.testing.assert_allclose(c.gamma, b.gamma, rtol=1e-9)
+    monkeypatch.setattr("streamsvi.models.lda._HOLD_AT", ())
+    plain = model.local_step(lam, X)
+    assert np.abs(c.gamma - plain.gamma).max() > 1e-6      # the thresholds did change results
+
+
+@compiled
+def test_compiled_kernel_refuses_bad_buffers():
+    model, lam, X = _topic_sparse_problem(0.05)
+    ex = model._expectations(lam)
+    bad = X.copy()
+    bad.indices = bad.indices.copy()
+    bad.indices[3] = X.shape[1] + 5                  # past the vocabulary
+    with pytest.raises(ValueError, match="word index out of range"):
+        model._fit_gamma_compiled(ex, bad)
+
+
+def test_compiled_kernel_is_built_where_a_compiler_is():
+    """CI has gcc: the optional extension must have been built, not silently skipped."""
+    import shutil
+    import sysconfig
+    if not shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc"):
+        pytest.skip("no C compiler here: the numpy kernels run")
+    assert lda_module.COMPILED, "pip install -e . did not build streamsvi/models/_ldakernel.c"
+
+
+@pytest.mark.parametrize("path", ["blocked", pytest.param("compiled", marks=compiled)])
+def test_local_step_does_not_depend_on_batching(path):
     X = _corpus(n=90, V=400, length=80, seed=2)      # long enough for several blocks
     model = LDA(4, X.shape[1], mean_change_tol=1e-5)
-    model._local_path = "blocked"
+    model._local_path = path
     lam = model.init_params(np.random.default_rng(0), X, X.shape[0])
     whole = model.local_step(lam, X)
     order = np.random.default_rng(3).permutation(X.shape[0])
