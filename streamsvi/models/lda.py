@@ -136,7 +136,7 @@ _BLOCK_WASTE = 1.5
 _BLOCK_SMALL = 2 ** 16
 #: Sweeps after which a document's negligible topics are held (module docs) ...
 _HOLD_AT = (4, 8, 12, 16, 24, 32, 48, 64)
-#: ... namely those whose share r_dk = θ̃_dk max_w β̃_kw / Z_dw is at most this.
+#: ... namely those with θ̃_dk <= this × min_w Z_dw (then θ̃_dk β̃_kw / Z_dw <= this for every w).
 _HOLD_EPS = 1e-14
 #: A block drops its finished rows once the working ones are at most this share.
 _COMPACT = 0.75
@@ -212,11 +212,16 @@ class _Words:
         contiguous rows. ``B`` is a view of one (K, nb, Lmax) gather (numpy
         hands its strided rows to BLAS as they are).
         """
+        pos = self.positions(docs, Lmax)
+        B = np.take(self.eb, self.index[pos], axis=1).transpose(1, 0, 2)
+        return B, self.count[pos], pos
+
+    def positions(self, docs, Lmax):
+        """CSR positions (len(docs), Lmax) of the documents' words; padding is nnz."""
         ar = np.arange(Lmax)
         pos = self.X.indptr[docs].astype(np.intp)[:, None] + ar
         pos[ar >= self.lens[docs][:, None]] = self.X.nnz
-        B = np.take(self.eb, self.index[pos], axis=1).transpose(1, 0, 2)
-        return B, self.count[pos], pos
+        return pos
 
 
 def _check_prior(name, v, size):
@@ -564,8 +569,8 @@ class LDA:
         sub = _Words(words.eb, X[docs])
         g, it, Z, zl = self._fit_gamma(sub, hold=False)
         gamma[docs], n_iter[docs], zlog[docs] = g, it, zl
-        src = (X.indptr[docs][:, None] + np.arange(int(sub.lens.max()))[None, :])
-        Zall[src[np.arange(src.shape[1])[None, :] < sub.lens[:, None]]] = Z
+        pos = words.positions(docs, int(sub.lens.max()))
+        Zall[pos[pos < X.nnz]] = Z                     # row by row: the sub-batch's CSR order
 
     def _fit_gamma_compiled(self, ex, X, hold: bool = True):
         """:meth:`_fit_gamma` in C (``_ldakernel.c``), one document at a time: same
@@ -668,7 +673,7 @@ class LDA:
                 if check(g3, gp):
                     break
                 g0, th0 = g3, theta(g3)
-                if act.sum() <= 0.75 * len(act):  # compact between cycles
+                if act.sum() <= _COMPACT * len(act):  # compact between cycles
                     B, cnt, g0, th0, live = B[act], cnt[act], g0[act], th0[act], live[act]
                     act = np.ones(len(live), dtype=bool)
         return gamma, n_iter
@@ -709,7 +714,7 @@ class LDA:
                 nk = int(act.sum())
                 if nk == 0:
                     break
-                if nk <= 0.75 * len(act):      # as in _fit_gamma: compact now and then
+                if nk <= _COMPACT * len(act):  # as in _fit_gamma: compact now and then
                     C, g, th, live = C[act], g[act], th[act], live[act]
                     act = np.ones(nk, dtype=bool)
         return gamma, n_iter
@@ -731,20 +736,20 @@ class LDA:
         ex = self._expectations(lam)
         if self.accelerate:
             gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], X))
-            Z = None
+            Z = zlog = None
         elif COMPILED and self._local_path in (None, "compiled"):
             gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, X)
         elif self._use_dense(X):
             gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
-            Z = None
+            Z = zlog = None
         else:
             gamma, n_iter, Z, zlog = self._fit_gamma(_Words(ex["exp_beta_ext"], X))
-        return self._finish(ex, X, gamma, n_iter, Z if Z is None else (Z, zlog))
+        return self._finish(ex, X, gamma, n_iter, Z, zlog)
 
-    def _finish(self, ex, X, gamma, n_iter, Z=None) -> LDALocal:
+    def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None) -> LDALocal:
         """φ at the final γ: ratios n_dw/Z'_dw, shifted exp E[log θ], and L_d.
 
-        ``Z`` is None (computed here) or ``(Z, zlog)`` from :meth:`_fit_gamma`.
+        ``Z``, ``zlog``: None (Z computed here) or as returned by :meth:`_fit_gamma`.
         """
         n, K = gamma.shape
         elog_t = self._elog_theta(gamma)
@@ -754,7 +759,7 @@ class LDA:
         if Z is None:
             Z = np.einsum("ij,ji->i", Et[rows], ex["exp_beta"][:, X.indices])
         else:
-            Z = Z[0] * np.exp(Z[1])[rows]
+            Z = Z * np.exp(zlog)[rows]
         ratio = X.data / Z
         word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][X.indices]), minlength=n)
         Nd = np.bincount(rows, weights=X.data, minlength=n)

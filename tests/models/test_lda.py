@@ -92,6 +92,16 @@ def _topic_sparse_problem(alpha, K=30, V=600, n=120, seed=5):
     return LDA(K, V, doc_topic_prior=alpha, topic_word_prior=0.02), lam, X.tocsr()
 
 
+def _assert_same_local_step(model, a, b):
+    """Same sweeps; γ, φ's ratios and the statistics to 1e-9; the bound to 1e-12."""
+    np.testing.assert_array_equal(a.n_iter, b.n_iter)
+    np.testing.assert_allclose(a.gamma, b.gamma, rtol=1e-9)
+    np.testing.assert_allclose(a.log_norm, b.log_norm, rtol=1e-12)
+    np.testing.assert_allclose(a.ratio, b.ratio, rtol=1e-9)
+    np.testing.assert_allclose(model.suffstats(a)["topic_word"], model.suffstats(b)["topic_word"],
+                               rtol=1e-9, atol=1e-12)
+
+
 def _counting(monkeypatch, name):
     calls = []
     orig = getattr(LDA, name)
@@ -116,12 +126,7 @@ def test_held_topics_do_not_change_the_local_step(alpha, monkeypatch):
     monkeypatch.setattr("streamsvi.models.lda._HOLD_AT", ())
     plain = model.local_step(lam, X)
     assert plain.n_iter.mean() > 20                       # the holds had sweeps to save
-    np.testing.assert_array_equal(held.n_iter, plain.n_iter)
-    np.testing.assert_allclose(held.gamma, plain.gamma, rtol=1e-9)
-    np.testing.assert_allclose(held.log_norm, plain.log_norm, rtol=1e-12)
-    np.testing.assert_allclose(held.ratio, plain.ratio, rtol=1e-9)
-    np.testing.assert_allclose(model.suffstats(held)["topic_word"], model.suffstats(plain)["topic_word"],
-                               rtol=1e-9, atol=1e-12)
+    _assert_same_local_step(model, held, plain)
 
 
 def test_a_held_topic_that_would_come_back_is_refitted(monkeypatch):
@@ -152,12 +157,7 @@ def test_compiled_local_step_equals_the_numpy_kernel(alpha):
     c = model.local_step(lam, X)
     model._local_path = "blocked"
     b = model.local_step(lam, X)
-    np.testing.assert_array_equal(c.n_iter, b.n_iter)
-    np.testing.assert_allclose(c.gamma, b.gamma, rtol=1e-9)
-    np.testing.assert_allclose(c.log_norm, b.log_norm, rtol=1e-12)
-    np.testing.assert_allclose(c.ratio, b.ratio, rtol=1e-9)
-    np.testing.assert_allclose(model.suffstats(c)["topic_word"], model.suffstats(b)["topic_word"],
-                               rtol=1e-9, atol=1e-12)
+    _assert_same_local_step(model, c, b)
 
 
 @compiled
