@@ -58,7 +58,7 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .codecs import DecodeError, load_json_message, unpack_binary_header
+from .codecs import DecodeError, check_binary_length, load_json_message, unpack_binary_header
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -262,10 +262,7 @@ class BowBinaryCodec:
             raise DecodeError("bad_header", f"binary header reserved bytes must be 0, got {reserved}")
         dt = self.DTYPES[code]
         expected = H + 4 * (n + 1) + 4 * nnz + dt.itemsize * nnz
-        if len(payload) != expected:
-            reason = "truncated" if len(payload) < expected else "trailing_data"
-            raise DecodeError(reason, f"binary message announces {n} documents and {nnz} entries "
-                                      f"({expected} bytes) but has {len(payload)} bytes")
+        check_binary_length(payload, expected, f"{n} documents and {nnz} entries")
         indptr = np.frombuffer(payload, "<u4", n + 1, H).astype(np.int64)
         if indptr[0] != 0 or indptr[-1] != nnz or np.any(np.diff(indptr) < 0):
             raise DecodeError("bad_indptr", f"indptr must run non-decreasing from 0 to nnz={nnz}, "

@@ -236,6 +236,17 @@ def unpack_binary_header(payload, header, magic: bytes, version: int) -> tuple:
     return fields
 
 
+def check_binary_length(payload, expected: int, announced: str) -> None:
+    """``truncated`` / ``trailing_data`` unless the message has exactly ``expected`` bytes.
+
+    ``announced`` says what the header announced (e.g. "3 ratings"), for the message.
+    """
+    if len(payload) != expected:
+        raise DecodeError("truncated" if len(payload) < expected else "trailing_data",
+                          f"binary message announces {announced} ({expected} bytes) "
+                          f"but has {len(payload)} bytes")
+
+
 class JsonCodec(Codec):
     """One record per message, as JSON.
 
@@ -482,13 +493,7 @@ class BinaryBatchCodec(Codec):
                                              f"expected n_features={self.n_features}")
         dt = self.DTYPES[code]
         expected = H + n_rows * n_cols * dt.itemsize
-        if len(payload) < expected:
-            raise DecodeError("truncated", f"binary message announces {n_rows}x{n_cols} {dt.name} "
-                                           f"({expected} bytes) but has {len(payload)} bytes")
-        if len(payload) > expected:
-            raise DecodeError("trailing_data", f"binary message announces {n_rows}x{n_cols} "
-                                               f"{dt.name} ({expected} bytes) but has "
-                                               f"{len(payload)} bytes")
+        check_binary_length(payload, expected, f"{n_rows}x{n_cols} {dt.name}")
         return np.frombuffer(payload, dtype=dt, count=n_rows * n_cols, offset=H).reshape(n_rows, n_cols)
 
     def encode(self, x) -> bytes:

@@ -49,7 +49,7 @@ from typing import Sequence
 import numpy as np
 
 from ..models.pmf import MAX_ID_LENGTH, Ratings, canonical_id
-from .codecs import DecodeError, load_json_message, unpack_binary_header
+from .codecs import DecodeError, check_binary_length, load_json_message, unpack_binary_header
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -155,12 +155,7 @@ class RatingsBinaryCodec:
         if reserved != b"\0\0\0":
             raise DecodeError("bad_header", "binary header reserved bytes must be 0")
         expected = H + 12 * n + nu + ni
-        if len(payload) < expected:
-            raise DecodeError("truncated", f"binary message announces {n} ratings ({expected} bytes) "
-                                           f"but has {len(payload)} bytes")
-        if len(payload) > expected:
-            raise DecodeError("trailing_data", f"binary message announces {n} ratings ({expected} bytes) "
-                                               f"but has {len(payload)} bytes")
+        check_binary_length(payload, expected, f"{n} ratings")
         y = np.frombuffer(payload, "<f8", n, H).astype(np.float64)
         lu = np.frombuffer(payload, "<u2", n, H + 8 * n).astype(np.int64)
         li = np.frombuffer(payload, "<u2", n, H + 10 * n).astype(np.int64)

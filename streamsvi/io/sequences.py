@@ -61,7 +61,8 @@ from typing import Sequence
 import numpy as np
 
 from ..sequences import Sequences
-from .codecs import DecodeError, join_json_arrays, load_json_message, unpack_binary_header
+from .codecs import (DecodeError, check_binary_length, join_json_arrays, load_json_message,
+                     unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -215,12 +216,7 @@ class SequenceBinaryCodec:
         if reserved != 0:
             raise DecodeError("bad_header", f"binary header reserved bytes must be 0, got {reserved}")
         expected = H + 4 * (n + m)
-        if len(payload) < expected:
-            raise DecodeError("truncated", f"binary message announces {n} sequences and {m} symbols "
-                                           f"({expected} bytes) but has {len(payload)} bytes")
-        if len(payload) > expected:
-            raise DecodeError("trailing_data", f"binary message announces {n} sequences and {m} "
-                                               f"symbols ({expected} bytes) but has {len(payload)} bytes")
+        check_binary_length(payload, expected, f"{n} sequences and {m} symbols")
         lens = np.frombuffer(payload, dtype="<u4", count=n, offset=H).astype(np.int64)
         if int(lens.sum()) != m:
             raise DecodeError("wrong_shape", f"binary sequence lengths sum to {int(lens.sum())}, "
