@@ -68,22 +68,21 @@ def _loop_cavi_sweep(lam, users, items, x, c, s2):
     U = {u: _moments(lam, "user", r) for r, u in enumerate(users)}
     V = {j: _moments(lam, "item", r) for r, j in enumerate(items)}
     D = lam["user_h"].shape[1]
+
+    def row(partners, ratings):
+        """(h, P) of one row from its partners' moments (m, S) and its ratings."""
+        P, h = np.eye(D) / c, np.zeros(D)
+        for (m, S), y in zip(partners, ratings):
+            P = P + (S + np.outer(m, m)) / s2
+            h = h + y * m / s2
+        return h, P
+
     outU, outV = {}, {}
     for u in users:
-        P, h = np.eye(D) / c, np.zeros(D)
-        for j, y in zip(x.item[x.user == u], x.rating[x.user == u]):
-            m, S = V[j]
-            P = P + (S + np.outer(m, m)) / s2
-            h = h + y * m / s2
-        outU[u] = (h, P)
+        h, P = outU[u] = row([V[j] for j in x.item[x.user == u]], x.rating[x.user == u])
         U[u] = (np.linalg.solve(P, h), np.linalg.inv(P))
     for j in items:
-        P, h = np.eye(D) / c, np.zeros(D)
-        for u, y in zip(x.user[x.item == j], x.rating[x.item == j]):
-            m, S = U[u]
-            P = P + (S + np.outer(m, m)) / s2
-            h = h + y * m / s2
-        outV[j] = (h, P)
+        outV[j] = row([U[u] for u in x.user[x.item == j]], x.rating[x.item == j])
     return outU, outV
 
 
