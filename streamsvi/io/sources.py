@@ -357,6 +357,16 @@ class Source:
         """Whether a bounded source has nothing left to read."""
         return False
 
+    def drained(self, applied: Mapping[tuple[str, int], int]) -> bool:
+        """Whether every record of the source is accounted for.
+
+        ``applied`` holds the next offset per ``(source, partition)`` that
+        the caller has folded in (or set aside). A file or memory source is
+        drained when it is exhausted; :class:`KafkaSource` checks every
+        partition of its topics, not only the ones assigned to it.
+        """
+        return self.exhausted()
+
     def close(self) -> None:
         """Release files, sockets and group membership."""
 
@@ -754,6 +764,9 @@ class KafkaSource(Source):
                   "bootstrap_timeout_ms": int(connect_timeout_s * 1000)}
         config.update(extra)
         config = client_config(KafkaConsumer, config)
+        self._config = config
+        self._probe = None                  # group-less consumer for highwater marks (drained())
+        self._drain_note = None             # the last "waiting for ..." logged by drained()
         self._consumer = connect_with_retry(
             lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={group_id!r})",
             bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
@@ -996,14 +1009,152 @@ class KafkaSource(Source):
         return out
 
     def caught_up(self) -> bool:
-        """True if partitions are assigned and every one has read up to its highwater."""
+        """True if partitions are assigned and every one has read up to its highwater.
+
+        This looks only at this consumer's partitions; :meth:`drained` is the
+        test for the whole topic.
+        """
         assigned = self._consumer.assignment()
         lag = self.lag()
         return bool(assigned) and len(lag) == len(assigned) and not any(lag.values())
+
+    # --------------------------------------------------------------- drain
+    def _probe_consumer(self):
+        """A second consumer with this source's connection settings and group id that never
+        joins the group: it reads metadata, highwater marks and committed offsets for
+        :meth:`drained`.
+
+        The group consumer itself is not used for these: a request it sends while
+        a group join is in flight waits behind the join on the coordinator's
+        connection, and kafka-python 3.0.12 starts the join over when it
+        completes outside a ``poll()``, so a rebalance could never finish.
+        """
+        from kafka import KafkaConsumer
+
+        if self._probe is None:
+            keep = {k: v for k, v in self._config.items()
+                    if k not in ("session_timeout_ms", "heartbeat_interval_ms")}
+            keep.update(enable_auto_commit=False, fetch_max_wait_ms=100,
+                        max_partition_fetch_bytes=1 << 16, client_id=f"{keep['client_id']}-probe")
+            self._probe = KafkaConsumer(**keep)       # assign() only: it never joins the group
+        return self._probe
+
+    def partitions(self) -> set[tuple[str, int]]:
+        """Every ``(topic, partition)`` of the subscribed topics, from the cluster metadata.
+
+        With a pattern subscription, the topics it matched so far.
+
+        Raises
+        ------
+        SourceError
+            If the metadata knows no partitions of a subscribed topic.
+        """
+        topics = self.topics if self.topics is not None else sorted(self._consumer.subscription() or ())
+        probe = self._probe_consumer()
+        out = set()
+        for topic in topics:
+            parts = probe.partitions_for_topic(topic)
+            if not parts:
+                raise SourceError(f"no partitions known for topic {topic!r} at "
+                                  f"{self.bootstrap_servers} (metadata not loaded yet, or the "
+                                  f"topic does not exist)")
+            out.update((topic, int(p)) for p in parts)
+        return out
+
+    def highwater_marks(self, partitions, timeout_s: float = 10.0) -> Offsets:
+        """Fresh highwater marks of ``partitions``, from fetch responses.
+
+        Each call reads them anew (``end_offsets()`` is not used: the local
+        tansu broker answers it wrongly).
+
+        Raises
+        ------
+        SourceError
+            If a partition's mark did not arrive within ``timeout_s``.
+        """
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
+        if not tps:
+            return {}
+        probe = self._probe_consumer()
+        probe.assign([])            # a new assignment forgets the previous marks
+        probe.assign(tps)
+        probe.seek_to_beginning(*tps)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            marks = {tp: probe.highwater(tp) for tp in tps}
+            if None not in marks.values():
+                return {(tp.topic, tp.partition): int(hw) for tp, hw in marks.items()}
+            if time.monotonic() >= deadline:
+                missing = sorted((tp.topic, tp.partition) for tp, hw in marks.items() if hw is None)
+                raise SourceError(f"no highwater mark for {missing} from {self.bootstrap_servers} "
+                                  f"within {timeout_s:g} s")
+            probe.poll(timeout_ms=100, max_records=len(tps))
+
+    def undrained(self, applied: Mapping[tuple[str, int], int]) -> dict:
+        """The partitions of the subscribed topics that still hold records nobody accounted for.
+
+        A partition is drained when ``applied`` (the next offset the caller
+        has folded in, per partition) or, for a partition assigned here, the
+        next offset this source hands out is at its highwater mark, or when it is
+        not assigned to this consumer and the group's committed offset is at
+        its highwater mark (another member owns it and has checkpointed
+        everything). A partition held by a member that died has neither, so
+        it counts as not drained until the group hands it to a member that
+        reads it; while this consumer owns no partitions (it is joining, or
+        the group is rebalancing) nothing is drained. Returns ``{(topic,
+        partition): "why"}`` (partition None when the whole topic waits);
+        empty when the whole topic is drained.
+
+        Only this consumer's partitions are checked while any of them still
+        has records to read (no network round trip); the others take one
+        metadata, one committed-offset and one fetch round trip.
+        """
+        from kafka import TopicPartition
+
+        if not self._consumer.assignment():
+            topics = self.topics if self.topics is not None else [self.pattern]
+            return {(t, None): "no partitions assigned here: the group is joining or rebalancing"
+                    for t in topics}
+        applied = dict(applied)
+        for tp in self._consumer.assignment():
+            # Records before the position were handed out (and applied by the caller
+            # before it asks), or lie before where the group had committed.
+            mark = self._consumer.highwater(tp)
+            key = (tp.topic, tp.partition)
+            if mark is None or max(applied.get(key, 0), self._next_offset(tp)) < mark:
+                return {key: "assigned here, records left" if mark is not None
+                        else "assigned here, highwater not known yet"}
+        others = sorted(self.partitions() - self.assignment())
+        hw = self.highwater_marks(others)
+        probe = self._probe_consumer()
+        out = {}
+        for key in others:
+            done = applied.get(key, 0)
+            if done >= hw[key]:
+                continue
+            committed = probe.committed(TopicPartition(*key))
+            if committed is not None and committed >= hw[key]:
+                continue
+            out[key] = (f"not assigned here (held by another member, or a rebalance is pending): "
+                        f"applied {done}, group committed {committed}, highwater {hw[key]}")
+        return out
+
+    def drained(self, applied: Mapping[tuple[str, int], int]) -> bool:
+        """True when :meth:`undrained` finds nothing left; logs what it waits for (once)."""
+        left = self.undrained(applied)
+        note = sorted(k for k, why in left.items() if why.startswith("not assigned"))
+        if note and note != self._drain_note:
+            log.info("draining: waiting for %s", "; ".join(f"{t}[{p}] {left[(t, p)]}" for t, p in note))
+        self._drain_note = note
+        return not left
 
     def close(self):
         """Leave the group and close connections, without committing anything."""
         if not self._closed:
             self._closed = True
             self._buffer.clear()
+            if self._probe is not None:
+                self._probe.close(autocommit=False)
             self._consumer.close(autocommit=False)

@@ -203,6 +203,16 @@ class Daemon:
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
 
+    def _drained(self, source) -> bool:
+        """Every partition of the source accounted for (``Source.drained``); False while the
+        broker cannot tell."""
+        try:
+            return source.drained(self.offsets)
+        except _transient_errors() as exc:
+            log.warning("cannot tell whether the source is drained (%s: %s); reading on",
+                        type(exc).__name__, exc)
+            return False
+
     # -------------------------------------------------------- checkpoint
     def checkpoint(self, source, dead_sink):
         """Flush dead letters, snapshot (durable when it returns), then commit offsets.
@@ -337,7 +347,7 @@ class Daemon:
                     poll_failures = 0
                     self.metrics.broker_up.set(1)
                 if batch is None:
-                    if until_drained and _drained(source):
+                    if until_drained and self._drained(source):
                         res.stopped_by = "drained"
                         break
                     continue
@@ -395,7 +405,7 @@ class Daemon:
                           f"rho {last_info.rho:.4f}  lag {lag}",
                           file=self.out, flush=True)
                     last_progress, progress_records = now, 0
-                if until_drained and _drained(source):   # no need to wait out another empty poll
+                if until_drained and self._drained(source):   # no need to wait out another empty poll
                     res.stopped_by = "drained"
                     break
             # clean shutdown: checkpoint and commit what was applied
@@ -416,54 +426,13 @@ def _transient_errors() -> tuple:
     return (KafkaError, SourceError, ConnectionError, TimeoutError)
 
 
-def _drained(source) -> bool:
-    """A file or memory source at its end, or a Kafka consumer at every highwater mark."""
-    caught_up = getattr(source, "caught_up", None)
-    return source.exhausted() or (caught_up is not None and caught_up())
-
-
 def source_size(source) -> int:
-    """Records in a bounded source: lines of a file, or Σ highwater of the Kafka partitions."""
+    """Records in a bounded source: lines of a file, or Σ highwater of every partition of the topics."""
     if hasattr(source, "_count_lines"):
         return int(source._count_lines())
-    if hasattr(source, "assignment") and hasattr(source, "bootstrap_servers"):
-        return sum(kafka_highwater_marks(source.bootstrap_servers, source.assignment()).values())
+    if hasattr(source, "highwater_marks"):
+        return sum(source.highwater_marks(source.partitions(), timeout_s=15.0).values())
     return 0
-
-
-def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0) -> dict:
-    """Highwater mark of every partition in ``partitions`` ({(topic, p), ...}).
-
-    A group-less consumer fetches one record from the start of each partition;
-    the fetch response carries the highwater mark (``end_offsets()`` is not
-    used: some Kafka-protocol brokers answer it wrongly). Empty partitions
-    count 0 once a fetch came back for them or the timeout passed.
-    """
-    from kafka import KafkaConsumer, TopicPartition
-
-    tps = [TopicPartition(t, p) for t, p in sorted(partitions)]
-    if not tps:
-        return {}
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
-                             enable_auto_commit=False, fetch_max_wait_ms=100,
-                             max_partition_fetch_bytes=1 << 16)
-    try:
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        marks: dict = {}
-        deadline = time.monotonic() + timeout_s
-        while len(marks) < len(tps) and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=200, max_records=len(tps))
-            for tp in tps:
-                hw = consumer.highwater(tp)
-                if hw is not None:
-                    marks[(tp.topic, tp.partition)] = int(hw)
-        missing = [tp for tp in tps if (tp.topic, tp.partition) not in marks]
-        if missing:
-            log.warning("no highwater mark within %.0f s for %s; counted as 0", timeout_s, missing)
-        return marks
-    finally:
-        consumer.close()
 
 
 def default_source(cfg, metrics):

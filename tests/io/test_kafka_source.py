@@ -323,3 +323,85 @@ def test_unknown_consumer_setting_is_rejected_not_ignored():
         KafkaSource(f"127.0.0.1:{free_port()}", "t", group_id="g", codec=JsonCodec(2),
                     consumer_config={"max_poll_recordz": 5})
     assert time.monotonic() - t0 < 1.0  # not a connection problem: no retries
+
+
+# A second member of the group in its own process: it joins, keeps polling (so it takes part in
+# rebalances), and either never commits ("hold") or commits every record it read ("commit").
+_MEMBER = r"""
+import sys, time, warnings
+warnings.filterwarnings("ignore")
+from kafka import KafkaConsumer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+bootstrap, topic, group, mode = sys.argv[1:5]
+c = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                  auto_offset_reset="earliest", session_timeout_ms=2000, heartbeat_interval_ms=500)
+said = None
+while True:
+    records = c.poll(timeout_ms=1000)   # shorter polls can keep a kafka-python join from finishing
+    if mode == "commit" and records:
+        c.commit({tp: OffsetAndMetadata(msgs[-1].offset + 1, "", -1) for tp, msgs in records.items()})
+    mine = sorted(tp.partition for tp in c.assignment())
+    if mine and mine != said:
+        print("assigned", *mine, flush=True)
+        said = mine
+"""
+
+
+def _start_member(kafka_broker, topic, group, mode):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", _MEMBER, kafka_broker.bootstrap, topic, group, mode],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()          # blocks until the member owns partitions
+    assert line.startswith("assigned"), line
+    return proc
+
+
+def _read_until(src, applied, done, timeout_s=90.0):
+    """Poll ``src`` into ``applied`` until ``done()``; returns the ids read."""
+    got, deadline = [], time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"condition not reached; applied {applied}"
+        b = src.poll_batch(50, 0.5)
+        if b is not None:
+            got += ids(b)
+            applied.update(b.next_offsets)
+    return got
+
+
+@pytest.mark.parametrize("member", ["dies", "commits"])
+def test_drained_means_every_partition_of_the_topic(kafka_broker, new_topic, new_group, member):
+    """Issue 16.1: a consumer that owns part of the topic is not drained when its part is.
+
+    Another member holds the rest. If it dies without committing, its partitions
+    count as not drained until the group hands them over and they are read here;
+    if it lives and commits everything it read, they count as drained.
+    """
+    topic, group, N = new_topic(3), new_group(), 90
+    produce_rows(kafka_broker.bootstrap, topic, rows(N), JsonCodec(2), partitions=3)
+    other = _start_member(kafka_broker, topic, group, "hold" if member == "dies" else "commit")
+    try:
+        with source(kafka_broker, topic, group) as src:
+            applied = {}
+            # the group splits the topic between the two members; read this one's share
+            got = _read_until(src, applied, lambda: 0 < len(src.assignment()) < 3 and src.caught_up())
+            mine = {p for _, p in src.assignment()}
+            assert {i % 3 for i in got} <= mine        # all of *its* partitions are read ...
+            if member == "commits":
+                # ... and the other member's records are committed by it once it has read them
+                _read_until(src, applied, lambda: src.drained(applied))
+                assert {p for _, p in src.assignment()} == mine   # drained without taking them over
+                return
+            left = src.undrained(applied)               # ... but the topic is not drained
+            assert set(left) == {(topic, p) for p in range(3)} - {(topic, p) for p in mine}, left
+            assert all("not assigned here" in why for why in left.values())
+            assert not src.drained(applied)
+            other.kill()                                # kill -9: it stays in the group for a while
+            other.wait(10)
+            got += _read_until(src, applied, lambda: src.drained(applied))
+            assert src.assignment() == {(topic, p) for p in range(3)}
+            assert sorted(got) == list(range(N))        # every record read here, exactly once
+            assert applied == {(topic, p): N // 3 for p in range(3)}
+    finally:
+        other.kill()
+        other.wait(10)
