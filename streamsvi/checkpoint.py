@@ -1,6 +1,6 @@
 """Atomic, versioned, numbered snapshots of the engine state (the checkpoint store).
 
-DESIGN.md, "The delivery contract with Kafka": a batch's offsets are committed
+docs/design.md, "Delivery contract": a batch's offsets are committed
 only after a checkpoint that includes that batch's update is durable. This
 module is that checkpoint. :meth:`CheckpointStore.save` returns only once the
 snapshot and the ``latest`` pointer are on disk (every file, directory and

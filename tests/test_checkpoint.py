@@ -1,7 +1,7 @@
 """The checkpoint store: atomic numbered snapshots, retention, fallback, crash safety.
 
 Every test writes real files under ``tmp_path``. The daemon relies on one
-promise (DESIGN.md, "The delivery contract with Kafka"): whatever happens
+promise (docs/design.md, "Delivery contract"): whatever happens
 during ``save``, the directory opens to a complete snapshot, the old one or
 the new one, and a snapshot ``save`` returned is durable.
 """

@@ -1,6 +1,6 @@
 """The SVI / SVI+ / batch-VI engine.
 
-One update (seed 000, Algorithm 1; DESIGN.md "The math in one page")::
+One update (seed 000, Algorithm 1; docs/design.md, "The math")::
 
     local step     q(θ_n) for n ∈ S_t given λ                  (the model)
     weights        w_n = 1 + ε_n − ε̄,  ε_n ~ N(0, |S_t|/M − 1)   (SVI+; w_n = 1 for SVI)

@@ -4,7 +4,7 @@ A codec only turns bytes into numbers and back; whether the numbers are
 acceptable (finite, in range) is :mod:`streamsvi.io.validate`'s job. Every
 failure raises :class:`DecodeError` with a short, stable ``reason`` code that
 ends up in the dead-letter record and in the per-reason counters
-(DESIGN.md "The delivery contract with Kafka").
+(docs/design.md, "Dead letters").
 
 Reason codes raised here
 ------------------------

@@ -9,7 +9,7 @@ position and reason, and its offset still counts as consumed in
 
 Positions are ``(source, partition) -> offset`` mappings (:data:`Offsets`);
 ``offset`` is the *next* record to read (last consumed + 1), the Kafka
-convention. The delivery contract (DESIGN.md) is the caller's loop:
+convention. The delivery contract (docs/design.md) is the caller's loop:
 
 1. ``batch = source.poll_batch(max_records, max_wait_s)``
 2. send ``batch.dead`` to a dead-letter sink; update the model with ``batch.x``
@@ -737,7 +737,7 @@ class KafkaSource(Source):
         extra = dict(consumer_config or {})
         if extra.pop("enable_auto_commit", False):
             raise ValueError("enable_auto_commit=True would commit offsets before the checkpoint "
-                             "is durable (DESIGN.md delivery contract); KafkaSource commits by hand")
+                             "is durable (docs/design.md, delivery contract); KafkaSource commits by hand")
         self.bootstrap_servers = bootstrap_servers
         self.topics = list(topics) if topics is not None else None
         self.pattern = pattern

@@ -1,8 +1,8 @@
 """Record validation: which decoded rows may reach the model.
 
 A record that fails a check never reaches the model; the source turns it into
-a dead letter with the reason code (DESIGN.md "The delivery contract with
-Kafka"). Checks and their reason codes:
+a dead letter with the reason code (docs/design.md, "Record kinds").
+Checks and their reason codes:
 
 ``too_large``     the raw message is longer than ``max_message_bytes``
 ``wrong_shape``   a row does not have n_features values

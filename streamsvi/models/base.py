@@ -1,6 +1,6 @@
 """The interface a conjugate-exponential-family model implements.
 
-A model owns the math of one family (DESIGN.md "Seams"); the inference engine
+A model owns the math of one family (docs/design.md, "Layers"); the inference engine
 owns the update ``λ ← (1 − ρ) λ + ρ (η + N λ')``, the step size, the data-set
 size N and the SVI+ weights. A model never sees ρ, N or the noise.
 

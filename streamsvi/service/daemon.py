@@ -1,6 +1,6 @@
 """The daemon's consumer loop: minibatches → SVI+ → durable checkpoints → metrics.
 
-Delivery contract (DESIGN.md): auto-commit is off; the offsets of a batch are
+Delivery contract (docs/design.md): auto-commit is off; the offsets of a batch are
 committed only after a checkpoint that includes the batch's update is durable;
 on start the daemon seeks every partition to the offsets stored in its latest
 valid checkpoint. A crash at any instant therefore neither loses a record's

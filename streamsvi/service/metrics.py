@@ -8,7 +8,7 @@ Gradient variance, two views:
 
 * ``streamsvi_gradient_variance_estimate`` — from one batch:
   N² tr(Σ̂_t)/M_eff, Σ̂_t the sample covariance of the records' expected
-  sufficient statistics (DESIGN.md).
+  sufficient statistics (docs/design.md, "Metrics defined").
 * ``streamsvi_gradient_variance_observed`` — across steps: an exponentially
   weighted mean (river ``stats.EWMean``) of ½‖ĝ_t − ĝ_{t−1}‖², the successive-
   difference (von Neumann) estimator of tr Var(ĝ), which a slowly moving mean

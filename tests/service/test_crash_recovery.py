@@ -1,6 +1,6 @@
 """``kill -9`` at arbitrary instants, then restart: every record counts exactly once.
 
-The delivery contract (DESIGN.md) promises that a crash at any instant
+The delivery contract (docs/design.md) promises that a crash at any instant
 neither loses a record's contribution nor counts it twice. These tests run
 the real CLI (``streamsvi run --config cfg.toml --until-drained``) as a
 subprocess, SIGKILL it after random (seeded) delays, restart it, and compare

@@ -1,6 +1,6 @@
 """The daemon in-process against the real broker: drain, checkpoint, resume, commit.
 
-Delivery contract (DESIGN.md): a batch's offsets are committed only after a
+Delivery contract (docs/design.md): a batch's offsets are committed only after a
 checkpoint holding its update is durable, and a restarted daemon seeks to the
 offsets of its last checkpoint. Here both are checked from the outside: the
 group's committed offsets (read by a separate consumer) must equal the
