@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -55,6 +55,8 @@ class FittedModel:
     version : the streamsvi version that wrote it
     extra : dict (e.g. ``elbo_history``)
     aux : the engine state's model-owned extras (PMF: id→row maps), None for other models
+    config : the daemon config stored with the snapshot (``{}`` if none): scoring validates
+        records with its ``validation`` section, as the daemon did
 
     Every scoring method the model lists in its ``scoring_methods`` (each a
     method ``f(lam, x, ...)``) is also a method of the fitted model with λ
@@ -75,13 +77,15 @@ class FittedModel:
     extra: dict
     engine_settings: dict
     aux: dict | None = None
+    config: dict = field(default_factory=dict)
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
         return cls(model=snap.engine.model, lam=snap.state.lam, step=snap.state.step,
                    records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
                    path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
-                   engine_settings=snap.engine.to_dict(), aux=snap.state.aux)
+                   engine_settings=snap.engine.to_dict(), aux=snap.state.aux,
+                   config=dict(snap.config or {}))
 
     @property
     def settings(self) -> dict:
