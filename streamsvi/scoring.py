@@ -347,18 +347,22 @@ class LineScorer:
     def __call__(self, lines) -> list[dict]:
         from .io.codecs import DecodeError
 
-        lines = [(n, text.strip()) for n, text in lines]
-        lines = [(n, text) for n, text in lines if text]
-        if not lines:
+        numbers, payloads = [], []
+        for n, text in lines:
+            text = text.strip()
+            if text:
+                numbers.append(n)
+                payloads.append(text.encode("utf-8", "replace"))
+        if not payloads:
             return []
-        kind, payloads = self.kind, [text.encode("utf-8", "replace") for _, text in lines]
+        kind = self.kind
         fast = None
         if max(map(len, payloads)) <= self.validator.max_message_bytes:
             fast = self.codec.decode_many(payloads)
-        if fast is not None and kind.n_records(fast) == len(lines) and self.validator.all_valid(fast):
-            return [{"line": n, **sc} for (n, _), sc in zip(lines, self._score(fast))]
+        if fast is not None and kind.n_records(fast) == len(payloads) and self.validator.all_valid(fast):
+            return [{"line": n, **sc} for n, sc in zip(numbers, self._score(fast))]
         out, parts, where = {}, [], []
-        for (n, _), payload in zip(lines, payloads):
+        for n, payload in zip(numbers, payloads):
             problem = self.validator.check_size(payload)
             if problem is not None:
                 out[n] = _error(n, *problem)
