@@ -169,114 +169,93 @@ def demo(args) -> int:
     return 0
 
 
-def _score_lines(fitted, lines, fmt, fields):
-    """(line number, dict) per input line: scores, or an error naming the reason."""
-    from .io.codecs import CsvCodec, JsonCodec
-    from .io.records import DenseKind, record_kind
-
-    kind = record_kind(fitted.model)
-    if not isinstance(kind, DenseKind):
-        return _score_records_of_kind(fitted, kind, lines, fmt)
-    D = fitted.n_features
-    codec = JsonCodec(D, fields) if fmt == "jsonl" else CsvCodec(D)
-    lines = [(n, raw.strip()) for n, raw in lines if raw.strip()]
-    fast = codec.decode_many([t.encode() for _, t in lines]) if lines else None
-    if fast is not None and len(fast) == len(lines) and np.isfinite(fast).all():
-        # every line decoded in one parse (the common case): score them all at once
-        return [{"line": n, **sc} for (n, _), sc in zip(lines, fitted.score(fast))]
-
-    def decode(payload):
-        x = np.asarray(codec.decode(payload), dtype=np.float64).reshape(-1)
-        fitted.check(x[None, :])
-        return x
-
-    return _score_one_by_one(fitted, lines, decode, np.vstack)
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
 
 
-def _score_records_of_kind(fitted, kind, lines, fmt):
-    """``_score_lines`` for models whose records are not dense rows (one JSON record per line)."""
-    from .io.codecs import DecodeError
-
-    if fmt != "jsonl":
-        raise SystemExit(f"error: {kind.name!r} records are scored from JSON lines, not {fmt}")
-    codec = kind.make_codec("json", fitted.model, {})
-    validator = kind.make_validator(fitted.model, {})
-
-    def decode(payload):
-        part = codec.decode_rows(payload)
-        _, rejected = validator.validate(part)
-        if rejected:
-            _, reason, message = rejected[0]
-            raise DecodeError(reason, message)
-        return part
-
-    return _score_one_by_one(fitted, lines, decode, kind.concat)
-
-
-def _score_one_by_one(fitted, lines, decode, concat):
-    """Decode each line with ``decode`` (bytes -> records); score the good ones together.
-
-    A ``DecodeError`` becomes ``"reason: message"``, any other ``ValueError``
-    ``"invalid: ..."``; ``concat`` joins the decoded records.
-    """
-    from .io.codecs import DecodeError
-
-    parts, where, out = [], [], {}
-    for lineno, raw in lines:
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            part = decode(text.encode())
-        except DecodeError as exc:
-            out[lineno] = {"line": lineno, "error": f"{exc.reason}: {exc.message}"}
-            continue
-        except ValueError as exc:
-            out[lineno] = {"line": lineno, "error": f"invalid: {exc}"}
-            continue
-        parts.append(part)
-        where.append(lineno)
-    if parts:
-        for lineno, sc in zip(where, fitted.score(concat(parts))):
-            out[lineno] = {"line": lineno, **sc}
-    return [out[k] for k in sorted(out)]
+#: ``streamsvi score`` exit status (README "Scoring from snapshots"; ``streamsvi score --help``)
+SCORE_EXIT_CODES = {
+    0: "every record line was scored (or there were none)",
+    1: "some lines could not be scored: each has an error line in the output",
+    2: "usage or set-up error (bad arguments, no readable snapshot, unreadable input or output); "
+       "nothing was scored",
+    3: "no line could be scored: every record line has an error line in the output",
+    141: "the output was closed early (e.g. `| head`): stopped quietly, as with SIGPIPE",
+}
 
 
 def score(args) -> int:
-    """``streamsvi score``: JSONL/CSV in, one JSON line per input line out."""
+    """``streamsvi score``: JSONL/CSV in, one JSON line per input line out (exit codes above)."""
+    import io
     import json
+    import os
 
-    from .scoring import load
+    from .scoring import LineScorer, load
 
     fitted = load(args.snapshot)
     fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
-    src = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8", errors="replace")
-    dst = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-    n_ok = n_bad = 0
+    scorer = LineScorer(fitted, fmt, args.fields)
     try:
-        chunk = []
-        for lineno, raw in enumerate(src, 1):
-            if fmt == "csv" and lineno == 1 and args.header:
-                continue
-            chunk.append((lineno, raw))
-            if len(chunk) >= args.chunk:
-                for rec in _score_lines(fitted, chunk, fmt, args.fields):
-                    dst.write(json.dumps(rec) + "\n")
-                    n_bad += "error" in rec
-                    n_ok += "error" not in rec
-                chunk = []
-        for rec in _score_lines(fitted, chunk, fmt, args.fields):
+        if args.input == "-":
+            raw = getattr(sys.stdin, "buffer", None)
+            src = io.TextIOWrapper(raw, encoding="utf-8", errors="replace") if raw else sys.stdin
+        else:
+            src = open(args.input, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ValueError(f"cannot read --input {args.input}: {exc.strerror or exc}") from None
+    try:
+        dst = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    except OSError as exc:
+        if src is not sys.stdin:
+            src.close()
+        raise ValueError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
+    n_ok = n_bad = 0
+
+    def emit(chunk):
+        nonlocal n_ok, n_bad
+        for rec in scorer(chunk):
             dst.write(json.dumps(rec) + "\n")
             n_bad += "error" in rec
             n_ok += "error" not in rec
+
+    try:
+        chunk = []
+        for lineno, raw_line in enumerate(src, 1):
+            if fmt == "csv" and lineno == 1 and args.header:
+                continue
+            chunk.append((lineno, raw_line))
+            if len(chunk) >= args.chunk:
+                emit(chunk)
+                chunk = []
+        emit(chunk)
+        dst.flush()
+    except BrokenPipeError:
+        # The reader went away (`streamsvi score ... | head -1`): stop quietly, as unix tools
+        # do on SIGPIPE. Point stdout at /dev/null so the interpreter's final flush is silent.
+        if dst is sys.stdout:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):
+                pass
+        return 141
     finally:
-        if src is not sys.stdin:
+        if src is not sys.stdin and args.input != "-":
             src.close()
         if dst is not sys.stdout:
             dst.close()
     print(f"scored {n_ok} records with snapshot {fitted.number} (step {fitted.step}); "
           f"{n_bad} lines had errors", file=sys.stderr)
-    return 0
+    if n_bad == 0:
+        return 0
+    return 1 if n_ok else 3
 
 
 def inspect(args) -> int:
@@ -374,14 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--metrics-port", type=int, default=0, help="0 = any free port")
     d.add_argument("--timeout", type=float, default=300.0)
     d.add_argument("--seed", type=int, default=0)
-    sc = sub.add_parser("score", help="score records with a snapshot (JSONL/CSV in, JSONL out)")
+    sc = sub.add_parser("score", help="score records with a snapshot (JSONL/CSV in, JSONL out)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="One JSON line out per record line in: the scores, or "
+                                    '{"line": n, "reason": r, "error": "r: ..."} with the reason '
+                                    "code the daemon would dead-letter that record with.",
+                        epilog="exit status:\n" + "\n".join(f"  {code:<4d}{what}" for code, what
+                                                          in SCORE_EXIT_CODES.items()))
     sc.add_argument("--snapshot", required=True, help="snapshot or checkpoint directory (follows latest)")
     sc.add_argument("--input", required=True, help="JSONL or CSV file, or - for standard input")
     sc.add_argument("--output", default="-", help="JSONL file, or - for standard output (default)")
     sc.add_argument("--format", choices=["jsonl", "csv"], help="input format (default: from the file name)")
     sc.add_argument("--fields", nargs="+", help="JSON object field names, in feature order")
     sc.add_argument("--header", action="store_true", help="CSV input has a header line")
-    sc.add_argument("--chunk", type=int, default=10000, help="records scored per vectorised chunk")
+    sc.add_argument("--chunk", type=_positive_int, default=10000, help="records scored per vectorised chunk")
     ins = sub.add_parser("inspect", help="a readable summary of a snapshot")
     ins.add_argument("snapshot", help="snapshot or checkpoint directory")
     c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the Pima data (a table)")

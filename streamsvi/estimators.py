@@ -108,10 +108,16 @@ class GaussianMixture(base.Clusterer):
         self._means = {f: stats.Mean() for f in self._features}
 
     @classmethod
-    def from_snapshot(cls, path, features=None, batch_size: int = 32) -> "GaussianMixture":
+    def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "GaussianMixture":
         """A clusterer that starts from a daemon snapshot (``streamsvi.load(path)``).
 
         ``features`` names the D columns in order (default ``("x0", …)``).
+        ``batch_size`` is |S| of the clusterer's updates; by default the
+        daemon's own ``inference.batch_size``, stored with the snapshot (32
+        for a snapshot written without a daemon config, or M rounded up if
+        that is larger). The snapshot's SVI+ setting is kept: M itself, or
+        M = ``effective_fraction`` · ``batch_size``; ``batch_size`` must be
+        at least M.
         """
         from .scoring import load
 
@@ -126,9 +132,21 @@ class GaussianMixture(base.Clusterer):
                              f"{p['n_features']} features")
         if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
             raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
+        M = eng["effective_batch_size"]
+        daemon_S = (fitted.config.get("inference") or {}).get("batch_size")
+        if batch_size is None:
+            batch_size = daemon_S if daemon_S is not None else max(32, int(np.ceil(M or 0)))
+        if eng.get("effective_fraction") is not None:
+            M = eng["effective_fraction"] * batch_size
+        if M is not None and M > batch_size:
+            raise ValueError(
+                f"batch_size={batch_size} is smaller than the snapshot's SVI+ effective batch size "
+                f"M={M:g}; pass batch_size >= {int(np.ceil(M))}"
+                + (f" (the daemon used batch_size={daemon_S})" if daemon_S is not None else "")
+                + " or leave it out to use the daemon's")
         sched = eng["schedule"]
         est = cls(n_components=p["n_components"], batch_size=batch_size,
-                  effective_batch_size=eng["effective_batch_size"], n_total=eng["n_total"],
+                  effective_batch_size=M, n_total=eng["n_total"],
                   tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
@@ -420,8 +438,6 @@ class MatrixFactorization(_Ranker):
                  n_total: float = 100_000.0, row_counts: str = "seen", tau0: float = 0.0,
                  kappa: float = 1.0, seed: int | None = None):
         super().__init__(seed=seed)
-        from .models import PMF
-
         self.n_factors = n_factors
         self.sigma2 = sigma2
         self.prior_var = prior_var
@@ -437,12 +453,30 @@ class MatrixFactorization(_Ranker):
         if isinstance(batch_size, bool):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
         _check_batch_sizes(batch_size, effective_batch_size)
-        model = PMF(n_factors=n_factors, sigma2=sigma2, prior_var=prior_var, biases=biases,
-                    offset=offset, init_scale=init_scale, row_counts=row_counts)
-        self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
-                           effective_batch_size=effective_batch_size, short_batches="svi")
+        self._engine = self._make_engine()
         self._state = None
         self._buffer: list = []
+
+    def _make_engine(self) -> SVI:
+        """The engine of these settings (a function of the constructor arguments only)."""
+        from .models import PMF
+
+        model = PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
+                    biases=self.biases, offset=self.offset, init_scale=self.init_scale,
+                    row_counts=self.row_counts)
+        return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                   effective_batch_size=self.effective_batch_size, short_batches="svi")
+
+    # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
+    # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
+    # threading.Lock (which cannot be pickled) and is keyed by id() of the state's id lists
+    # (meaningless in a copy); learned values live in ``_state`` and ``_buffer``, which are copied.
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_engine"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._engine = self._make_engine()
 
     @classmethod
     def _unit_test_params(cls):

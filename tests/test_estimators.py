@@ -1,4 +1,10 @@
-"""The river clusterer: river's own checks, dataset checks, learn_many == learn_one, snapshots."""
+"""The river faces (clusterer, topic transformer, ranker): river's own checks, dataset checks,
+pickling and deepcopy, learn_many == learn_one, snapshots."""
+import copy
+import io
+import json
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -7,10 +13,12 @@ from river.checks import common
 
 from streamsvi.checkpoint import CheckpointStore
 from streamsvi.datasets import make_blobs
-from streamsvi.estimators import GaussianMixture
+from streamsvi.estimators import GaussianMixture, MatrixFactorization, TopicModel
 from streamsvi.inference import SVI
 from streamsvi.models import BayesianGMM
 from streamsvi.scoring import load
+from streamsvi.service.config import validate
+from streamsvi.service.daemon import Daemon
 
 
 def _stream(n=300, seed=0):
@@ -102,3 +110,101 @@ def test_topic_model_river_checks_and_batching():
         a.learn_one({"w1": -2})
     with pytest.raises(ValueError, match="more than n_features"):
         TopicModel(n_features=2, vocabulary=("a", "b", "c"))
+
+
+# ------------------------------------------------------- every river face: checks, pickle, deepcopy
+_FACES = [pytest.param(cls, params, id=f"{cls.__name__}-{i}")
+          for cls in (GaussianMixture, TopicModel, MatrixFactorization)
+          for i, params in enumerate(cls._unit_test_params())]
+
+
+@pytest.mark.parametrize("cls,params", _FACES)
+def test_every_face_passes_river_check_estimator(cls, params):
+    """river's whole generic suite (check_pickling_supports_roundtrip, clone, repr, ... and, for
+    the ranker, check_reco_routine)."""
+    checks.check_estimator(cls(**params))
+
+
+def _feed(est, n, seed):
+    """Enough data of the face's kind for a few updates plus a partial batch in the buffer."""
+    rng = np.random.default_rng(seed)
+    if isinstance(est, MatrixFactorization):
+        for _ in range(n):
+            u, i = int(rng.integers(12)), int(rng.integers(9))
+            est.learn_one(f"u{u}", i, 4.0 if (u + i) % 2 else 2.0)
+    elif isinstance(est, TopicModel):
+        words = [f"w{k}" for k in range(16)]
+        for k in range(n):
+            est.learn_one({w: 2 for w in rng.choice(words[:8] if k % 2 else words[8:], 3, replace=False)})
+    else:
+        for x, _ in _stream(n, seed=seed):
+            est.learn_one(x)
+
+
+def _outputs(est):
+    if isinstance(est, MatrixFactorization):
+        return [est.predict_one(f"u{u}", i) for u in range(12) for i in range(9)] + est.rank("u3", range(9))
+    if isinstance(est, TopicModel):
+        return [est.transform_one({f"w{k}": 1, f"w{k + 8}": 2}) for k in range(8)]
+    return [est.predict_proba_one(x) for x, _ in _stream(30, seed=7)]
+
+
+@pytest.mark.parametrize("cls,params", _FACES)
+def test_every_face_pickles_and_deepcopies_after_learning(cls, params):
+    """A copy (pickle round trip or copy.deepcopy) of a trained face predicts the same and keeps
+    learning the same as the original, and is independent of it."""
+    est = cls(**params)
+    _feed(est, 5 * params["batch_size"] + 3, seed=0)       # a partial batch stays buffered
+    for copied in (pickle.loads(pickle.dumps(est)), copy.deepcopy(est)):
+        assert type(copied) is cls and copied._state.step == est._state.step
+        assert _outputs(copied) == _outputs(est)
+        _feed(copied, 2 * params["batch_size"], seed=1)
+        twin = copy.deepcopy(est)
+        _feed(twin, 2 * params["batch_size"], seed=1)
+        assert copied._state.step == twin._state.step > est._state.step
+        assert _outputs(copied) == _outputs(twin)
+
+
+def _daemon_snapshot(tmp_path, batch_size=200, inference=None):
+    """A snapshot written by the daemon itself (file source), |S| = 200 > the clusterer's 32."""
+    X, _ = make_blobs(1200, seed=5)
+    data = tmp_path / "points.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in X.tolist()))
+    cfg = validate({
+        "model": {"kind": "gmm", "n_components": 3, "n_features": 2, "weight_concentration": 0.5,
+                  "mean_precision": 0.2, "scale": 1.0},
+        "inference": {"n_total": "auto", "batch_size": batch_size, "tau0": 1.0, "kappa": 0.7,
+                      **(inference or {"effective_batch_size": 50})},
+        "source": {"kind": "file", "path": str(data), "dead_letter_path": str(tmp_path / "dead.jsonl")},
+        "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 2},
+        "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0},
+    })
+    res = Daemon(cfg, out=io.StringIO()).run(until_drained=True, timeout=120)
+    assert res.stopped_by == "drained"
+    return tmp_path / "ck", X
+
+
+def test_from_snapshot_of_a_daemon_with_a_large_batch(tmp_path):
+    """Issue 16: the README's call failed on the demo's snapshot (|S| = 200, M = 50):
+    'effective_batch_size must be in (0, batch_size=32], got 50.0'."""
+    ck, X = _daemon_snapshot(tmp_path)
+    est = GaussianMixture.from_snapshot(ck, features=("a", "b"))      # as the README shows it
+    fitted = load(ck)
+    assert est.batch_size == 200 and est.effective_batch_size == 50
+    assert est._state.step == fitted.step == 6
+    assert [est.predict_one({"a": a, "b": b}) for a, b in X[:100]] == fitted.predict(X[:100]).tolist()
+    est.learn_many(pd.DataFrame(X[:200], columns=["a", "b"]))          # one update of |S| = 200
+    assert est._state.step == 7
+    small = GaussianMixture.from_snapshot(ck, features=("a", "b"), batch_size=64)
+    assert small.batch_size == 64 and small.effective_batch_size == 50
+    with pytest.raises(ValueError, match=r"batch_size=32 is smaller than the snapshot's SVI\+ effective "
+                                         r"batch size M=50; pass batch_size >= 50 \(the daemon used "
+                                         r"batch_size=200\)"):
+        GaussianMixture.from_snapshot(ck, features=("a", "b"), batch_size=32)
+
+
+def test_from_snapshot_keeps_an_effective_fraction(tmp_path):
+    ck, _ = _daemon_snapshot(tmp_path, inference={"effective_fraction": 0.25})
+    est = GaussianMixture.from_snapshot(ck)
+    assert est.batch_size == 200 and est.effective_batch_size == 50 and est.features == ("x0", "x1")
+    assert GaussianMixture.from_snapshot(ck, batch_size=40).effective_batch_size == 10

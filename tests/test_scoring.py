@@ -149,11 +149,11 @@ def test_score_cli_scores_good_lines_and_names_bad_ones(tmp_path, capsys):
     inp = tmp_path / "in.jsonl"
     inp.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.jsonl"
-    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(inp), "--output", str(out)]) == 0
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(inp), "--output", str(out)]) == 1
     recs = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [r["line"] for r in recs] == [1, 2, 3, 4, 5, 6]
     assert "wrong_shape" in recs[1]["error"] and "json_invalid" in recs[2]["error"]
-    assert "non-finite" in recs[4]["error"]
+    assert recs[4]["reason"] == "non_finite" and recs[4]["error"].startswith("non_finite: value in column 1")
     good = [recs[i] for i in (0, 3, 5)]
     f = streamsvi.load(tmp_path / "ck")
     np.testing.assert_allclose([r["log_density"] for r in good], f.predictive_logpdf(X[:3]))
@@ -162,9 +162,100 @@ def test_score_cli_scores_good_lines_and_names_bad_ones(tmp_path, capsys):
     csv = tmp_path / "in.csv"
     csv.write_text("a,b\n" + "\n".join(f"{a},{b}" for a, b in X[:5]) + "\nx,y\n")
     assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(csv), "--header",
-                 "--output", str(out)]) == 0
+                 "--output", str(out)]) == 1
     recs = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert len(recs) == 6 and "error" in recs[-1] and recs[-1]["line"] == 7
+
+
+def _score(tmp_path, lines, *extra, name="in.jsonl"):
+    """``streamsvi score`` on ``lines``: (exit status, output records)."""
+    inp, out = tmp_path / name, tmp_path / "out.jsonl"
+    inp.write_text("".join(ln + "\n" for ln in lines))
+    code = main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(inp), "--output", str(out),
+                 *extra])
+    return code, [json.loads(ln) for ln in out.read_text().splitlines()] if out.exists() else None
+
+
+def test_score_exit_codes(tmp_path, capsys):
+    """Issue 16: `score` exited 0 when every line failed. 0 all scored, 1 some failed, 3 all failed,
+    2 usage / set-up errors (a message, no traceback)."""
+    engine, state, X = _engine_state()
+    CheckpointStore(tmp_path / "ck").save(engine, state, [])
+    good = [json.dumps(r) for r in X[:4].tolist()]
+    assert _score(tmp_path, good)[0] == 0
+    assert _score(tmp_path, [])[0] == 0                               # nothing to score, nothing failed
+    assert _score(tmp_path, good[:2] + ["[1, 2, 3]"])[0] == 1
+    code, recs = _score(tmp_path, ["[NaN, 1]", "[1, 2, 3]", "", "nope"])
+    assert code == 3 and [r["reason"] for r in recs] == ["non_finite", "wrong_shape", "json_invalid"]
+    assert _score(tmp_path, good, "--fields", "a", "b")[0] == 0       # arrays are read with --fields too
+    assert _score(tmp_path, [json.dumps({"a": 1.0})], "--fields", "a", "b")[0] == 3   # missing_field
+    capsys.readouterr()
+    assert main(["score", "--snapshot", str(tmp_path / "nothing"), "--input", "-"]) == 2
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "no.jsonl")]) == 2
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path)]) == 2   # a directory
+    err = capsys.readouterr().err
+    assert "cannot read --input" in err and "Traceback" not in err
+    assert _score(tmp_path, ["1,2"], "--fields", "a", "b", name="in.csv")[0] == 2
+    with pytest.raises(SystemExit) as info:                           # argparse: usage error
+        main(["score", "--snapshot", str(tmp_path / "ck"), "--input", "-", "--chunk", "0"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["score", "--help"])
+    help_text = capsys.readouterr().out
+    for code in ("0", "1", "2", "3", "141"):
+        assert f"\n  {code} " in help_text, code
+
+
+def test_score_errors_carry_the_line_number_and_the_daemons_reason(tmp_path):
+    """Issue 16: NaN was reported as 'invalid' with an index within the chunk. Every error names
+    its line (with chunks of 2, blank lines and a header in the way) and the reason the daemon's
+    own source gives the same line (FileSource: the codec, then the validator)."""
+    from streamsvi.io import FileSource, JsonCodec, RecordValidator
+
+    engine, state, X = _engine_state()
+    CheckpointStore(tmp_path / "ck").save(engine, state, [], config={"validation": {"max_abs": 100.0}})
+    lines = [json.dumps(X[0].tolist()), "[NaN, 1.0]", "", json.dumps(X[1].tolist()), "[1.0, Infinity]",
+             "[500.0, 0.0]", "[1e400, 0]", "[1, 2, 3]", "{not json", "[true, 1]", '{"y": [1, 2]}',
+             json.dumps(X[2].tolist()), "[1" + "0" * 330 + ", 0]"]
+    code, recs = _score(tmp_path, lines, "--chunk", "2")
+    assert code == 1
+    nonblank = [i + 1 for i, ln in enumerate(lines) if ln]
+    assert [r["line"] for r in recs] == nonblank
+    src = FileSource(tmp_path / "in.jsonl", codec=JsonCodec(2), validator=RecordValidator(2, max_abs=100.0))
+    batch = src.poll_batch(100)
+    daemon = {d.position.offset + 1: d.reason for d in batch.dead}
+    ours = {r["line"]: r["reason"] for r in recs if "error" in r}
+    assert ours == daemon
+    assert set(ours.values()) == {"non_finite", "out_of_range", "wrong_shape", "json_invalid", "not_numeric",
+                                  "missing_field"}
+    assert ours[2] == "non_finite" and ours[6] == "out_of_range" and "max_abs=100.0" in recs[4]["error"]
+    assert all(r["error"].startswith(r["reason"] + ": ") for r in recs if "error" in r)
+    assert not any("records [" in r.get("error", "") for r in recs)
+    f = streamsvi.load(tmp_path / "ck")
+    scored = [r for r in recs if "error" not in r]
+    np.testing.assert_allclose([r["log_density"] for r in scored], f.predictive_logpdf(X[:3]))
+
+
+def test_score_stops_quietly_when_the_reader_goes_away(tmp_path):
+    """Issue 16: `streamsvi score ... | head -1` ended in a BrokenPipeError traceback. The reader
+    here closes the pipe after one line; the output (~2.6 MB) is far larger than a pipe buffer,
+    so the scorer's next writes fail with EPIPE for sure."""
+    import subprocess
+    import sys
+
+    engine, state, _ = _engine_state()
+    CheckpointStore(tmp_path / "ck").save(engine, state, [])
+    X = np.random.default_rng(1).normal(size=(20000, 2))
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in X.tolist()))
+    proc = subprocess.Popen([sys.executable, "-m", "streamsvi", "score", "--snapshot", str(tmp_path / "ck"),
+                             "--input", str(tmp_path / "big.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()                                  # what `head -1` does after its line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert json.loads(first)["line"] == 1
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
 
 
 def test_inspect_cli(tmp_path, capsys):

@@ -28,7 +28,7 @@ Raised by the codecs (:class:`~streamsvi.io.codecs.DecodeError`):
 not a number), ``not_integer`` (an id is not an integer), ``id_out_of_range``
 (a negative id), ``not_text`` (text codec: not UTF-8), and for binary
 messages ``truncated``, ``trailing_data``, ``bad_header``, ``bad_version``,
-``bad_dtype``, ``bad_indptr``.
+``bad_dtype``, ``bad_indptr``, ``empty_batch`` (no documents).
 
 Raised by the validator, per document: ``too_large`` (message over
 ``max_message_bytes``), ``id_out_of_range`` (an id ≥ V), ``non_finite``,
@@ -58,7 +58,8 @@ from typing import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .codecs import DecodeError, check_binary_length, load_json_message, unpack_binary_header
+from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
+                     load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -263,6 +264,7 @@ class BowBinaryCodec:
         dt = self.DTYPES[code]
         expected = H + 4 * (n + 1) + 4 * nnz + dt.itemsize * nnz
         check_binary_length(payload, expected, f"{n} documents and {nnz} entries")
+        check_binary_rows(n, "documents")
         indptr = np.frombuffer(payload, "<u4", n + 1, H).astype(np.int64)
         if indptr[0] != 0 or indptr[-1] != nnz or np.any(np.diff(indptr) < 0):
             raise DecodeError("bad_indptr", f"indptr must run non-decreasing from 0 to nnz={nnz}, "
@@ -281,6 +283,7 @@ class BowBinaryCodec:
     def encode_rows(self, x) -> bytes:
         """A CSR (or dense) part of n documents as one message."""
         X = _as_csr(x)
+        check_encodable_rows(X.shape[0], "documents")
         if X.shape[0] >= 2 ** 32 or X.nnz >= 2 ** 32:
             raise ValueError("a binary message holds fewer than 2**32 documents and entries")
         if X.nnz and (X.data.min() < 0 or not np.isfinite(X.data).all()) and self.dtype == "uint32":

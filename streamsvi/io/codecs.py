@@ -18,6 +18,8 @@ Reason codes raised here
 ``bad_dtype``      binary: unknown dtype code
 ``truncated``      binary: fewer bytes than the header announces
 ``trailing_data``  binary: more bytes than the header announces
+``empty_batch``    binary: the message holds no records (dead-lettered and counted
+                   like any bad message, so nothing is dropped silently)
 
 Two message layouts are supported:
 
@@ -247,6 +249,26 @@ def check_binary_length(payload, expected: int, announced: str) -> None:
                           f"but has {len(payload)} bytes")
 
 
+def check_binary_rows(n_rows: int, what: str) -> None:
+    """``empty_batch`` if a binary batch message announces no records (every binary codec).
+
+    A message with no records has nothing to apply, but it was sent and it has
+    an offset: the source dead-letters it with this reason (and the daemon counts
+    it), so no message is consumed without a trace. ``what`` names the records
+    ("rows", "documents", ...).
+    """
+    if n_rows == 0:
+        raise DecodeError("empty_batch", f"binary message holds 0 {what}; a batch message must "
+                                         f"carry at least one (skip empty batches when producing)")
+
+
+def check_encodable_rows(n_rows: int, what: str) -> None:
+    """ValueError if a binary batch message would hold no records (what decoding rejects)."""
+    if n_rows == 0:
+        raise ValueError(f"cannot encode a binary batch of 0 {what}: a batch message must hold at "
+                         f"least one (readers dead-letter empty ones as 'empty_batch'); skip it")
+
+
 class JsonCodec(Codec):
     """One record per message, as JSON.
 
@@ -417,7 +439,8 @@ class BinaryBatchCodec(Codec):
         12      4     n_cols (uint32), must equal D
         16      ...   n_rows * n_cols values, row-major
 
-    The message length must be exactly ``16 + n_rows * n_cols * itemsize``.
+    The message length must be exactly ``16 + n_rows * n_cols * itemsize``,
+    and ``n_rows`` at least 1 (a message of no rows is ``empty_batch``).
 
     Parameters
     ----------
@@ -462,7 +485,7 @@ class BinaryBatchCodec(Codec):
         ------
         DecodeError
             ``truncated``, ``bad_header``, ``bad_version``, ``bad_dtype``,
-            ``wrong_shape`` or ``trailing_data``.
+            ``wrong_shape``, ``trailing_data`` or ``empty_batch``.
         """
         return self._view(payload).astype(np.float64)
 
@@ -494,6 +517,7 @@ class BinaryBatchCodec(Codec):
         dt = self.DTYPES[code]
         expected = H + n_rows * n_cols * dt.itemsize
         check_binary_length(payload, expected, f"{n_rows}x{n_cols} {dt.name}")
+        check_binary_rows(n_rows, "rows")
         return np.frombuffer(payload, dtype=dt, count=n_rows * n_cols, offset=H).reshape(n_rows, n_cols)
 
     def encode(self, x) -> bytes:
@@ -503,6 +527,7 @@ class BinaryBatchCodec(Codec):
             x = x[None, :]
         if x.ndim != 2 or x.shape[1] != self.n_features:
             raise ValueError(f"x must have shape (n, {self.n_features}), got {x.shape}")
+        check_encodable_rows(x.shape[0], "rows")
         if x.shape[0] >= 2 ** 32:
             raise ValueError(f"a binary message holds fewer than 2**32 rows, got {x.shape[0]}")
         code = self._CODES[self.dtype]

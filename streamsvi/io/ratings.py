@@ -20,6 +20,7 @@ validator returns them per row):
                    in a binary message a bad id rejects the whole message
 ``not_numeric``    the rating is not a number
 ``bad_header``, ``bad_version``, ``truncated``, ``trailing_data``   binary layout errors
+``empty_batch``    a binary message of no ratings
 ``too_large``      (validator) the raw message is over ``max_message_bytes``
 ``non_finite``     (validator) the rating is NaN or ±inf
 ``out_of_range``   (validator) the rating is outside [``min_rating``, ``max_rating``]
@@ -49,7 +50,8 @@ from typing import Sequence
 import numpy as np
 
 from ..models.pmf import MAX_ID_LENGTH, Ratings, canonical_id
-from .codecs import DecodeError, check_binary_length, load_json_message, unpack_binary_header
+from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
+                     load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -156,6 +158,7 @@ class RatingsBinaryCodec:
             raise DecodeError("bad_header", "binary header reserved bytes must be 0")
         expected = H + 12 * n + nu + ni
         check_binary_length(payload, expected, f"{n} ratings")
+        check_binary_rows(n, "ratings")
         y = np.frombuffer(payload, "<f8", n, H).astype(np.float64)
         lu = np.frombuffer(payload, "<u2", n, H + 8 * n).astype(np.int64)
         li = np.frombuffer(payload, "<u2", n, H + 10 * n).astype(np.int64)
@@ -194,6 +197,7 @@ class RatingsBinaryCodec:
 
     def encode_rows(self, x: Ratings) -> bytes:
         n = len(x)
+        check_encodable_rows(n, "ratings")
         ub = [u.encode() for u in x.user]
         ib = [i.encode() for i in x.item]
         if any(len(b) > 65535 for b in ub + ib):

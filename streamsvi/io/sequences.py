@@ -31,7 +31,8 @@ Decoding (:class:`~streamsvi.io.codecs.DecodeError`): ``json_invalid``,
 ``wrong_shape`` (not an array / object, nested arrays, lengths that do not add
 up), ``missing_field``, ``not_integer`` (a float, string, bool or null symbol),
 ``out_of_range`` (an integer beyond int64), ``truncated``, ``trailing_data``,
-``bad_header``, ``bad_version``, ``bad_dtype``.
+``bad_header``, ``bad_version``, ``bad_dtype``, ``empty_batch`` (a binary
+message of no sequences).
 
 Validation (:class:`SequenceValidator`, per sequence, so one bad sequence in a
 binary batch rejects only itself): ``too_large`` (message bytes),
@@ -61,8 +62,8 @@ from typing import Sequence
 import numpy as np
 
 from ..sequences import Sequences
-from .codecs import (DecodeError, check_binary_length, join_json_arrays, load_json_message,
-                     unpack_binary_header)
+from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
+                     join_json_arrays, load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -207,7 +208,7 @@ class SequenceBinaryCodec:
         ------
         DecodeError
             ``truncated``, ``bad_header``, ``bad_version``, ``bad_dtype``,
-            ``wrong_shape`` or ``trailing_data``.
+            ``wrong_shape``, ``trailing_data`` or ``empty_batch``.
         """
         H = self.HEADER.size
         _, _, code, reserved, n, m = unpack_binary_header(payload, self.HEADER, self.MAGIC, self.VERSION)
@@ -217,6 +218,7 @@ class SequenceBinaryCodec:
             raise DecodeError("bad_header", f"binary header reserved bytes must be 0, got {reserved}")
         expected = H + 4 * (n + m)
         check_binary_length(payload, expected, f"{n} sequences and {m} symbols")
+        check_binary_rows(n, "sequences")
         lens = np.frombuffer(payload, dtype="<u4", count=n, offset=H).astype(np.int64)
         if int(lens.sum()) != m:
             raise DecodeError("wrong_shape", f"binary sequence lengths sum to {int(lens.sum())}, "
@@ -233,6 +235,7 @@ class SequenceBinaryCodec:
     def encode_rows(self, part) -> bytes:
         """Encode a :class:`Sequences` (or a list of integer sequences) as one message."""
         part = part if isinstance(part, Sequences) else Sequences.from_list(part)
+        check_encodable_rows(len(part), "sequences")
         if part.symbols.size and (part.symbols.min() < -2 ** 31 or part.symbols.max() >= 2 ** 31):
             raise ValueError("symbols must fit in int32 for the binary layout")
         if len(part) >= 2 ** 32 or part.symbols.size >= 2 ** 32:

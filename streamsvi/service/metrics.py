@@ -4,6 +4,14 @@ Namespace ``streamsvi``; base units in names; an injectable
 ``CollectorRegistry`` so tests read values back. Values that describe the
 latest update (ELBO, ρ, step, …) are gauges set after every update.
 
+A gauge with no value yet is absent, not 0: the update gauges (ELBO, ρ,
+gradient norm and variances, SVI+ noise, M) before this process's first
+update, the held-out log-likelihood before the reservoir is first scored
+(also after a resume), the last checkpoint time before any checkpoint. Such
+a :class:`LatestValue` is exposed as its ``# HELP`` / ``# TYPE`` lines with
+no sample, so a query or an alert (``streamsvi_elbo != streamsvi_elbo``)
+sees no series instead of a made-up 0 or NaN.
+
 Gradient variance, two views:
 
 * ``streamsvi_gradient_variance_estimate`` — from one batch:
@@ -17,9 +25,42 @@ Gradient variance, two views:
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
 from river import stats as river_stats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class LatestValue:
+    """A gauge without labels that is absent until it is first set.
+
+    ``set(v)`` as a prometheus_client ``Gauge``; ``value`` is None before
+    that. At scrape time it yields its metric family with one sample, or with
+    none while it has no value (the family still appears in
+    ``registry.collect()``, so the metric stays discoverable).
+    """
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self.value: float | None = None
+        registry.register(self)
+
+    def set(self, value: float) -> None:
+        self.value = float(value)        # one reference assignment: atomic for the scrape thread
+
+    def clear(self) -> None:
+        """Back to no value (absent from the exposition)."""
+        self.value = None
+
+    def describe(self):
+        return [GaugeMetricFamily(self.name, self.documentation)]
+
+    def collect(self):
+        family = GaugeMetricFamily(self.name, self.documentation)
+        value = self.value
+        if value is not None:
+            family.add_metric([], value)
+        return [family]
 
 
 class DaemonMetrics:
@@ -29,20 +70,21 @@ class DaemonMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         ns, r = "streamsvi", self.registry
         g = lambda name, doc, labels=(): Gauge(name, doc, labels, namespace=ns, registry=r)  # noqa: E731
+        latest = lambda name, doc: LatestValue(f"{ns}_{name}", doc, r)  # noqa: E731
         c = lambda name, doc, labels=(): Counter(name, doc, labels, namespace=ns, registry=r)  # noqa: E731
-        self.elbo = g("elbo", "Minibatch ELBO estimate L_t (nats) at the parameters before the latest update")
-        self.elbo_per_record = g("elbo_per_record", "Minibatch ELBO estimate divided by N (nats per record)")
-        self.heldout_loglik = g("heldout_loglik_per_record",
+        self.elbo = latest("elbo", "Minibatch ELBO estimate L_t (nats) at the parameters before the latest update")
+        self.elbo_per_record = latest("elbo_per_record", "Minibatch ELBO estimate divided by N (nats per record)")
+        self.heldout_loglik = latest("heldout_loglik_per_record",
                                 "Mean log posterior-predictive density of the held-out reservoir (nats per record)")
         self.heldout_records = g("heldout_records", "Records in the held-out reservoir")
-        self.grad_var_est = g("gradient_variance_estimate",
+        self.grad_var_est = latest("gradient_variance_estimate",
                               "N^2 tr(Sigma_t)/M_eff: estimated total variance of the natural gradient from one batch")
-        self.grad_var_obs = g("gradient_variance_observed",
+        self.grad_var_obs = latest("gradient_variance_observed",
                               "EW mean of 0.5*||g_t - g_(t-1)||^2: observed step-to-step variance of the natural gradient")
-        self.grad_norm = g("gradient_norm", "Euclidean norm of the latest natural gradient")
-        self.rho = g("step_size", "Step size rho_t of the latest update")
-        self.noise_std = g("svi_plus_noise_std", "Standard deviation sqrt(|S|/M - 1) of the SVI+ noise eps_n")
-        self.effective_batch = g("effective_batch_size", "SVI+ effective batch size M of the latest update")
+        self.grad_norm = latest("gradient_norm", "Euclidean norm of the latest natural gradient")
+        self.rho = latest("step_size", "Step size rho_t of the latest update")
+        self.noise_std = latest("svi_plus_noise_std", "Standard deviation sqrt(|S|/M - 1) of the SVI+ noise eps_n")
+        self.effective_batch = latest("effective_batch_size", "SVI+ effective batch size M of the latest update")
         self.step = g("step", "Updates applied to the parameters (engine step t)")
         self.records_seen = g("records_seen", "Records folded into the parameters (engine state)")
         self.records = c("records_consumed", "Records that reached the model")
@@ -55,7 +97,7 @@ class DaemonMetrics:
                                         namespace=ns, registry=r, buckets=_LATENCY_BUCKETS)
         self.lag = g("consumer_lag_records", "Highwater mark minus position, per partition",
                      ("topic", "partition"))
-        self.checkpoint_ts = g("last_checkpoint_timestamp_seconds",
+        self.checkpoint_ts = latest("last_checkpoint_timestamp_seconds",
                                "Unix time of the last durable checkpoint")
         self.checkpoints = c("checkpoints", "Durable checkpoints written")
         self.broker_up = g("broker_up", "1 when the last broker call succeeded, 0 while retrying")

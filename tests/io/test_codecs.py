@@ -1,5 +1,6 @@
 import json
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -116,10 +117,9 @@ def test_binary_round_trip(dtype):
         assert np.array_equal(out, X.astype(np.float32).astype(np.float64))
 
 
-def test_binary_reads_either_dtype_and_empty_batches():
+def test_binary_reads_either_dtype():
     msg32 = BinaryBatchCodec(2, dtype="float32").encode(np.ones((3, 2)))
     assert BinaryBatchCodec(2).decode(msg32).tolist() == [[1.0, 1.0]] * 3
-    assert BinaryBatchCodec(2).decode(BinaryBatchCodec(2).encode(np.empty((0, 2)))).shape == (0, 2)
 
 
 def test_binary_header_is_little_endian_regardless_of_platform():
@@ -214,3 +214,123 @@ def test_binary_decode_many_one_copy_or_none():
     x = codec.decode_many([codec.encode(a), BinaryBatchCodec(2).encode(b)])
     assert x.dtype == np.float64 and x.flags.writeable and np.array_equal(x, np.vstack([a, b]))
     assert codec.decode_many([codec.encode(a), b"SSVBjunk"]) is None
+
+
+# ------------------------------------------------- zero-record binary batches: dead-lettered, counted
+def _kinds():
+    """(kind name, model, a part of 3 good records, the kind's binary codec's empty message)."""
+    import scipy.sparse as sp
+
+    from streamsvi.io.bow import BowBinaryCodec
+    from streamsvi.io.ratings import RatingsBinaryCodec
+    from streamsvi.io.sequences import SequenceBinaryCodec
+    from streamsvi.models import LDA, PMF, BayesianGMM, DiscreteHMM, Ratings
+    from streamsvi.sequences import Sequences
+
+    B, W, Q, R = BinaryBatchCodec, BowBinaryCodec, SequenceBinaryCodec, RatingsBinaryCodec
+    return [
+        ("dense", BayesianGMM(3, 2), np.arange(6.0).reshape(3, 2), B.HEADER.pack(B.MAGIC, 1, 2, 0, 0, 2)),
+        ("bow", LDA(3, 30), sp.csr_matrix(np.eye(3, 30) * 2.0),
+         W.HEADER.pack(W.MAGIC, 1, 2, 0, 0, 0) + struct.pack("<I", 0)),     # indptr = [0]
+        ("sequences", DiscreteHMM(2, 4), Sequences.from_list([[0, 1], [3], [2, 2, 1]]),
+         Q.HEADER.pack(Q.MAGIC, 1, 1, 0, 0, 0)),
+        ("ratings", PMF(n_factors=2), Ratings(["u1", "u2", "u3"], ["a", "b", "a"], [3.0, 4.0, 5.0]),
+         R.HEADER.pack(R.MAGIC, 1, b"\0\0\0", 0, 0, 0)),
+    ]
+
+
+def _reason(codec, payload):
+    with pytest.raises(DecodeError) as info:
+        codec.decode_rows(payload)
+    return info.value.reason
+
+
+@pytest.mark.parametrize("name,model,part,empty", _kinds(), ids=[k[0] for k in _kinds()])
+def test_every_binary_codec_refuses_a_batch_of_no_records(name, model, part, empty):
+    """Issue 16: a zero-row message decoded to nothing and left no trace; now it is a
+    DecodeError ``empty_batch`` (a dead letter), and the encoders refuse to write one."""
+    from streamsvi.io.records import KINDS
+
+    kind = KINDS[name]
+    codec = kind.make_codec("binary", model, {})
+    good = codec.encode_rows(part)
+    assert kind.n_records(codec.decode_rows(good)) == 3
+    assert _reason(codec, empty) == "empty_batch"
+    assert codec.decode_many([good, empty, good]) is None        # the source then finds it one by one
+    with pytest.raises(ValueError, match="cannot encode a binary batch of 0"):
+        codec.encode_rows(kind.take(part, slice(0, 0)))
+    assert _reason(codec, empty + b"\0") == "trailing_data"   # layout errors come first
+
+
+@pytest.mark.parametrize("name,model,part,empty", _kinds(), ids=[k[0] for k in _kinds()])
+def test_an_empty_binary_batch_from_kafka_is_a_dead_letter(name, model, part, empty,
+                                                           kafka_broker, new_topic, new_group):
+    """Through a real KafkaSource (the source's _BatchBuilder): the empty message is in
+    ``batch.dead`` with its offset, its offset counts as consumed, the good rows all arrive."""
+    from kafka import KafkaProducer
+
+    from streamsvi.io import KafkaSource
+    from streamsvi.io.records import KINDS
+
+    kind = KINDS[name]
+    codec = kind.make_codec("binary", model, {})
+    topic = new_topic(1)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+    try:
+        for payload in (codec.encode_rows(part), empty, codec.encode_rows(part)):
+            producer.send(topic, value=payload, partition=0).get(timeout=30)
+    finally:
+        producer.close()
+    with KafkaSource(kafka_broker.bootstrap, topic, group_id=new_group(), codec=codec, kind=kind,
+                     validator=kind.make_validator(model, {})) as src:
+        src.wait_for_assignment(10)
+        batches, deadline = [], time.monotonic() + 30
+        while sum(b.n_messages for b in batches) < 3 and time.monotonic() < deadline:
+            b = src.poll_batch(100, 1.0)
+            if b is not None:
+                batches.append(b)
+    dead = [d for b in batches for d in b.dead]
+    assert [(d.reason, d.position.offset, d.payload) for d in dead] == [("empty_batch", 1, empty)]
+    assert "0" in dead[0].message
+    assert sum(kind.n_records(b.x) for b in batches) == 6
+    assert batches[-1].next_offsets == {(topic, 0): 3}
+
+
+def test_the_daemon_counts_an_empty_binary_batch(kafka_broker, new_topic, new_group, tmp_path):
+    """End to end: the empty message goes to the dead-letter topic and
+    ``streamsvi_records_dead_lettered_total{reason="empty_batch"}`` counts it."""
+    import base64
+    import io
+
+    from kafka import KafkaProducer
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.config import validate
+    from streamsvi.service.daemon import Daemon
+    from tests.conftest_broker import read_topic
+
+    topic, dead_topic = new_topic(1), new_topic(1)
+    codec = BinaryBatchCodec(2)
+    X = np.random.default_rng(0).normal(size=(120, 2))
+    empty = codec.HEADER.pack(codec.MAGIC, 1, 2, 0, 0, 2)
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all")
+    try:
+        for payload in (codec.encode(X[:60]), empty, codec.encode(X[60:])):
+            producer.send(topic, value=payload, partition=0).get(timeout=30)
+    finally:
+        producer.close()
+    cfg = validate({
+        "model": {"kind": "gmm", "n_components": 2, "n_features": 2},
+        "inference": {"n_total": 120, "batch_size": 60, "max_wait_seconds": 0.5},
+        "source": {"kind": "kafka", "bootstrap_servers": kafka_broker.bootstrap, "topics": [topic],
+                   "group_id": new_group(), "codec": "binary", "dead_letter_topic": dead_topic},
+        "checkpoint": {"directory": str(tmp_path / "ck")},
+        "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0},
+    })
+    registry = CollectorRegistry()
+    res = Daemon(cfg, registry=registry, out=io.StringIO()).run(until_drained=True, timeout=60)
+    assert res.stopped_by == "drained" and res.records == 120 and res.dead == 1
+    assert registry.get_sample_value("streamsvi_records_dead_lettered_total", {"reason": "empty_batch"}) == 1
+    letters = [json.loads(v) for _, _, v in read_topic(kafka_broker.bootstrap, dead_topic)]
+    assert [(d["reason"], d["offset"], base64.b64decode(d["payload_b64"])) for d in letters] == \
+        [("empty_batch", 1, empty)]

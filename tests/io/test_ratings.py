@@ -70,7 +70,8 @@ def test_binary_round_trip():
     assert y.to_records() == x.to_records()
     both = codec.decode_many([msg, codec.encode_rows(x[np.array([0])])])
     assert len(both) == 4 and both.user.tolist()[-1] == "alice"
-    assert len(codec.decode_rows(codec.encode_rows(Ratings.empty()))) == 0
+    with pytest.raises(ValueError, match="binary batch of 0 ratings"):    # issue 16: empty_batch
+        codec.encode_rows(Ratings.empty())
 
 
 def test_binary_reason_codes():
@@ -203,7 +204,7 @@ def test_daemon_learns_pmf_from_a_file_of_ratings(tmp_path):
     assert np.all(var > 0)
     (tmp_path / "in.jsonl").write_text('{"user": "u3", "item": 4, "rating": 3}\n{"user": "u3"}\n')
     assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
-                 "--output", str(tmp_path / "out.jsonl")]) == 0
+                 "--output", str(tmp_path / "out.jsonl")]) == 1      # some lines failed
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert "error" in out[1]
     m, _ = fitted.predict_rating(["u3"], [4])

@@ -113,3 +113,113 @@ def test_a_real_prometheus_scrapes_the_endpoint(tmp_path):
             proc.wait(timeout=10)
     finally:
         server.shutdown()
+
+
+# ------------------------------------------------- gauges without a value are absent, never 0
+_UNSET_UNTIL_AN_UPDATE = ["streamsvi_elbo", "streamsvi_elbo_per_record", "streamsvi_gradient_variance_estimate",
+                          "streamsvi_gradient_variance_observed", "streamsvi_gradient_norm", "streamsvi_step_size",
+                          "streamsvi_svi_plus_noise_std", "streamsvi_effective_batch_size"]
+
+
+def _samples(body: str) -> dict:
+    """``{name: value}`` of the label-free samples of an exposition text."""
+    out = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_a_fresh_registry_has_no_made_up_values():
+    m = DaemonMetrics()
+    for name in _UNSET_UNTIL_AN_UPDATE + ["streamsvi_heldout_loglik_per_record",
+                                          "streamsvi_last_checkpoint_timestamp_seconds"]:
+        assert m.registry.get_sample_value(name) is None, name
+    assert m.registry.get_sample_value("streamsvi_step") == 0.0        # a true 0: no update yet
+    m.elbo.set(-12.5)
+    assert m.registry.get_sample_value("streamsvi_elbo") == -12.5
+    m.elbo.set(float("nan"))                                          # a diverged value is shown as it is
+    assert np.isnan(m.registry.get_sample_value("streamsvi_elbo"))
+    text = generate_latest(DaemonMetrics().registry).decode()
+    assert "# TYPE streamsvi_elbo gauge" in text and "streamsvi_elbo " not in _samples(text)
+
+
+def _daemon_cfg(tmp_path, data, n_total=1000):
+    from streamsvi.service.config import validate
+
+    return validate({
+        "model": {"kind": "gmm", "n_components": 3, "n_features": 2},
+        "inference": {"n_total": n_total, "batch_size": 100, "effective_batch_size": 25},
+        "source": {"kind": "file", "path": str(data), "dead_letter_path": str(tmp_path / "dead.jsonl")},
+        "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 2},
+        "metrics": {"enabled": True, "port": 0, "heldout_size": 50, "heldout_every": 1000,
+                    "progress_seconds": 0.0},
+    })
+
+
+def _scrape_while_running(cfg, ready):
+    """Run a daemon in a thread; scrape its real /metrics until ``ready(samples)``; stop it."""
+    import io
+    import threading
+
+    from streamsvi.service.daemon import Daemon
+
+    daemon = Daemon(cfg, out=io.StringIO())
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(res=daemon.run(timeout=120)), daemon=True)
+    thread.start()
+    try:
+        deadline, body = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            server = daemon.metrics_server
+            if server is not None:
+                with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=5) as r:
+                    body = r.read().decode()
+                if ready(_samples(body)):
+                    break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the daemon's metrics never got ready:\n{body}")
+    finally:
+        daemon.request_stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and result["res"].stopped_by == "requested"
+    return body
+
+
+def test_the_endpoint_shows_no_elbo_before_the_first_update(tmp_path):
+    """Issue 16: streamsvi_elbo read 0.0 before the first batch."""
+    (tmp_path / "empty.jsonl").write_text("")
+    body = _scrape_while_running(_daemon_cfg(tmp_path, tmp_path / "empty.jsonl"),
+                                 lambda s: "streamsvi_step" in s)
+    samples = _samples(body)
+    for name in _UNSET_UNTIL_AN_UPDATE + ["streamsvi_heldout_loglik_per_record",
+                                          "streamsvi_last_checkpoint_timestamp_seconds"]:
+        assert name not in samples and f"# TYPE {name} gauge" in body, name
+    assert samples["streamsvi_step"] == 0.0 and samples["streamsvi_heldout_records"] == 0.0
+    promtool = require_tool("promtool")
+    res = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=30)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), \
+        (res.stdout.decode(), res.stderr.decode())
+
+
+def test_the_endpoint_shows_no_heldout_loglik_after_a_resume_until_it_is_computed(tmp_path):
+    """Issue 16: streamsvi_heldout_loglik_per_record read 0.0 after a resume."""
+    import io
+
+    from streamsvi.service.daemon import Daemon
+
+    data = tmp_path / "points.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in make_blobs(650, seed=3)[0].tolist()))
+    cfg = _daemon_cfg(tmp_path, data, n_total=650)
+    first = Daemon(cfg, out=io.StringIO())
+    assert first.run(until_drained=True, timeout=120).stopped_by == "drained"
+    assert first.metrics.registry.get_sample_value("streamsvi_heldout_loglik_per_record") == \
+        pytest.approx(first.heldout_ll)                     # evaluated at step 1 of the first run
+    body = _scrape_while_running(cfg, lambda s: s.get("streamsvi_heldout_records") == 50)
+    samples = _samples(body)
+    assert samples["streamsvi_step"] == first.state.step and samples["streamsvi_records_seen"] == 600
+    assert samples["streamsvi_last_checkpoint_timestamp_seconds"] > 0          # restored from the snapshot
+    for name in _UNSET_UNTIL_AN_UPDATE + ["streamsvi_heldout_loglik_per_record"]:
+        assert name not in samples, name
