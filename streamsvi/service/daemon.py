@@ -30,7 +30,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible
 from ..io.records import record_kind
-from .config import build_engine, build_model
+from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
 
 log = logging.getLogger("streamsvi.daemon")
@@ -427,17 +427,20 @@ def source_size(source) -> int:
     if hasattr(source, "_count_lines"):
         return int(source._count_lines())
     if hasattr(source, "assignment") and hasattr(source, "bootstrap_servers"):
-        return sum(kafka_highwater_marks(source.bootstrap_servers, source.assignment()).values())
+        return sum(kafka_highwater_marks(source.bootstrap_servers, source.assignment(),
+                                         security=getattr(source, "security", None)).values())
     return 0
 
 
-def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0) -> dict:
+def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0,
+                          security: dict | None = None) -> dict:
     """Highwater mark of every partition in ``partitions`` ({(topic, p), ...}).
 
     A group-less consumer fetches one record from the start of each partition;
     the fetch response carries the highwater mark (``end_offsets()`` is not
     used: some Kafka-protocol brokers answer it wrongly). Empty partitions
-    count 0 once a fetch came back for them or the timeout passed.
+    count 0 once a fetch came back for them or the timeout passed. ``security``:
+    kafka-python security settings (``client_security``).
     """
     from kafka import KafkaConsumer, TopicPartition
 
@@ -446,7 +449,7 @@ def kafka_highwater_marks(bootstrap_servers, partitions, timeout_s: float = 15.0
         return {}
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None,
                              enable_auto_commit=False, fetch_max_wait_ms=100,
-                             max_partition_fetch_bytes=1 << 16)
+                             max_partition_fetch_bytes=1 << 16, **(security or {}))
     try:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
@@ -490,7 +493,7 @@ def default_source(cfg, metrics):
                        session_timeout_ms=src["session_timeout_ms"],
                        heartbeat_interval_ms=src["heartbeat_interval_ms"],
                        connect_attempts=1,      # the daemon retries (Daemon._open_source)
-                       connect_timeout_s=CONNECT_TIMEOUT_S)
+                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg))
 
 
 def default_dead_sink(cfg):
@@ -498,7 +501,8 @@ def default_dead_sink(cfg):
 
     src = cfg["source"]
     if src["kind"] == "kafka" and src["dead_letter_topic"]:
-        return KafkaDeadLetterSink(src["bootstrap_servers"], src["dead_letter_topic"])
+        return KafkaDeadLetterSink(src["bootstrap_servers"], src["dead_letter_topic"],
+                                   security=client_security(cfg))
     path = src["dead_letter_path"] or os.path.join(cfg["checkpoint"]["directory"], "dead-letters.jsonl")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return FileDeadLetterSink(path)
