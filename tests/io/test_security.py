@@ -222,3 +222,23 @@ def test_sasl_settings_reach_the_broker_from_every_client(mechanism, sasl_broker
 def _toml(cfg: dict) -> str:
     from tests.service.conftest import to_toml
     return to_toml(cfg)
+
+
+def test_cli_produce_uses_the_config_security(tls_broker, pki, tmp_path):
+    """``streamsvi produce --config``: the daemon config's brokers and TLS settings."""
+    topic = _topic()
+    cfg = _config(tmp_path, tls_broker.bootstrap, topic, security_protocol="SSL", ssl_cafile="pki/ca.pem")
+    (tmp_path / "pki").mkdir()
+    (tmp_path / "pki" / "ca.pem").write_bytes(pki["ca"].read_bytes())   # relative to the config file
+    (tmp_path / "c.toml").write_text(_toml(cfg))
+    proc = subprocess.run([STREAMSVI, "produce", "--config", str(tmp_path / "c.toml"), "--topic", topic,
+                           "--dataset", "blobs", "--n", "40", "--partitions", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    security = client_security(validate(cfg, base_dir=tmp_path))
+    assert security["ssl_cafile"] == str(tmp_path / "pki" / "ca.pem")
+    with KafkaSource(tls_broker.bootstrap, topic, group_id=f"g-{topic}", codec=JsonCodec(2),
+                     security=security) as src:
+        src.wait_for_assignment(timeout_s=30)
+        assert kafka_highwater_marks(tls_broker.bootstrap, src.assignment(), security=security) \
+            == {(topic, 0): 40}
