@@ -96,7 +96,8 @@ def test_daemon_learns_over_tls_with_every_client_secured(tls_broker, pki, tmp_p
 def test_plain_clients_cannot_use_the_tls_endpoint(tls_broker):
     """The endpoint really is TLS only: a plaintext client is refused, and told why."""
     with pytest.raises(KafkaSecurityError, match="speaks TLS but security_protocol is 'PLAINTEXT'"):
-        produce_rows(tls_broker.bootstrap, "x", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1)
+        produce_rows(tls_broker.bootstrap, "x", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
+                     producer_config={"bootstrap_timeout_ms": 2000})
 
 
 def test_a_wrong_ca_fails_with_a_clear_error(tls_broker, pki, tmp_path):
@@ -149,7 +150,7 @@ def test_mutual_tls_with_an_encrypted_client_key(mtls_broker, pki, tmp_path, mon
     no_cert = {k: v for k, v in security.items() if k in ("security_protocol", "ssl_cafile")}
     with pytest.raises(KafkaSecurityError, match="requires a client certificate|refused"):
         produce_rows(mtls_broker.bootstrap, topic, np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
-                     security=no_cert)
+                     producer_config={"bootstrap_timeout_ms": 2000}, security=no_cert)
 
 
 def test_a_wrong_key_password_is_refused_at_load(pki, tmp_path, monkeypatch):
