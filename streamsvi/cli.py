@@ -293,6 +293,15 @@ def produce(args) -> int:
     from .io.broker import create_topic
     from .io.codecs import BinaryBatchCodec, JsonCodec
     from .io.produce import produce_rows
+    from .service.config import client_security, load_config
+
+    bootstrap, security = args.bootstrap_servers, {}
+    if args.config is not None:       # the daemon's [source]: its brokers and security settings
+        src = load_config(args.config)["source"]
+        bootstrap, security = bootstrap or src["bootstrap_servers"], client_security(src)
+    if bootstrap is None:
+        raise ValueError("give --bootstrap-servers, or --config with a daemon config whose [source] "
+                         "names the brokers (and their TLS / SASL settings)")
 
     if args.dataset == "pima":
         X = standardize(load_pima(args.data)[0])
@@ -303,13 +312,13 @@ def produce(args) -> int:
         X = np.loadtxt(args.dataset, delimiter=",", ndmin=2)
     rng = np.random.default_rng(args.seed)
     rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
-    create_topic(args.bootstrap_servers, args.topic, partitions=args.partitions)
+    create_topic(bootstrap, args.topic, partitions=args.partitions, security=security)
     codec = JsonCodec(X.shape[1]) if args.codec == "json" else BinaryBatchCodec(X.shape[1])
-    n = produce_rows(args.bootstrap_servers, args.topic, rows, codec,
+    n = produce_rows(bootstrap, args.topic, rows, codec,
                      batch_rows=args.batch_rows if args.codec == "binary" else None,
-                     partitions=args.partitions)
+                     partitions=args.partitions, security=security)
     print(f"produced {len(rows)} records in {n} messages ({args.codec}) to {args.topic!r} "
-          f"on {args.bootstrap_servers}", file=sys.stderr)
+          f"on {bootstrap}", file=sys.stderr)
     return 0
 
 
@@ -341,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-batches", type=int, help="stop after this many batches")
     r.add_argument("--timeout", type=float, help="stop after this many seconds")
     r.add_argument("--until-drained", action="store_true", help="stop when the source has no more records")
-    r.add_argument("--print-config", action="store_true", help="print the validated config and exit")
+    r.add_argument("--print-config", action="store_true", help="print the validated config and exit "
+                   "(secrets are never in it: only the variables or files they are read from)")
     r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     d = sub.add_parser("demo", help="embedded default: local broker + Pima topic + the daemon")
     d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv")
@@ -386,7 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--labels", nargs="+", help="one label per run (default: directory names)")
     rp.add_argument("--output", default="streamsvi-report.png", help="PNG file to write")
     pr = sub.add_parser("produce", help="load a data set into a Kafka topic (demo producer)")
-    pr.add_argument("--bootstrap-servers", required=True)
+    pr.add_argument("--bootstrap-servers", help="brokers (default: source.bootstrap_servers of --config)")
+    pr.add_argument("--config", help="a daemon config (TOML) whose [source] security settings (TLS, "
+                                     "SASL) the producer uses too")
     pr.add_argument("--topic", required=True)
     pr.add_argument("--dataset", default="pima", help="pima, blobs, or a CSV file of numbers")
     pr.add_argument("--data", help="path to diabetes.arff (for --dataset pima)")

@@ -6,6 +6,8 @@ Kept private: the public surface is in :mod:`streamsvi.io.sources`,
 from __future__ import annotations
 
 import logging
+import socket
+import ssl
 import time
 from typing import Callable, TypeVar
 
@@ -16,6 +18,108 @@ T = TypeVar("T")
 
 class KafkaUnavailableError(ConnectionError):
     """Kafka could not be reached after every configured attempt."""
+
+
+class KafkaSecurityError(ValueError):
+    """A security setting that cannot work (a CA that did not sign the brokers' certificates,
+    a certificate for another host, TLS against a plain listener, ...). Not retried."""
+
+
+#: kafka-python's names of the security settings (``client_security`` of the service config).
+SECURITY_SETTINGS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password",
+                     "ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password", "ssl_check_hostname")
+
+
+def tls_context(security: dict) -> ssl.SSLContext:
+    """The client TLS context kafka-python 3.0 builds from ``security`` (``ssl_*`` settings)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = security.get("ssl_check_hostname", True)
+    if security.get("ssl_cafile"):
+        ctx.load_verify_locations(security["ssl_cafile"])
+    else:
+        ctx.load_default_certs()
+    if security.get("ssl_certfile"):
+        password = security.get("ssl_password")
+        ctx.load_cert_chain(security["ssl_certfile"], security.get("ssl_keyfile"),
+                            password=password if password is not None else lambda: b"")  # never prompt
+    return ctx
+
+
+def _servers(bootstrap_servers) -> list[tuple[str, int]]:
+    items = bootstrap_servers.split(",") if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+    out = []
+    for item in items:
+        host, _, port = item.strip().rpartition(":")
+        if host and port.isdigit():
+            out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def diagnose_tls(bootstrap_servers, security: dict, timeout_s: float = 3.0) -> str | None:
+    """Why clients with ``security`` cannot talk to ``bootstrap_servers``, if TLS is the reason.
+
+    With an SSL / SASL_SSL protocol: a TLS handshake, made as kafka-python
+    makes it, with each server that accepts a TCP connection; the first
+    refusal (certificate not signed by ``ssl_cafile``, certificate for
+    another host, client certificate required, not a TLS listener) is
+    returned as a sentence saying what to change. With PLAINTEXT /
+    SASL_PLAINTEXT: whether a server speaks TLS. None if no such cause was
+    found (for instance when no server accepts connections at all).
+    """
+    protocol = security.get("security_protocol", "PLAINTEXT")
+    tls = protocol in ("SSL", "SASL_SSL")
+    if tls:
+        try:
+            ctx = tls_context(security)
+        except (ssl.SSLError, OSError) as exc:
+            return f"cannot load the TLS files (ssl_cafile, ssl_certfile, ssl_keyfile): {exc}"
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        timeout_s = min(timeout_s, 1.0)     # a plain broker just waits for the rest of a "request"
+    for host, port in _servers(bootstrap_servers):
+        try:
+            raw = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError:
+            continue                         # not up: a reason for retrying, not a setting
+        where = f"{host}:{port}"
+        try:
+            with ctx.wrap_socket(raw, server_hostname=host) as sock:
+                if not tls:
+                    return (f"{where} speaks TLS but security_protocol is {protocol!r}: set "
+                            f"source.security_protocol = "
+                            f"{'SASL_SSL' if protocol == 'SASL_PLAINTEXT' else 'SSL'}")
+                sock.settimeout(min(timeout_s, 1.0))
+                try:
+                    sock.recv(1)             # TLS 1.3 reports a refused client certificate here
+                except (TimeoutError, socket.timeout):
+                    pass
+        except ssl.SSLCertVerificationError as exc:
+            reason = exc.verify_message or str(exc)
+            if "hostname" in reason.lower() or "ip address mismatch" in reason.lower():
+                return (f"the TLS certificate of {where} is not valid for {host!r} ({reason}): "
+                        f"connect by a name the certificate holds (bootstrap_servers and the "
+                        f"brokers' advertised listeners), or set source.ssl_check_hostname = false "
+                        f"if you must")
+            return (f"the TLS certificate of {where} was not accepted ({reason}): set "
+                    f"source.ssl_cafile to the CA that signed the brokers' certificates"
+                    + (f" (now {security['ssl_cafile']})" if security.get("ssl_cafile") else ""))
+        except ssl.SSLError as exc:
+            text = str(exc)
+            if not tls:
+                continue                     # a plain listener: not a TLS endpoint, as configured
+            if "CERTIFICATE_REQUIRED" in text.upper() or "CERTIFICATE REQUIRED" in text.upper():
+                return (f"{where} requires a client certificate ({text}): set source.ssl_certfile "
+                        f"and source.ssl_keyfile")
+            if "UNKNOWN_CA" in text.upper() or "BAD_CERTIFICATE" in text.upper():
+                return (f"{where} refused the client certificate ({text}): it must be signed by a "
+                        f"CA the brokers trust")
+            return (f"TLS handshake with {where} failed ({text}); is it a TLS listener? "
+                    f"(security_protocol is {protocol!r})")
+        except OSError:
+            continue                         # reset or timed out: no verdict
+    return None
 
 
 #: Settings streamsvi adds that older kafka-python versions lack (2.x has no
@@ -38,17 +142,23 @@ def retriable_errors() -> tuple[type[BaseException], ...]:
 
 
 def connect_with_retry(factory: Callable[[], T], *, what: str, bootstrap_servers,
-                       attempts: int, backoff_s: float, max_backoff_s: float = 10.0) -> T:
+                       attempts: int, backoff_s: float, max_backoff_s: float = 10.0,
+                       security: dict | None = None) -> T:
     """Call ``factory()`` until it stops failing with a connection error.
 
     Waits ``backoff_s``, ``2 backoff_s``, ... (at most ``max_backoff_s``)
-    between attempts and logs each retry at WARNING.
+    between attempts and logs each retry at WARNING. After a failure,
+    :func:`diagnose_tls` looks for a TLS cause (kafka-python itself only
+    says "Unable to bootstrap"); one ends the retries.
 
     Raises
     ------
     KafkaUnavailableError
         After ``attempts`` failures, naming the servers and the last error.
+    KafkaSecurityError
+        At the first failure that a TLS setting explains, saying which.
     """
+    security = security or {}
     if not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"connect_attempts must be an integer >= 1, got {attempts!r}")
     if not backoff_s >= 0:
@@ -59,11 +169,20 @@ def connect_with_retry(factory: Callable[[], T], *, what: str, bootstrap_servers
         try:
             return factory()
         except errors as exc:
+            cause = diagnose_tls(bootstrap_servers, security)
+            if cause is not None:
+                raise KafkaSecurityError(f"{what}: {cause}") from exc
             if attempt == attempts:
+                sasl = security.get("sasl_mechanism")
                 raise KafkaUnavailableError(
                     f"{what}: cannot reach Kafka at {bootstrap_servers} after {attempts} "
                     f"attempt(s) over {time.monotonic() - t0:.1f} s (last error: {exc}); check "
-                    f"bootstrap_servers and that the brokers are running") from exc
+                    f"bootstrap_servers and that the brokers are running"
+                    + (f"; if they are, check that they listen for "
+                       f"{security['security_protocol']} there" if security.get("security_protocol")
+                       else "")
+                    + (f", and the SASL settings ({sasl}, user "
+                       f"{security.get('sasl_plain_username')!r}) and password" if sasl else "")) from exc
             delay = min(backoff_s * 2 ** (attempt - 1), max_backoff_s)
             log.warning("%s: Kafka at %s unavailable (attempt %d/%d: %s); retrying in %.2f s",
                         what, bootstrap_servers, attempt, attempts, exc, delay)

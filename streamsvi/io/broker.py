@@ -111,6 +111,14 @@ class LocalBroker:
     log_dir : str or Path, optional
         Where the broker's log goes (``tansu.log``). Default: a temporary
         directory, removed on stop.
+    advertised_url : str, optional
+        The address the broker gives clients in its metadata, such as
+        ``"tcp://127.0.0.1:9093"`` for a TLS proxy in front of it (clients
+        connect to what is advertised). Default: its own listener.
+    extra_args : sequence of str
+        Further ``tansu broker`` arguments (e.g. ``["--authentication"]``).
+    env : dict, optional
+        Extra environment variables of the process (e.g. ``RUST_LOG``).
 
     Attributes
     ----------
@@ -121,7 +129,8 @@ class LocalBroker:
     """
 
     def __init__(self, port: int | None = None, binary: str | None = None,
-                 startup_timeout_s: float = 10.0, log_dir: str | os.PathLike | None = None):
+                 startup_timeout_s: float = 10.0, log_dir: str | os.PathLike | None = None,
+                 advertised_url: str | None = None, extra_args=(), env: dict | None = None):
         if port is not None and not (isinstance(port, int) and 0 < port < 65536):
             raise ValueError(f"port must be an integer in 1..65535, got {port!r}")
         if not startup_timeout_s > 0:
@@ -130,6 +139,8 @@ class LocalBroker:
         self._binary = binary
         self.startup_timeout_s = float(startup_timeout_s)
         self._log_dir_arg = log_dir
+        self.advertised_url = advertised_url
+        self.extra_args, self.env = list(extra_args), dict(env or {})
         self._tmpdir: str | None = None
         self._log_file = None
         self.proc: subprocess.Popen | None = None
@@ -191,11 +202,13 @@ class LocalBroker:
                               f"pick another port or leave port=None")
         url = f"tcp://127.0.0.1:{port}"
         self._log_file = open(self.log_path, "ab")
-        cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+        cmd = [binary, "broker", "--listener-url", url,
+               "--advertised-listener-url", self.advertised_url or url,
+               "--storage-engine", "memory://tansu/", *self.extra_args]
         log.debug("starting tansu: %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **self.env} if self.env else None)
         self.port = port
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
@@ -241,7 +254,7 @@ class LocalBroker:
 
 
 def create_topic(bootstrap_servers, name: str, partitions: int = 1, replication_factor: int = 1,
-                 exist_ok: bool = True, timeout_s: float = 10.0) -> bool:
+                 exist_ok: bool = True, timeout_s: float = 10.0, security: dict | None = None) -> bool:
     """Create a topic with ``partitions`` partitions (tansu supports CreateTopics).
 
     Parameters
@@ -256,6 +269,9 @@ def create_topic(bootstrap_servers, name: str, partitions: int = 1, replication_
         If the topic exists already, return False instead of raising.
     timeout_s : float
         Bound on connecting and on the request.
+    security : dict, optional
+        kafka-python security settings (``security_protocol``, ``ssl_*``,
+        ``sasl_*``; see ``streamsvi.service.config.client_security``).
 
     Returns
     -------
@@ -272,9 +288,15 @@ def create_topic(bootstrap_servers, name: str, partitions: int = 1, replication_
           "request_timeout_ms": int(timeout_s * 1000)}
     if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
         kw["bootstrap_timeout_ms"] = int(timeout_s * 1000)
+    kw.update(security or {})
     try:
         admin = KafkaAdminClient(**kw)
     except KafkaError as exc:
+        from ._kafka import KafkaSecurityError, diagnose_tls
+
+        cause = diagnose_tls(bootstrap_servers, security or {})
+        if cause is not None:
+            raise KafkaSecurityError(f"create_topic({name!r}): {cause}") from exc
         raise BrokerError(f"cannot reach Kafka at {bootstrap_servers} to create topic "
                           f"{name!r}: {exc}") from exc
     with contextlib.closing(admin):

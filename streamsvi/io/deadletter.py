@@ -146,12 +146,15 @@ class KafkaDeadLetterSink(DeadLetterSink):
         Start-up retry, as in :class:`~streamsvi.io.sources.KafkaSource`.
     producer_config : dict, optional
         Further ``kafka.KafkaProducer`` settings.
+    security : dict, optional
+        kafka-python security settings (``security_protocol``, ``ssl_*``,
+        ``sasl_*``), as ``streamsvi.service.config.client_security`` makes them.
     """
 
     def __init__(self, bootstrap_servers, topic: str, client_id: str = "streamsvi-deadletter",
                  max_request_size: int = 16 << 20, connect_attempts: int = 5,
                  connect_backoff_s: float = 0.5, connect_timeout_s: float = 10.0,
-                 producer_config: dict | None = None):
+                 producer_config: dict | None = None, security: dict | None = None):
         from kafka import KafkaProducer
 
         super().__init__()
@@ -162,11 +165,12 @@ class KafkaDeadLetterSink(DeadLetterSink):
                   "max_request_size": max_request_size, "linger_ms": 5,
                   "bootstrap_timeout_ms": int(connect_timeout_s * 1000)}
         config.update(producer_config or {})
+        config.update(security or {})
         config = client_config(KafkaProducer, config)
         self._producer = connect_with_retry(
             lambda: KafkaProducer(**config), what=f"KafkaDeadLetterSink(topic={topic!r})",
             bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
-            backoff_s=connect_backoff_s)
+            backoff_s=connect_backoff_s, security=security)
         self._pending = []
         self._closed = False
 

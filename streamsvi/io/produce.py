@@ -28,7 +28,7 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
                  partitions: int | None = None, client_id: str = "streamsvi-producer",
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
                  timeout_s: float = 60.0, producer_config: dict | None = None,
-                 kind=None) -> int:
+                 kind=None, security: dict | None = None) -> int:
     """Write the rows of ``X`` to ``topic`` and wait until all are acknowledged.
 
     Parameters
@@ -60,6 +60,9 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
     kind : RecordKind, optional
         The record kind of ``X`` and ``codec`` (default dense rows; see
         :mod:`streamsvi.io.records`).
+    security : dict, optional
+        kafka-python security settings (``security_protocol``, ``ssl_*``,
+        ``sasl_*``), as ``streamsvi.service.config.client_security`` makes them.
 
     Returns
     -------
@@ -100,10 +103,11 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
               "linger_ms": 5, "max_request_size": max(1 << 20, 2 * largest + 4096),
               "bootstrap_timeout_ms": 10_000}
     config.update(producer_config or {})
+    config.update(security or {})
     config = client_config(KafkaProducer, config)
     producer = connect_with_retry(lambda: KafkaProducer(**config), what="produce_rows",
                                   bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
-                                  backoff_s=connect_backoff_s)
+                                  backoff_s=connect_backoff_s, security=security)
     errors = []
     try:
         if partitions is not None:

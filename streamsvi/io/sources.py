@@ -697,6 +697,10 @@ class KafkaSource(Source):
         and value only, about 3x less CPU per message than kafka-python's own
         reader); compressed or transactional batches are read by kafka-python
         either way. False leaves the consumer exactly as kafka-python builds it.
+    security : dict, optional
+        kafka-python security settings (``security_protocol``, ``ssl_*``,
+        ``sasl_*``), as ``streamsvi.service.config.client_security`` makes
+        them; kept as ``self.security`` for the source's other clients.
 
     Raises
     ------
@@ -715,7 +719,8 @@ class KafkaSource(Source):
                  max_partition_fetch_bytes: int = 16 << 20, fetch_max_bytes: int = 64 << 20,
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
                  connect_timeout_s: float = 10.0, consumer_config: dict | None = None,
-                 lean_reader: bool = True, kind: RecordKind | None = None):
+                 lean_reader: bool = True, kind: RecordKind | None = None,
+                 security: dict | None = None):
         from kafka import KafkaConsumer
 
         if (topics is None) == (pattern is None):
@@ -763,6 +768,8 @@ class KafkaSource(Source):
                   "fetch_max_bytes": fetch_max_bytes,
                   "bootstrap_timeout_ms": int(connect_timeout_s * 1000)}
         config.update(extra)
+        self.security = dict(security or {})
+        config.update(self.security)
         config = client_config(KafkaConsumer, config)
         self._config = config
         self._probe = None                  # group-less consumer for highwater marks (drained())
@@ -770,7 +777,7 @@ class KafkaSource(Source):
         self._consumer = connect_with_retry(
             lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={group_id!r})",
             bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
-            backoff_s=connect_backoff_s)
+            backoff_s=connect_backoff_s, security=self.security)
         self.lean_reader = bool(lean_reader) and _fastfetch.install(self._consumer)
         if lean_reader and not self.lean_reader:
             log.info("this kafka-python has no hook for the lean record reader; using its own")

@@ -8,12 +8,20 @@ See ``configs/`` for one example per model.
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import os
+import ssl
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 REQUIRED = object()
+
+log = logging.getLogger(__name__)
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True)
@@ -119,6 +127,26 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                        min=1),
         "connect_attempts": Field("int", 30, "broker connection attempts at start before giving up", min=1),
         "connect_backoff_seconds": Field("float", 1.0, "initial retry backoff (doubles, max 30 s)", min=0),
+        # Security of every Kafka client streamsvi makes (consumer, dead-letter producer,
+        # highwater probes, `streamsvi produce`); see client_security.
+        "security_protocol": Field("str", "PLAINTEXT", "PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "
+                                   "SASL_SSL (SASL over TLS)", choices=SECURITY_PROTOCOLS),
+        "sasl_mechanism": Field("str", None, "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 "
+                                "(SASL_* protocols)", choices=SASL_MECHANISMS),
+        "sasl_username": Field("str", None, "SASL user name (SASL_* protocols)"),
+        "sasl_password_env": Field("str", None, "name of the environment variable holding the SASL "
+                                   "password (or sasl_password_file; never the password itself)"),
+        "sasl_password_file": Field("str", None, "file holding the SASL password (one line)"),
+        "ssl_cafile": Field("str", None, "PEM file of the CA(s) that signed the brokers' certificates "
+                            "(SSL, SASL_SSL); unset = the system's CAs"),
+        "ssl_certfile": Field("str", None, "PEM client certificate, for brokers that require one "
+                              "(may hold the key too)"),
+        "ssl_keyfile": Field("str", None, "PEM private key of ssl_certfile"),
+        "ssl_password_env": Field("str", None, "environment variable holding the password of an "
+                                  "encrypted ssl_keyfile"),
+        "ssl_password_file": Field("str", None, "file holding the password of an encrypted ssl_keyfile"),
+        "ssl_check_hostname": Field("bool", True, "check that a broker's certificate names the host "
+                                    "connected to (as advertised by the cluster)"),
     },
     "validation": {
         "max_abs": Field("float", 1e12, "largest absolute value accepted in a record (lda: the "
@@ -150,8 +178,169 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 
+_GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
+                       "degrees_of_freedom", "scale"})
+#: model kind -> the ``[model]`` settings it takes besides ``kind``; any other is refused.
+MODEL_KEYS: dict[str, frozenset] = {
+    "gmm": _GMM_KEYS,
+    "gmm_dp": _GMM_KEYS,
+    "gauss1d": frozenset({"n_components", "n_features", "sigma2", "prior_mean", "prior_var"}),
+    "hmm": frozenset({"n_components", "n_symbols", "init_concentration", "transition_concentration",
+                      "emission_concentration", "predictive_draws"}),
+    "lda": frozenset({"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
+                      "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
+    "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
+                      "row_counts", "remember_rated"}),
+}
+
+
+def _check_model_keys(model: dict) -> None:
+    """Refuse ``[model]`` settings that belong to another model kind, naming key and kind."""
+    kind = model["kind"]
+    wrong = sorted(k for k, v in model.items() if k != "kind" and v is not None
+                   and k not in MODEL_KEYS[kind])
+    if wrong:
+        owners = "; ".join(f"{k} is for " + ", ".join(o for o, keys in MODEL_KEYS.items() if k in keys)
+                           for k in wrong)
+        raise ConfigError(f"model: setting(s) {wrong} do not apply to kind = {kind!r} ({owners}); "
+                          f"remove them. kind = {kind!r} takes: {', '.join(sorted(MODEL_KEYS[kind]))}")
+
+
 class ConfigError(ValueError):
     """A config file that cannot be used; the message names the field."""
+
+
+#: secret settings refused as literal values -> the stem of their _env / _file settings
+LITERAL_SECRETS = {"sasl_password": "sasl_password", "sasl_plain_password": "sasl_password",
+                   "ssl_password": "ssl_password"}
+
+
+def _secret_source(src: dict, stem: str):
+    """``("env", NAME)``, ``("file", PATH)`` or None for the secret ``stem`` (sasl_password, ssl_password)."""
+    env, path = src.get(f"{stem}_env"), src.get(f"{stem}_file")
+    if env is not None and path is not None:
+        raise ConfigError(f"source: set {stem}_env or {stem}_file, not both")
+    return ("env", env) if env is not None else ("file", path) if path is not None else None
+
+
+def read_secret(src: dict, stem: str) -> str | None:
+    """The secret ``stem`` of a ``[source]`` section, read now from its variable or file.
+
+    Raises :class:`ConfigError` naming the setting if the variable is unset or
+    empty, or the file is missing, unreadable or empty. A file's trailing
+    newline is not part of the secret.
+    """
+    where = _secret_source(src, stem)
+    if where is None:
+        return None
+    how, name = where
+    if how == "env":
+        value = os.environ.get(name)
+        if not value:
+            raise ConfigError(f"source.{stem}_env: environment variable {name} is "
+                              f"{'empty' if value == '' else 'not set'}; export {name} with the "
+                              f"password before starting streamsvi")
+        return value
+    try:
+        value = Path(name).read_text(encoding="utf-8").rstrip("\r\n")
+    except FileNotFoundError:
+        raise ConfigError(f"source.{stem}_file: {name} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"source.{stem}_file: {name} is a directory, not a file with the "
+                          f"password") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"source.{stem}_file: cannot read {name}: {exc}") from None
+    if not value:
+        raise ConfigError(f"source.{stem}_file: {name} is empty")
+    return value
+
+
+def _check_security(src: dict, given: dict, base_dir: Path | None) -> None:
+    """Cross-field rules of the security settings; resolves their paths; checks the secrets exist."""
+    proto = src["security_protocol"]
+    sasl, tls = proto.startswith("SASL_"), proto in ("SSL", "SASL_SSL")
+    for key in ("sasl_mechanism", "sasl_username", "sasl_password_env", "sasl_password_file"):
+        if src[key] is not None and not sasl:
+            raise ConfigError(f"source.{key}: only used with security_protocol = SASL_PLAINTEXT or "
+                              f"SASL_SSL, got {proto!r}")
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password_env", "ssl_password_file",
+                "ssl_check_hostname"):
+        if key in given and not tls:
+            raise ConfigError(f"source.{key}: only used with security_protocol = SSL or SASL_SSL, "
+                              f"got {proto!r}")
+    if sasl:
+        for key in ("sasl_mechanism", "sasl_username"):
+            if src[key] is None:
+                raise ConfigError(f"source.{key}: required with security_protocol = {proto!r}")
+        if _secret_source(src, "sasl_password") is None:
+            raise ConfigError(f"source: security_protocol = {proto!r} needs the SASL password: set "
+                              f"sasl_password_env (an environment variable) or sasl_password_file")
+    if src["ssl_keyfile"] is not None and src["ssl_certfile"] is None:
+        raise ConfigError("source.ssl_keyfile: needs ssl_certfile (the client certificate)")
+    if _secret_source(src, "ssl_password") is not None and src["ssl_certfile"] is None:
+        raise ConfigError("source: ssl_password_env / ssl_password_file is the password of an "
+                          "encrypted client key; set ssl_certfile (and ssl_keyfile) too")
+    for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "sasl_password_file", "ssl_password_file"):
+        p = src[key]
+        if p is None:
+            continue
+        if base_dir is not None and not Path(p).is_absolute():   # relative to the config file
+            p = src[key] = str((base_dir / p).resolve())
+        if not Path(p).is_file():
+            raise ConfigError(f"source.{key}: {p} " + ("is not a file" if Path(p).exists()
+                                                       else "does not exist"))
+        if key.endswith("password_file") and os.name == "posix" and Path(p).stat().st_mode & 0o077:
+            log.warning("source.%s: %s can be read by other users; chmod 600 it", key, p)
+    read_secret(src, "sasl_password")      # fail at load, not at the first connection
+    key_password = read_secret(src, "ssl_password")
+    if tls:                                # the PEM files load as kafka-python will load them
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if src["ssl_cafile"] is not None:
+            try:
+                ctx.load_verify_locations(src["ssl_cafile"])
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"source.ssl_cafile: {src['ssl_cafile']} holds no usable PEM "
+                                  f"certificate ({exc})") from None
+        if src["ssl_certfile"] is not None:
+            try:
+                # no password: a callable giving none, so that OpenSSL never prompts on the terminal
+                ctx.load_cert_chain(src["ssl_certfile"], src["ssl_keyfile"],
+                                    password=key_password if key_password is not None else lambda: b"")
+            except (ssl.SSLError, OSError) as exc:
+                hint = ("or the key's password (ssl_password_env / ssl_password_file) is wrong"
+                        if key_password is not None else "or the key is encrypted: give its password "
+                        "with ssl_password_env or ssl_password_file")
+                raise ConfigError(f"source.ssl_certfile: cannot load the client certificate "
+                                  f"{src['ssl_certfile']} with key {src['ssl_keyfile'] or '(in the same file)'}"
+                                  f" ({exc}); the certificate and key must be PEM files that "
+                                  f"belong together, {hint}") from None
+
+
+def client_security(cfg: dict) -> dict:
+    """The kafka-python settings of ``cfg``'s ``[source]`` security, secrets read now.
+
+    One function for every client streamsvi makes (the consumer, the
+    dead-letter producer, the highwater probes, ``streamsvi produce``):
+    ``KafkaConsumer(**other_settings, **client_security(cfg))``. Empty for
+    PLAINTEXT. ``cfg`` is a validated config, or just its ``[source]`` section.
+    """
+    src = cfg.get("source", cfg)
+    proto = src.get("security_protocol", "PLAINTEXT")
+    if proto == "PLAINTEXT":
+        return {}
+    out = {"security_protocol": proto}
+    if proto.startswith("SASL_"):
+        out.update(sasl_mechanism=src["sasl_mechanism"], sasl_plain_username=src["sasl_username"],
+                   sasl_plain_password=read_secret(src, "sasl_password"))
+    if proto in ("SSL", "SASL_SSL"):
+        out["ssl_check_hostname"] = src["ssl_check_hostname"]
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            if src[key] is not None:
+                out[key] = src[key]
+        password = read_secret(src, "ssl_password")
+        if password is not None:
+            out["ssl_password"] = password
+    return out
 
 
 def _check(section: str, name: str, f: Field, v):
@@ -199,6 +388,12 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if not isinstance(given, dict):
             raise ConfigError(f"{section}: expected a table, got {given!r}")
         extra = set(given) - set(fields)
+        literal = sorted(extra & set(LITERAL_SECRETS)) if section == "source" else []
+        if literal:
+            k = literal[0]
+            raise ConfigError(f"source.{k}: secrets are not read from the config file (it ends up in "
+                              f"snapshots and --print-config); set {LITERAL_SECRETS[k]}_env = \"VAR\" "
+                              f"(an environment variable) or {LITERAL_SECRETS[k]}_file = \"path\"")
         if extra:
             raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}; known: {sorted(fields)}")
         sec = {}
@@ -237,6 +432,8 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             raise ConfigError("model.n_symbols: required for hmm (the alphabet size V)")
     elif mdl["n_features"] is None:
         raise ConfigError("model.n_features: required for gmm, gmm_dp and lda")
+    _check_model_keys(mdl)
+    _check_security(src, raw.get("source", {}), base_dir)
     if inf["n_total"] == "auto" and src["codec"] == "binary":
         raise ConfigError("inference.n_total: 'auto' counts messages (the topics' highwater marks), "
                           "but a binary message carries a whole minibatch; set N as a number")
@@ -274,6 +471,12 @@ def load_config(path) -> dict:
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {p} does not exist") from None
+    except IsADirectoryError:
+        example = next(iter(sorted(p.glob("*.toml"))), None)
+        raise ConfigError(f"config {p} is a directory; give a TOML file"
+                          + (f", e.g. --config {example}" if example else "")) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
     return validate(raw, base_dir=p.resolve().parent)
@@ -284,29 +487,11 @@ def build_model(model_cfg: dict):
     from ..models import LDA, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
 
     kind = model_cfg["kind"]
+    _check_model_keys(model_cfg)
     given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
-    if kind == "pmf":
-        wrong = set(given) - {"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
-                              "row_counts", "remember_rated"}
-        if wrong:
-            raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = 'pmf'")
-        try:
-            return PMF(**given)
-        except ValueError as exc:
-            raise ConfigError(f"model: {exc}") from None
-    gmm_keys = {"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                "degrees_of_freedom", "scale"}
-    g1_keys = {"n_components", "sigma2", "prior_mean", "prior_var"}
-    hmm_keys = {"n_components", "n_symbols", "init_concentration", "transition_concentration",
-                "emission_concentration", "predictive_draws"}
-    lda_keys = {"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
-                "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}
-    allowed = (g1_keys | {"n_features"} if kind == "gauss1d" else hmm_keys if kind == "hmm"
-               else lda_keys if kind == "lda" else gmm_keys)
-    wrong = set(given) - allowed
-    if wrong:
-        raise ConfigError(f"model: setting(s) {sorted(wrong)} do not apply to kind = {kind!r}")
     try:
+        if kind == "pmf":
+            return PMF(**given)
         if kind == "hmm":
             return DiscreteHMM(n_states=given.pop("n_components"), **given)
         if kind == "lda":

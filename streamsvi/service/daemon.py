@@ -30,7 +30,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible
 from ..io.records import record_kind
-from .config import build_engine, build_model
+from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
 
 log = logging.getLogger("streamsvi.daemon")
@@ -459,7 +459,7 @@ def default_source(cfg, metrics):
                        session_timeout_ms=src["session_timeout_ms"],
                        heartbeat_interval_ms=src["heartbeat_interval_ms"],
                        connect_attempts=1,      # the daemon retries (Daemon._open_source)
-                       connect_timeout_s=CONNECT_TIMEOUT_S)
+                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg))
 
 
 def default_dead_sink(cfg):
@@ -467,7 +467,8 @@ def default_dead_sink(cfg):
 
     src = cfg["source"]
     if src["kind"] == "kafka" and src["dead_letter_topic"]:
-        return KafkaDeadLetterSink(src["bootstrap_servers"], src["dead_letter_topic"])
+        return KafkaDeadLetterSink(src["bootstrap_servers"], src["dead_letter_topic"],
+                                   security=client_security(cfg))
     path = src["dead_letter_path"] or os.path.join(cfg["checkpoint"]["directory"], "dead-letters.jsonl")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     return FileDeadLetterSink(path)

@@ -1,4 +1,6 @@
 """The command line as a user meets it: ``streamsvi run`` with bad configs, ``streamsvi demo``."""
+import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -38,6 +40,32 @@ BAD_CONFIGS = [
     (to_toml(GOOD) + "\n[modle]\nkind = 'gmm'\n", "unknown section(s) ['modle']"),
     (_with("source", group=None, grup="x"), "source: unknown setting(s) ['grup']"),
     ("[model\nkind = 'gmm'\n", "not valid TOML"),
+    # keys of another model kind (issue 16): refused, naming the key and the kind
+    (_with("model", n_symbols=4), "model: setting(s) ['n_symbols'] do not apply to kind = 'gmm' "
+                                  "(n_symbols is for hmm)"),
+    (_with("model", n_factors=2, accelerate=True), "do not apply to kind = 'gmm' (accelerate is for lda; "
+                                                   "n_factors is for pmf)"),
+    # Kafka security settings
+    (_with("source", security_protocol="TLS"),
+     "source.security_protocol: expected one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, got 'TLS'"),
+    (_with("source", sasl_password="hunter2"), "source.sasl_password: secrets are not read from the "
+                                               "config file"),
+    (_with("source", security_protocol="SASL_SSL", sasl_mechanism="PLAIN"),
+     "source.sasl_username: required with security_protocol = 'SASL_SSL'"),
+    (_with("source", security_protocol="SASL_SSL", sasl_mechanism="GSSAPI"),
+     "source.sasl_mechanism: expected one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, got 'GSSAPI'"),
+    (_with("source", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u"),
+     "needs the SASL password: set sasl_password_env"),
+    (_with("source", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
+           sasl_password_env="STREAMSVI_TEST_UNSET_VAR"),
+     "source.sasl_password_env: environment variable STREAMSVI_TEST_UNSET_VAR is not set"),
+    (_with("source", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN", sasl_username="u",
+           sasl_password_file="no-such.pw"), "source.sasl_password_file: "),
+    (_with("source", sasl_mechanism="PLAIN"), "source.sasl_mechanism: only used with security_protocol "
+                                              "= SASL_PLAINTEXT or SASL_SSL, got 'PLAINTEXT'"),
+    (_with("source", ssl_cafile="ca.pem"), "source.ssl_cafile: only used with security_protocol = SSL"),
+    (_with("source", security_protocol="SSL", ssl_cafile="ca.pem"), "source.ssl_cafile: "),
+    (_with("source", security_protocol="SSL", ssl_keyfile="k.pem"), "source.ssl_keyfile: needs ssl_certfile"),
 ]
 
 
@@ -51,6 +79,47 @@ def test_bad_config_exits_2_naming_the_field(tmp_path, text, message):
     assert message in proc.stderr
     assert proc.stderr.startswith("streamsvi: error: ") and "Traceback" not in proc.stderr
     assert not (tmp_path / "ck").exists()
+
+
+def test_a_directory_as_config_exits_2_with_a_hint(tmp_path):
+    (tmp_path / "gmm.toml").write_text(to_toml(GOOD))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"config {tmp_path} is a directory; give a TOML file, e.g. --config {tmp_path / 'gmm.toml'}" \
+        in proc.stderr
+
+
+def test_print_config_refuses_a_key_of_another_model_kind(tmp_path):
+    """``n_symbols`` (an hmm setting) in a gmm config was printed back as valid."""
+    (tmp_path / "c.toml").write_text(_with("model", n_symbols=4))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--print-config"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "['n_symbols'] do not apply to kind = 'gmm' (n_symbols is for hmm)" in proc.stderr
+
+
+def test_print_config_never_shows_a_secret(tmp_path):
+    secret = "s3cr3t-9f2c41"
+    (tmp_path / "key.pw").write_text(secret + "\n")
+    cfg = {s: dict(f) for s, f in GOOD.items()}
+    cfg["source"].update(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
+                         sasl_username="alice", sasl_password_env="STREAMSVI_TEST_SASL_PW")
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    env = {**os.environ, "STREAMSVI_TEST_SASL_PW": secret}
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--print-config"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)["source"]
+    assert shown["sasl_password_env"] == "STREAMSVI_TEST_SASL_PW" and shown["sasl_username"] == "alice"
+    assert secret not in proc.stdout + proc.stderr
+    cfg["source"].update(sasl_password_env=None, sasl_password_file="key.pw")   # relative to the config
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--print-config"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["source"]["sasl_password_file"] == str(tmp_path / "key.pw")
+    assert secret not in proc.stdout + proc.stderr
 
 
 def test_missing_config_file_exits_2(tmp_path):
