@@ -24,7 +24,7 @@ from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import DeadLetter, KafkaSource, Position
 from streamsvi.service.config import ConfigError, client_security, validate
-from streamsvi.service.daemon import Daemon, kafka_highwater_marks
+from streamsvi.service.daemon import Daemon
 
 STREAMSVI = os.path.join(os.path.dirname(sys.executable), "streamsvi")
 
@@ -89,7 +89,7 @@ def test_daemon_learns_over_tls_with_every_client_secured(tls_broker, pki, tmp_p
     with KafkaSource(tls_broker.bootstrap, f"{topic}-dead", group_id=f"r-{topic}", codec=JsonCodec(1),
                      security=security) as dead:
         dead.wait_for_assignment(timeout_s=30)
-        marks = kafka_highwater_marks(tls_broker.bootstrap, dead.assignment(), security=security)
+        marks = dead.highwater_marks(dead.partitions())   # the source's probe, over TLS too
     assert marks == {(f"{topic}-dead", 0): 1}
 
 
@@ -144,7 +144,7 @@ def test_mutual_tls_with_an_encrypted_client_key(mtls_broker, pki, tmp_path, mon
     with KafkaSource(mtls_broker.bootstrap, topic, group_id=f"g-{topic}", codec=JsonCodec(1),
                      security=security) as src:
         src.wait_for_assignment(timeout_s=30)
-        assert kafka_highwater_marks(mtls_broker.bootstrap, src.assignment(), security=security) \
+        assert src.highwater_marks(src.partitions()) \
             == {(topic, 0): 1}
     # without the client certificate the broker refuses the connection, and the error says so
     no_cert = {k: v for k, v in security.items() if k in ("security_protocol", "ssl_cafile")}
@@ -241,5 +241,5 @@ def test_cli_produce_uses_the_config_security(tls_broker, pki, tmp_path):
     with KafkaSource(tls_broker.bootstrap, topic, group_id=f"g-{topic}", codec=JsonCodec(2),
                      security=security) as src:
         src.wait_for_assignment(timeout_s=30)
-        assert kafka_highwater_marks(tls_broker.bootstrap, src.assignment(), security=security) \
+        assert src.highwater_marks(src.partitions()) \
             == {(topic, 0): 40}
