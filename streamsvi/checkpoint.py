@@ -16,6 +16,8 @@ Layout of a checkpoint directory::
             snapshot.json       everything else, with checksums (see below)
         latest                  text file naming the newest snapshot: "snap-00000042"
         .lock                   serialises writers (held only while saving/cleaning)
+        quarantine/             snapshots found corrupt when the daemon resumed, moved
+            snap-00000043-<utc time>/   aside whole (never deleted by retention)
 
 A save writes into ``.tmp-snap-<n>-<pid>-<random>/``, fsyncs both files and
 that directory, renames it to ``snap-<n>`` and fsyncs the checkpoint
@@ -95,6 +97,8 @@ _LOCK = ".lock"
 _SNAP_RE = re.compile(r"^snap-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
 _DEL_PREFIX = ".del-"
+#: Where :meth:`CheckpointStore.resume` moves the snapshots it found corrupt.
+QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
 #: How often a reader re-resolves ``latest`` when a writer deleted the snapshot it was reading.
 _RACE_RETRIES = 50
@@ -597,6 +601,57 @@ class CheckpointStore:
         snap, problems = _resolve(self.directory)
         _warn_skipped(self.directory, problems, snap)
         return snap
+
+    def resume(self) -> Snapshot | None:
+        """The snapshot a writer resumes from (:meth:`latest`), with the corrupt ones moved aside.
+
+        Every snapshot that :meth:`latest` skipped as partial or damaged is
+        renamed into ``quarantine/`` (as ``snap-<n>-<UTC time>``), whole, and a
+        warning names where it went: retention never deletes it, and its
+        number is never reused. Snapshots that merely vanished are not touched.
+        """
+        snap, problems = _resolve(self.directory)
+        _warn_skipped(self.directory, problems, snap)
+        bad = [name for name, _ in problems
+               if _SNAP_RE.match(name) and (self.directory / name).is_dir()]
+        if bad:
+            with _DirLock(self.directory):
+                qdir = self.directory / QUARANTINE
+                qdir.mkdir(exist_ok=True)
+                stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+                for name in bad:
+                    target = qdir / f"{name}-{stamp}"
+                    os.rename(self.directory / name, target)
+                    logger.warning("checkpoint %s: moved unusable %s to %s (kept for inspection; "
+                                   "retention never deletes it)", self.directory, name, target)
+                _fsync_dir(qdir)
+                _fsync_dir(self.directory)
+        return snap
+
+    def quarantined(self) -> list[Path]:
+        """The snapshot directories :meth:`resume` moved into ``quarantine/``, sorted."""
+        qdir = self.directory / QUARANTINE
+        return sorted(p for p in qdir.iterdir() if p.is_dir()) if qdir.is_dir() else []
+
+    def traces(self) -> list[str]:
+        """What in the directory shows that it held snapshots before, one phrase each.
+
+        A ``latest`` pointer, ``snap-*`` directories, quarantined snapshots,
+        and the metric history (``history.jsonl``) all count; an empty list
+        means a directory that never held a snapshot.
+        """
+        found = []
+        text, _, _ = _read_pointer(self.directory)
+        if text is not None:
+            found.append(f"a 'latest' pointer naming {text[:60]!r}")
+        if numbers := _numbers(self.directory):
+            found.append(f"{len(numbers)} unusable snapshot director{'y' if len(numbers) == 1 else 'ies'} "
+                         f"({', '.join(snapshot_name(n) for n in numbers)})")
+        if quarantined := self.quarantined():
+            found.append(f"{len(quarantined)} quarantined snapshot(s) in {self.directory / QUARANTINE}")
+        if (self.directory / "history.jsonl").is_file():
+            found.append("a metric history (history.jsonl) of an earlier run")
+        return found
 
     # ---------------------------------------------------------------- save
     def save(self, engine: SVI, state: EngineState, offsets, config: dict | None = None,

@@ -230,6 +230,47 @@ def test_every_snapshot_corrupt(tmp_path, run, caplog):
         load_snapshot(tmp_path)
 
 
+def test_resume_quarantines_corrupt_snapshots_and_retention_never_deletes_them(tmp_path, run, caplog):
+    """Issue 16.3: a corrupt snapshot is moved aside whole, not deleted by the next saves' retention."""
+    engine, _, states = run
+    store = filled_store(tmp_path, run, keep=2)           # snapshots 2 and 3 are kept
+    _flip(tmp_path / "snap-00000003" / "state.npz")
+    original = (tmp_path / "snap-00000003" / "state.npz").read_bytes()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        snap = store.resume()
+    assert snap.number == 2
+    [moved] = store.quarantined()
+    assert moved.parent == tmp_path / "quarantine" and moved.name.startswith("snap-00000003-")
+    assert (moved / "state.npz").read_bytes() == original   # whole, as it was
+    assert any("moved unusable snap-00000003" in r.getMessage() for r in caplog.records)
+    assert store.list() == [2]
+    for step in (4, 5, 6, 7):                             # retention runs after every save
+        store.save(engine, states[step], offsets(step))
+    assert store.list() == [6, 7] and store.latest().number == 7
+    assert store.quarantined() == [moved] and (moved / "state.npz").read_bytes() == original
+    # latest() and load_snapshot() never move anything: only the writer's resume() does
+    _flip(tmp_path / "snap-00000007" / "state.npz")
+    assert store.latest().number == 6 and load_snapshot(tmp_path).number == 6
+    assert store.list() == [6, 7]
+
+
+def test_traces_of_an_earlier_run(tmp_path, run):
+    store = CheckpointStore(tmp_path / "ck")
+    assert store.traces() == []                            # never held a snapshot
+    store = filled_store(tmp_path / "ck", run, steps=(1, 2))
+    for n in (1, 2):
+        _truncate(tmp_path / "ck" / f"snap-{n:08d}" / "state.npz")
+    assert store.resume() is None
+    traces = " | ".join(store.traces())
+    assert "'latest' pointer naming 'snap-00000002'" in traces
+    assert "2 quarantined snapshot(s)" in traces
+    shutil.rmtree(tmp_path / "ck" / "quarantine")
+    (tmp_path / "ck" / "latest").unlink()
+    assert store.traces() == []
+    (tmp_path / "ck" / "history.jsonl").write_text("{}\n")
+    assert store.traces() == ["a metric history (history.jsonl) of an earlier run"]
+
+
 def test_empty_or_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no snapshot at"):
         load_snapshot(tmp_path / "nope")

@@ -710,6 +710,9 @@ class KafkaSource(Source):
 
     #: Poll length while waiting for a group assignment (see ``_await_assignment``).
     JOIN_POLL_S = 0.5
+    #: How long one request of the probe consumer (metadata, highwater marks, committed
+    #: offsets; see ``_probe_consumer``) may wait for a broker that does not answer.
+    PROBE_TIMEOUT_MS = 5000
 
     def __init__(self, bootstrap_servers, topics: str | Sequence[str] | None = None,
                  pattern: str | None = None, *, group_id: str, codec: Codec,
@@ -966,16 +969,18 @@ class KafkaSource(Source):
                               f"offsets; the next commit or a restart recovers") from exc
 
     def committed(self, partitions=None) -> Offsets:
-        """The group's committed offsets (default: for every assigned partition).
+        """The group's committed offsets (default: for every partition of the topics).
 
-        Partitions without a committed offset are left out.
+        Partitions without a committed offset are left out. Read by the probe
+        consumer (see :meth:`_probe_consumer`), so it is safe during a rebalance.
         """
         from kafka import TopicPartition
 
-        keys = self.assignment() if partitions is None else list(partitions)
+        keys = self.partitions() if partitions is None else list(partitions)
+        probe = self._probe_consumer()
         out = {}
-        for topic, p in keys:
-            off = self._consumer.committed(TopicPartition(topic, p))
+        for topic, p in sorted(keys):
+            off = probe.committed(TopicPartition(topic, p))
             if off is not None:
                 out[(topic, p)] = int(off)
         return out
@@ -1042,9 +1047,25 @@ class KafkaSource(Source):
             keep = {k: v for k, v in self._config.items()
                     if k not in ("session_timeout_ms", "heartbeat_interval_ms")}
             keep.update(enable_auto_commit=False, fetch_max_wait_ms=100,
+                        request_timeout_ms=self.PROBE_TIMEOUT_MS,
                         max_partition_fetch_bytes=1 << 16, client_id=f"{keep['client_id']}-probe")
             self._probe = KafkaConsumer(**keep)       # assign() only: it never joins the group
         return self._probe
+
+    def check_brokers(self) -> None:
+        """Ask the brokers for the cluster metadata; raises if none answers.
+
+        kafka-python's ``poll`` returns empty rather than raising while the
+        brokers are gone, so an idle consumer cannot tell; this can. One
+        metadata round trip on the probe consumer, at most
+        :attr:`PROBE_TIMEOUT_MS` when the brokers are silent.
+
+        Raises
+        ------
+        kafka.errors.KafkaError
+            If no broker answered.
+        """
+        self._probe_consumer().topics()
 
     def partitions(self) -> set[tuple[str, int]]:
         """Every ``(topic, partition)`` of the subscribed topics, from the cluster metadata.
@@ -1118,8 +1139,6 @@ class KafkaSource(Source):
         has records to read (no network round trip); the others take one
         metadata, one committed-offset and one fetch round trip.
         """
-        from kafka import TopicPartition
-
         if not self._consumer.assignment():
             topics = self.topics if self.topics is not None else [self.pattern]
             return {(t, None): "no partitions assigned here: the group is joining or rebalancing"
@@ -1135,13 +1154,12 @@ class KafkaSource(Source):
                         else "assigned here, highwater not known yet"}
         others = sorted(self.partitions() - self.assignment())
         hw = self.highwater_marks(others)
-        probe = self._probe_consumer()
         out = {}
         for key in others:
             done = applied.get(key, 0)
             if done >= hw[key]:
                 continue
-            committed = probe.committed(TopicPartition(*key))
+            committed = self.committed([key]).get(key)
             if committed is not None and committed >= hw[key]:
                 continue
             out[key] = (f"not assigned here (held by another member, or a rebalance is pending): "

@@ -45,6 +45,15 @@ CONNECT_TIMEOUT_S = 10.0
 ASSIGNMENT_TIMEOUT_S = 60.0
 #: Largest wait between connection attempts (``source.connect_backoff_seconds`` doubles up to it).
 MAX_CONNECT_BACKOFF_S = 30.0
+#: While no records arrive, the daemon asks the brokers for metadata at most this often
+#: (``KafkaSource.check_brokers``), so ``streamsvi_broker_up`` goes to 0 within
+#: ``inference.max_wait_seconds`` + this + one probe request (refused at once, or at most
+#: ``KafkaSource.PROBE_TIMEOUT_MS`` when the brokers are silent) after they disappear.
+BROKER_PROBE_S = 2.0
+
+
+class FreshStartRefused(RuntimeError):
+    """No valid snapshot, but traces of an earlier run: starting fresh would lose records silently."""
 
 
 @dataclass
@@ -73,11 +82,16 @@ class Daemon:
         ``cfg -> Source``; default builds the Kafka or file source the config names.
     out : file-like
         Where console progress goes (stderr by default).
+    allow_fresh_start : bool
+        Start with fresh parameters even where there is no valid snapshot but
+        the checkpoint directory or the consumer group shows an earlier run
+        (default False: :class:`FreshStartRefused`; see :meth:`_refuse_fresh_start`).
     """
 
     def __init__(self, cfg: dict, registry=None, source_factory=None, dead_sink_factory=None,
-                 out=None):
+                 out=None, allow_fresh_start: bool = False):
         self.cfg = cfg
+        self.allow_fresh_start = bool(allow_fresh_start)
         self.metrics = DaemonMetrics(registry)
         self._source_factory = source_factory or default_source
         self._dead_sink_factory = dead_sink_factory or default_dead_sink
@@ -92,6 +106,8 @@ class Daemon:
         self.kind = record_kind(self.model)   # how records are counted, sliced, joined, stored
         self.heldout = None                   # a batch of the kind, or None
         self.metrics_server = None
+        self._last_probe = 0.0                # last broker metadata probe (monotonic)
+        self._broker_down_since = None        # monotonic time the brokers stopped answering
 
     # ---------------------------------------------------------- signals
     def request_stop(self, reason="requested"):
@@ -112,9 +128,8 @@ class Daemon:
 
     # ------------------------------------------------------------ resume
     def _resume(self):
-        snap = self.store.latest()
+        snap = self.store.resume()          # corrupt snapshots are moved to quarantine/
         if snap is None:
-            log.info("no checkpoint in %s: starting fresh", self.store.directory)
             return
         n = self.cfg["inference"]["n_total"]
         # N is a setting: a number in the config wins (retuning is logged below); "auto"
@@ -139,6 +154,38 @@ class Daemon:
                  snap.state.records_seen, self.offsets)
         print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
               f"{snap.state.records_seen} records)", file=self.out, flush=True)
+
+    def _refuse_fresh_start(self, source) -> None:
+        """With no valid snapshot, refuse to start fresh where an earlier run left traces.
+
+        Fresh parameters with the group's committed offsets would leave out
+        every record before them, and a checkpoint directory that held
+        snapshots means a run's learning would be thrown away: both silently.
+        Raises :class:`FreshStartRefused` saying what was found and what to do,
+        unless ``allow_fresh_start``; otherwise logs that it starts fresh.
+        """
+        found = self.store.traces()
+        committed = {}
+        if hasattr(source, "committed") and self.cfg["source"]["kind"] == "kafka":
+            committed = source.committed()
+        if committed:
+            found.append(f"group {self.cfg['source']['group_id']!r} has committed offsets "
+                         f"{dict(sorted(committed.items()))}")
+        where = self.store.directory
+        if not found:
+            log.info("no checkpoint in %s and no earlier run: starting fresh", where)
+            return
+        if self.allow_fresh_start:
+            log.warning("no valid snapshot in %s, but found %s; starting fresh as "
+                        "--allow-fresh-start asks", where, "; ".join(found))
+            return
+        raise FreshStartRefused(
+            f"no valid snapshot in {where}, but found " + "; ".join(found) + ". Starting fresh "
+            f"would silently drop what the earlier run learned"
+            + (" and every record before the committed offsets" if committed else "") +
+            ". Restore the checkpoint directory from a backup (quarantined snapshots are in "
+            f"{where / 'quarantine'}), or start over on purpose with --allow-fresh-start"
+            + (" (and a new source.group_id to read the topics from the start)" if committed else ""))
 
     def _n_total(self, source) -> float:
         n = self.cfg["inference"]["n_total"]
@@ -203,9 +250,43 @@ class Daemon:
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
 
+    def _broker_answered(self) -> None:
+        """Records or metadata came back: the brokers are up (logs their return)."""
+        if self._broker_down_since is not None:
+            log.warning("brokers %s answer again after %.1f s", self.cfg["source"]["bootstrap_servers"],
+                        time.monotonic() - self._broker_down_since)
+            self._broker_down_since = None
+        self.metrics.broker_up.set(1)
+
+    def _probe_brokers(self, source) -> None:
+        """While idle, ask the brokers for metadata every ``BROKER_PROBE_S`` (Kafka sources only).
+
+        kafka-python polls return empty while the brokers are gone, so without
+        this an idle daemon would show ``streamsvi_broker_up`` 1 throughout.
+        """
+        check = getattr(source, "check_brokers", None)
+        now = time.monotonic()
+        if check is None or now - self._last_probe < BROKER_PROBE_S:
+            return
+        self._last_probe = now
+        try:
+            check()
+        except _transient_errors() as exc:
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            if self._broker_down_since is None:
+                self._broker_down_since = now
+                log.warning("brokers %s do not answer (%s: %s); streamsvi_broker_up is 0, the daemon "
+                            "keeps asking every %.0f s", self.cfg["source"]["bootstrap_servers"],
+                            type(exc).__name__, exc, BROKER_PROBE_S)
+            return
+        self._broker_answered()
+
     def _drained(self, source) -> bool:
         """Every partition of the source accounted for (``Source.drained``); False while the
         broker cannot tell."""
+        if self._broker_down_since is not None:
+            return False
         try:
             return source.drained(self.offsets)
         except _transient_errors() as exc:
@@ -309,6 +390,8 @@ class Daemon:
                 res.stopped_by = self._stop_reason
                 return res
             stack.callback(source.close)
+            if self.state is None:
+                self._refuse_fresh_start(source)
             dead_sink = self._dead_sink_factory(cfg)
             stack.callback(dead_sink.close)
             if self.offsets:
@@ -347,10 +430,13 @@ class Daemon:
                     poll_failures = 0
                     self.metrics.broker_up.set(1)
                 if batch is None:
+                    self._probe_brokers(source)
                     if until_drained and self._drained(source):
                         res.stopped_by = "drained"
                         break
                     continue
+                if self._broker_down_since is not None:
+                    self._broker_answered()
                 for d in batch.dead:
                     dead_sink.send(d)
                     self.metrics.observe_dead(d.reason)
