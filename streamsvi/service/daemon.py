@@ -195,21 +195,22 @@ class Daemon:
             except KafkaUnavailableError as exc:
                 self.metrics.broker_up.set(0)
                 cause = exc.__cause__ if exc.__cause__ is not None else exc
-                last = f"{type(cause).__name__}: {cause}" if not str(cause).startswith(
-                    type(cause).__name__) else str(cause)
-                if kafka_said.message and kafka_said.message not in last:
-                    last += f"; kafka-python: {kafka_said.message}"
+                last = str(cause) if str(cause).startswith(type(cause).__name__) \
+                    else f"{type(cause).__name__}: {cause}"
+                detail = kafka_said.last(besides=last)
+                if detail:
+                    last += f"; before it: {detail}"
                 if self._stop.is_set():
                     return None
                 if attempt == attempts:
                     raise KafkaUnavailableError(
-                        f"cannot reach Kafka at {src['bootstrap_servers']}: {attempts} connection "
-                        f"attempt(s) failed over {time.monotonic() - t0:.1f} s (last error: {last}); "
-                        f"check source.bootstrap_servers and that the brokers are running, or raise "
-                        f"source.connect_attempts") from exc
+                        f"cannot reach Kafka at {src['bootstrap_servers']} after {attempts} "
+                        f"attempt{'s' * (attempts > 1)} over {time.monotonic() - t0:.1f} s (last error: "
+                        f"{last}); check source.bootstrap_servers and that the brokers are running, "
+                        f"or raise source.connect_attempts") from exc
                 delay = min(backoff * 2 ** (attempt - 1), MAX_CONNECT_BACKOFF_S)
                 self.metrics.broker_retries.inc()
-                log.warning("cannot reach Kafka at %s (attempt %d/%d failed: %s); retrying in %.1f s",
+                log.warning("cannot reach Kafka at %s: attempt %d/%d failed (%s); retrying in %.1f s",
                             src["bootstrap_servers"], attempt, attempts, last, delay)
                 if self._stop.wait(delay):
                     return None
