@@ -210,7 +210,7 @@ class Daemon:
                         f"or raise source.connect_attempts") from exc
                 delay = min(backoff * 2 ** (attempt - 1), MAX_CONNECT_BACKOFF_S)
                 self.metrics.broker_retries.inc()
-                log.warning("cannot reach Kafka at %s: attempt %d/%d failed (%s); retrying in %.1f s",
+                log.warning("brokers %s unavailable (attempt %d/%d failed: %s); retrying in %.1f s",
                             src["bootstrap_servers"], attempt, attempts, last, delay)
                 if self._stop.wait(delay):
                     return None

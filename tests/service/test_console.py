@@ -4,7 +4,6 @@ Everything runs for real: ``streamsvi`` as a subprocess, the shared tansu
 broker, a port nobody listens on, files and directories on disk.
 """
 import logging
-import os
 import re
 import signal
 import subprocess
