@@ -77,31 +77,74 @@ def compare(args) -> int:
     return 0
 
 
+class UsageError(ValueError):
+    """A bad command line, config or path: printed as one line, exit code 2."""
+
+
+def _check_paths(cfg) -> None:
+    """Start-up checks of the paths a config names, so that a bad one is one clear line
+    (exit 2) before the daemon starts, not a traceback from deep inside it."""
+    import os
+    import tempfile
+
+    ck = Path(cfg["checkpoint"]["directory"])
+    try:
+        ck.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=ck):
+            pass
+    except OSError as exc:
+        raise UsageError(f"checkpoint.directory: cannot write snapshots in {ck} "
+                         f"({exc.strerror or exc}); point it at a directory streamsvi can create "
+                         f"and write") from None
+    src = cfg["source"]
+    if src["kind"] == "file":
+        path = Path(src["path"])
+        if not path.exists():
+            raise UsageError(f"source.path: {path} does not exist; give the file of records to read")
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise UsageError(f"source.path: {path} is not a readable file; give the file of "
+                             f"records to read")
+    dl = src.get("dead_letter_path")
+    if dl and not Path(dl).parent.is_dir():
+        try:
+            Path(dl).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"source.dead_letter_path: cannot create the directory of {dl} "
+                             f"({exc.strerror or exc})") from None
+
+
 def run(args) -> int:
     import json
-    import logging
 
+    from .service import exitcodes
     from .service.config import load_config
-    from .service.daemon import Daemon
+    from .service.console import setup_logging
 
+    if Path(args.config).is_dir():
+        raise UsageError(f"--config {args.config} is a directory; give the TOML config file "
+                         f"(see configs/)")
     cfg = load_config(args.config)
     if args.print_config:
         print(json.dumps(cfg, indent=2))
         return 0
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    daemon = Daemon(cfg)
-    daemon.install_signal_handlers()
+    setup_logging(args.log_level)
+    _check_paths(cfg)
+    from .service.daemon import Daemon
+    daemon = Daemon(cfg, allow_fresh_start=args.allow_fresh_start)
+    daemon.install_signal_handlers()          # takes over a signal that came while starting
+    if daemon.stop_reason:
+        print(f"stopped ({daemon.stop_reason}) while starting: nothing consumed, nothing to "
+              f"checkpoint", file=sys.stderr)
+        return exitcodes.OK
     res = daemon.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
     print(f"stopped ({res.stopped_by}): {res.batches} batches, {res.records} records applied, "
           f"{res.dead} dead-lettered, {res.heldout} held out, {res.checkpoints} checkpoints",
           file=sys.stderr)
-    return 0
+    return exitcodes.OK
 
 
 def demo(args) -> int:
     """The embedded default (see the module docstring)."""
-    import logging
     import shutil
 
     from prometheus_client import CollectorRegistry, generate_latest
@@ -109,10 +152,12 @@ def demo(args) -> int:
     from .io.broker import LocalBroker, create_topic
     from .io.codecs import JsonCodec
     from .io.produce import produce_rows
+    from .service import signals
     from .service.config import validate
+    from .service.console import setup_logging
     from .service.daemon import Daemon
 
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    setup_logging(args.log_level, default_own="WARNING")
     X, _ = load_pima(args.data)
     X = standardize(X)
     rng = np.random.default_rng(args.seed)
@@ -123,19 +168,35 @@ def demo(args) -> int:
         shutil.rmtree(ck_dir)              # the broker is new and empty: old offsets mean nothing
     work.mkdir(parents=True, exist_ok=True)
     topic = "pima"
+
+    def stopped_early():
+        if signals.stop_requested():
+            print("stopped by a signal before the daemon started: nothing learned", flush=True)
+            return True
+        return False
+
     with LocalBroker() as broker:
         print(f"broker: tansu on {broker.bootstrap} (memory storage, loopback only)", flush=True)
-        create_topic(broker.bootstrap, topic, partitions=3)
+        # One partition: the daemon reads the records in the order they were produced, so its
+        # held-out reservoir (the first records) and every minibatch are the same from run to
+        # run, and the default seed gives the same result twice. With several partitions the
+        # mix of a batch would depend on which partition's fetch came back first.
+        create_topic(broker.bootstrap, topic, partitions=1)
         create_topic(broker.bootstrap, topic + "-dead", partitions=1)
-        n = produce_rows(broker.bootstrap, topic, rows, JsonCodec(X.shape[1]), partitions=3)
+        if stopped_early():
+            return 0
+        n = produce_rows(broker.bootstrap, topic, rows, JsonCodec(X.shape[1]), partitions=1)
         print(f"produced {n} JSON records to topic {topic!r}: Pima Indians diabetes (768 x 8, "
               f"standardised), {args.passes} shuffled passes", flush=True)
+        if stopped_early():
+            return 0
         cfg = validate({
             "model": {"kind": "gmm", "n_components": args.components, "n_features": 8,
                       "weight_concentration": 0.5, "mean_precision": 0.1, "scale": 1.0},
             "inference": {"n_total": "auto", "batch_size": args.batch_size,
                           "effective_batch_size": args.m, "tau0": 1.0, "kappa": 0.7,
-                          "max_wait_seconds": 0.5, "seed": args.seed},
+                          # a batch is cut short only if a fetch takes longer than this
+                          "max_wait_seconds": 2.0, "seed": args.seed},
             "source": {"kind": "kafka", "bootstrap_servers": broker.bootstrap, "topics": [topic],
                        "group_id": "streamsvi-demo", "codec": "json",
                        "dead_letter_topic": topic + "-dead", "connect_attempts": 5},
@@ -145,7 +206,9 @@ def demo(args) -> int:
         })
         registry = CollectorRegistry()
         daemon = Daemon(cfg, registry=registry, out=sys.stdout)
-        daemon.install_signal_handlers()
+        daemon.install_signal_handlers()          # takes over a signal that came while starting
+        if stopped_early() or daemon.stop_reason:
+            return 0
         res = daemon.run(until_drained=True, timeout=args.timeout)
     hist = res.elbo_history
     if hist:
@@ -294,6 +357,7 @@ def produce(args) -> int:
     from .io.codecs import BinaryBatchCodec, JsonCodec
     from .io.produce import produce_rows
     from .service.config import client_security, load_config
+    from .service.console import setup_logging
 
     bootstrap, security = args.bootstrap_servers, {}
     if args.config is not None:       # the daemon's [source]: its brokers and security settings
@@ -303,6 +367,7 @@ def produce(args) -> int:
         raise ValueError("give --bootstrap-servers, or --config with a daemon config whose [source] "
                          "names the brokers (and their TLS / SASL settings)")
 
+    setup_logging(args.log_level)
     if args.dataset == "pima":
         X = standardize(load_pima(args.data)[0])
     elif args.dataset == "blobs":
@@ -345,14 +410,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run the daemon with a TOML config")
+    from .service.console import LEVELS
+    from .service.exitcodes import help_text
+
+    log_help = ("log level of streamsvi and kafka-python (default: streamsvi INFO, kafka-python "
+                "WARNING; INFO brings kafka-python's INFO lines back)")
+    r = sub.add_parser("run", help="run the daemon with a TOML config", epilog=help_text(),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--config", required=True, help="TOML config file (see configs/)")
     r.add_argument("--max-batches", type=int, help="stop after this many batches")
     r.add_argument("--timeout", type=float, help="stop after this many seconds")
     r.add_argument("--until-drained", action="store_true", help="stop when the source has no more records")
     r.add_argument("--print-config", action="store_true", help="print the validated config and exit "
                    "(secrets are never in it: only the variables or files they are read from)")
-    r.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    r.add_argument("--log-level", choices=LEVELS, help=log_help)
+    r.add_argument("--allow-fresh-start", action="store_true",
+                   help="start with fresh parameters even though there is no valid snapshot but "
+                        "the checkpoint directory or the consumer group shows an earlier run "
+                        "(refused with exit code 4 otherwise)")
     d = sub.add_parser("demo", help="embedded default: local broker + Pima topic + the daemon")
     d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv")
     d.add_argument("--workdir", default="streamsvi-demo", help="where snapshots go (default ./streamsvi-demo)")
@@ -363,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--metrics-port", type=int, default=0, help="0 = any free port")
     d.add_argument("--timeout", type=float, default=300.0)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--log-level", choices=LEVELS,
+                   help="log level of streamsvi and kafka-python (default WARNING)")
     sc = sub.add_parser("score", help="score records with a snapshot (JSONL/CSV in, JSONL out)",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="One JSON line out per record line in: the scores, or "
@@ -408,12 +485,23 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--codec", choices=["json", "binary"], default="json")
     pr.add_argument("--batch-rows", type=int, default=1000, help="rows per message for --codec binary")
     pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--log-level", choices=LEVELS, help=log_help)
     return p
 
 
 def main(argv=None) -> int:
+    """Run one command; returns its exit code (``streamsvi.service.exitcodes``).
+
+    Start-up failures a user can fix are one line on stderr, never a traceback:
+    a bad command line, config or path (2), unreachable brokers (3).
+    """
+    from .service import exitcodes, signals
+
     p = build_parser()
     args = p.parse_args(argv)
+    if args.command not in ("run", "demo"):
+        signals.restore_default()       # only the daemon defers signals; the others stop at once
+    from .io.sources import KafkaUnavailableError
     from .service.config import ConfigError
     try:
         if args.command == "compare":
@@ -433,10 +521,22 @@ def main(argv=None) -> int:
             return produce(args)
         if args.command == "report":
             return report(args)
+    except KafkaUnavailableError as exc:
+        print(f"streamsvi: error: {exc}", file=sys.stderr)
+        return exitcodes.BROKER_UNREACHABLE
+    except RuntimeError as exc:
+        from .service.daemon import FreshStartRefused
+        if not isinstance(exc, FreshStartRefused):
+            raise
+        print(f"streamsvi: error: {exc}", file=sys.stderr)
+        return exitcodes.NO_CHECKPOINT
     except (FileNotFoundError, ValueError, ConfigError) as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
-        return 2
-    return 1
+        return exitcodes.USAGE
+    except (PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        print(f"streamsvi: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return exitcodes.USAGE
+    return exitcodes.INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -33,7 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["LocalBroker", "BrokerError", "find_tansu", "free_port", "create_topic"]
+from ._kafka import KafkaUnavailableError
+
+__all__ = ["LocalBroker", "BrokerError", "BrokerUnreachableError", "find_tansu", "free_port",
+           "create_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,11 @@ TANSU_ENV = "STREAMSVI_TANSU_BIN"
 
 class BrokerError(RuntimeError):
     """The local broker could not be found, started, or used."""
+
+
+class BrokerUnreachableError(BrokerError, KafkaUnavailableError):
+    """No broker answered at the given address (the CLI exits 3 on it, as on any
+    :class:`~streamsvi.io.sources.KafkaUnavailableError`)."""
 
 
 def find_tansu() -> str:
@@ -297,8 +305,8 @@ def create_topic(bootstrap_servers, name: str, partitions: int = 1, replication_
         cause = diagnose_tls(bootstrap_servers, security or {})
         if cause is not None:
             raise KafkaSecurityError(f"create_topic({name!r}): {cause}") from exc
-        raise BrokerError(f"cannot reach Kafka at {bootstrap_servers} to create topic "
-                          f"{name!r}: {exc}") from exc
+        raise BrokerUnreachableError(f"cannot reach Kafka at {bootstrap_servers} to create topic "
+                                     f"{name!r}: {exc}") from exc
     with contextlib.closing(admin):
         try:
             admin.create_topics([NewTopic(name, partitions, replication_factor)],

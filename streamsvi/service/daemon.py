@@ -97,6 +97,7 @@ class Daemon:
         self._dead_sink_factory = dead_sink_factory or default_dead_sink
         self.out = out if out is not None else sys.stderr
         self._stop = threading.Event()
+        self._stop_reason = ""
         self._signals = 0
         self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
         self.engine = None
@@ -110,6 +111,11 @@ class Daemon:
         self._broker_down_since = None        # monotonic time the brokers stopped answering
 
     # ---------------------------------------------------------- signals
+    @property
+    def stop_reason(self) -> str:
+        """Why a stop was requested (``"SIGTERM"``, ...); empty while none was."""
+        return self._stop_reason if self._stop.is_set() else ""
+
     def request_stop(self, reason="requested"):
         self._stop_reason = reason
         self._stop.set()
@@ -123,8 +129,14 @@ class Daemon:
         self.request_stop(signal.Signals(signum).name)
 
     def install_signal_handlers(self):
+        """SIGTERM / SIGINT set the stop flag from now on; a signal the process recorded
+        before the daemon existed (``streamsvi.service.signals``) is honoured the same way."""
+        from .signals import take_pending
+
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        for signum in take_pending():
+            self._on_signal(signum, None)
 
     # ------------------------------------------------------------ resume
     def _resume(self):
@@ -205,24 +217,48 @@ class Daemon:
         ``connect_backoff_seconds`` (the default factory makes one attempt per
         call) so that each retry shows in ``streamsvi_broker_retries_total`` and
         ``streamsvi_broker_up``. A stop request ends the waiting: returns None.
+        kafka-python's own messages about these attempts are logged at INFO
+        (``streamsvi.service.console.quiet_kafka``): this method logs one warning
+        per failed attempt, and the error it raises at the end names the last one.
+
+        Raises
+        ------
+        KafkaUnavailableError
+            After ``source.connect_attempts`` failed attempts, saying how many and
+            how long they took (the CLI prints it as one line and exits 3).
         """
         from ..io.sources import KafkaUnavailableError
+        from .console import quiet_kafka
 
         src = self.cfg["source"]
         attempts, backoff = src["connect_attempts"], src["connect_backoff_seconds"]
+        t0 = time.monotonic()
         for attempt in range(1, attempts + 1):
+            if self._stop.is_set():
+                return None
             try:
-                source = self._source_factory(self.cfg, self.metrics)
+                with quiet_kafka() as kafka_said:
+                    source = self._source_factory(self.cfg, self.metrics)
             except KafkaUnavailableError as exc:
                 self.metrics.broker_up.set(0)
+                cause = exc.__cause__ if exc.__cause__ is not None else exc
+                last = str(cause) if str(cause).startswith(type(cause).__name__) \
+                    else f"{type(cause).__name__}: {cause}"
+                detail = kafka_said.last(besides=last)
+                if detail:
+                    last += f"; before it: {detail}"
                 if self._stop.is_set():
                     return None
                 if attempt == attempts:
-                    raise
+                    raise KafkaUnavailableError(
+                        f"cannot reach Kafka at {src['bootstrap_servers']} after {attempts} "
+                        f"attempt{'s' * (attempts > 1)} over {time.monotonic() - t0:.1f} s (last error: "
+                        f"{last}); check source.bootstrap_servers and that the brokers are running, "
+                        f"or raise source.connect_attempts") from exc
                 delay = min(backoff * 2 ** (attempt - 1), MAX_CONNECT_BACKOFF_S)
                 self.metrics.broker_retries.inc()
-                log.warning("brokers %s unavailable (attempt %d/%d): %s; retrying in %.1f s",
-                            src["bootstrap_servers"], attempt, attempts, exc, delay)
+                log.warning("brokers %s unavailable (attempt %d/%d failed: %s); retrying in %.1f s",
+                            src["bootstrap_servers"], attempt, attempts, last, delay)
                 if self._stop.wait(delay):
                     return None
                 continue
@@ -293,6 +329,13 @@ class Daemon:
             log.warning("cannot tell whether the source is drained (%s: %s); reading on",
                         type(exc).__name__, exc)
             return False
+
+    def _print_progress(self, source, info, rate):
+        """The console progress line (every ``metrics.progress_seconds``, and once at a clean stop)."""
+        print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
+              f"{rate:10.0f} rec/s  ELBO/rec {info.elbo_per_record:10.4f}  "
+              f"rho {info.rho:.4f}  lag {sum(source.lag().values())}",
+              file=self.out, flush=True)
 
     # -------------------------------------------------------- checkpoint
     def checkpoint(self, source, dead_sink):
@@ -371,7 +414,8 @@ class Daemon:
         cfg = self.cfg
         inf, ck, mc = cfg["inference"], cfg["checkpoint"], cfg["metrics"]
         res = RunResult()
-        self._stop_reason = ""
+        if not self._stop.is_set():      # keep the reason of a stop requested before run()
+            self._stop_reason = ""
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
         poll_failures = 0
@@ -484,17 +528,15 @@ class Daemon:
                     last_ck, batches_since_ck = now, 0
                 if mc["progress_seconds"] and now - last_progress >= mc["progress_seconds"] \
                         and last_info is not None:
-                    rate = progress_records / (now - last_progress)
-                    lag = sum(source.lag().values())
-                    print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
-                          f"{rate:10.0f} rec/s  ELBO/rec {last_info.elbo_per_record:10.4f}  "
-                          f"rho {last_info.rho:.4f}  lag {lag}",
-                          file=self.out, flush=True)
+                    self._print_progress(source, last_info, progress_records / (now - last_progress))
                     last_progress, progress_records = now, 0
                 if until_drained and self._drained(source):   # no need to wait out another empty poll
                     res.stopped_by = "drained"
                     break
             # clean shutdown: checkpoint and commit what was applied
+            if mc["progress_seconds"] and progress_records and last_info is not None:
+                self._print_progress(source, last_info,             # where the run ended
+                                     progress_records / max(time.monotonic() - last_progress, 1e-9))
             if self.state is not None:
                 snap = self.checkpoint(source, dead_sink)
                 res.checkpoints += 1

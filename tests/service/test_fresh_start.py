@@ -98,3 +98,27 @@ def test_a_new_directory_and_a_new_group_start_fresh_without_asking(kafka_broker
     res = Daemon(_kafka_cfg(tmp_path, bootstrap, topic, new_group()), out=io.StringIO()).run(
         until_drained=True, timeout=60)
     assert res.stopped_by == "drained" and res.records + res.heldout == 300
+
+
+def test_streamsvi_run_refuses_with_exit_code_4_in_one_line(tmp_path):
+    import subprocess
+
+    from .conftest import STREAMSVI, to_toml
+    cfg = _file_cfg(tmp_path)
+    Daemon(cfg, out=io.StringIO()).run(until_drained=True)
+    for s in (tmp_path / "ck").glob("snap-*"):
+        (s / "snapshot.json").write_text("{")            # truncated
+    raw = {section: {k: v for k, v in fields.items() if v is not None} for section, fields in cfg.items()
+           if section in ("model", "inference", "source", "validation", "checkpoint", "metrics")}
+    raw["source"] = {k: raw["source"][k] for k in ("kind", "path", "format")}
+    config = tmp_path / "file.toml"
+    config.write_text(to_toml(raw))
+    refused = subprocess.run([STREAMSVI, "run", "--config", str(config), "--until-drained"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 4, refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("streamsvi: error:")]
+    assert len(errors) == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "--allow-fresh-start" in errors[0] and "quarantined" in errors[0]
+    ok = subprocess.run([STREAMSVI, "run", "--config", str(config), "--until-drained",
+                         "--allow-fresh-start"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "stopped (drained)" in ok.stderr, ok.stderr
