@@ -410,140 +410,219 @@ class Daemon:
     # --------------------------------------------------------------- run
     def run(self, max_batches: int | None = None, timeout: float | None = None,
             until_drained: bool = False) -> RunResult:
-        """Consume, update, checkpoint until a stop condition; returns a summary."""
-        cfg = self.cfg
-        inf, ck, mc = cfg["inference"], cfg["checkpoint"], cfg["metrics"]
-        res = RunResult()
+        """Consume, update, checkpoint until a stop condition; returns a summary.
+
+        The loop is a row of named stages, one job each: :meth:`_start`, then
+        per turn :meth:`_stop_condition`, :meth:`_poll`, :meth:`_idle` (no
+        records) or :meth:`_set_aside`, :meth:`_hold_out`, :meth:`_learn`,
+        :meth:`_advance`, :meth:`_maybe_checkpoint`, :meth:`_maybe_progress`;
+        at the end :meth:`_finish`.
+        """
+        loop = _Loop(max_batches=max_batches, timeout=timeout, until_drained=until_drained)
         if not self._stop.is_set():      # keep the reason of a stop requested before run()
             self._stop_reason = ""
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
-        poll_failures = 0
-        last_info = None      # the latest update's UpdateInfo, for the progress line
-        t_start = time.monotonic()
         with contextlib.ExitStack() as stack:
-            if mc["enabled"]:
-                server, thread = self.metrics.serve(mc["port"], mc["host"])
-                self.metrics_server = server
-                stack.callback(server.server_close)     # release the port (runs last)
-                stack.callback(server.shutdown)         # stop serve_forever (runs first)
-                print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
-            self._resume()
-            source = self._open_source()
-            if source is None:                      # stopped while waiting for the brokers
-                res.stopped_by = self._stop_reason
-                return res
-            stack.callback(source.close)
-            if self.state is None:
-                self._refuse_fresh_start(source)
-            dead_sink = self._dead_sink_factory(cfg)
-            stack.callback(dead_sink.close)
-            if self.offsets:
-                source.seek(self.offsets)
-            if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):
-                res.stopped_by = self._stop_reason  # stopped before a partition was assigned
-                return res
-            last_ck, batches_since_ck = time.monotonic(), 0
-            last_progress, progress_records = time.monotonic(), 0
-            H = mc["heldout_size"]
-            while True:
-                if self._stop.is_set():
-                    res.stopped_by = self._stop_reason
-                    break
-                if max_batches is not None and res.batches >= max_batches:
-                    res.stopped_by = "max_batches"
-                    break
-                if timeout is not None and time.monotonic() - t_start > timeout:
-                    res.stopped_by = "timeout"
-                    break
-                try:
-                    batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
-                except _transient_errors() as exc:
-                    # broker gone for a while mid-run: nothing was applied, so back off and poll
-                    # again; kafka-python reconnects by itself and positions are unchanged
-                    poll_failures += 1
-                    delay = min(cfg["source"]["connect_backoff_seconds"] * 2 ** (poll_failures - 1),
-                                MAX_CONNECT_BACKOFF_S)
-                    self.metrics.broker_up.set(0)
-                    self.metrics.broker_retries.inc()
-                    log.warning("poll failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
-                    self._stop.wait(delay)
-                    continue
-                if poll_failures:
-                    log.warning("source is back after %d failed polls", poll_failures)
-                    poll_failures = 0
-                    self.metrics.broker_up.set(1)
+            opened = self._start(stack, loop)
+            if opened is None:
+                return loop.res
+            source, dead_sink = opened
+            while (reason := self._stop_condition(loop)) is None:
+                batch = self._poll(source, loop)
                 if batch is None:
-                    self._probe_brokers(source)
-                    if until_drained and self._drained(source):
-                        res.stopped_by = "drained"
+                    if self._idle(source, loop):
                         break
                     continue
-                if self._broker_down_since is not None:
-                    self._broker_answered()
-                for d in batch.dead:
-                    dead_sink.send(d)
-                    self.metrics.observe_dead(d.reason)
-                res.dead += len(batch.dead)
-                x, kind = batch.x, self.kind
-                n_x = kind.n_records(x)
-                n_ho = 0 if self.heldout is None else kind.n_records(self.heldout)
-                if H and n_ho < H and n_x:
-                    take = min(H - n_ho, n_x)
-                    ho, x = kind.take(x, slice(0, take)), kind.take(x, slice(take, n_x))
-                    self.heldout = ho if self.heldout is None else kind.concat([self.heldout, ho])
-                    res.heldout += take
-                    n_x -= take
-                    self.metrics.heldout_records.set(n_ho + take)
-                if n_x:
-                    if self.engine is None:
-                        self.engine = build_engine(cfg, self._n_total(source))
-                    if self.state is None:
-                        self.state = self.engine.init(x, seed=inf["seed"])
-                    t0 = time.perf_counter()
-                    self.state, info = self.engine.update(self.state, x)
-                    last_info = info
-                    self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
-                    self.metrics.records_seen.set(self.state.records_seen)
-                    self.elbo_history.append([info.step, info.elbo_per_record])
-                    res.records += n_x
-                    res.batches += 1
-                    batches_since_ck += 1
-                    progress_records += n_x
-                    heldout_ll = None
-                    if self.heldout is not None and (
-                            info.step % mc["heldout_every"] == 0 or info.step == 1):
-                        lp = self.engine.predictive_logpdf(self.state, self.heldout)
-                        heldout_ll = self.heldout_ll = float(np.mean(lp))
-                        self.metrics.heldout_loglik.set(heldout_ll)
-                        self.elbo_history[-1].append(heldout_ll)
-                    self._record_history(info, heldout_ll)
-                self.offsets.update(batch.next_offsets)
-                self.metrics.set_lag(source.lag())
-                now = time.monotonic()
-                if batches_since_ck >= ck["every_batches"] or now - last_ck >= ck["every_seconds"]:
-                    if self.state is not None:
-                        self.checkpoint(source, dead_sink)
-                        res.checkpoints += 1
-                    last_ck, batches_since_ck = now, 0
-                if mc["progress_seconds"] and now - last_progress >= mc["progress_seconds"] \
-                        and last_info is not None:
-                    self._print_progress(source, last_info, progress_records / (now - last_progress))
-                    last_progress, progress_records = now, 0
+                self._set_aside(batch, dead_sink, loop)
+                self._learn(self._hold_out(batch.x, loop), source, loop)
+                self._advance(batch, source)
+                self._maybe_checkpoint(source, dead_sink, loop)
+                self._maybe_progress(source, loop)
                 if until_drained and self._drained(source):   # no need to wait out another empty poll
-                    res.stopped_by = "drained"
+                    loop.res.stopped_by = "drained"
                     break
-            # clean shutdown: checkpoint and commit what was applied
-            if mc["progress_seconds"] and progress_records and last_info is not None:
-                self._print_progress(source, last_info,             # where the run ended
-                                     progress_records / max(time.monotonic() - last_progress, 1e-9))
+            else:
+                loop.res.stopped_by = reason
+            self._finish(source, dead_sink, loop)
+        loop.res.elbo_history = list(self.elbo_history)
+        return loop.res
+
+    def _start(self, stack, loop):
+        """Metrics server, resume, source, dead-letter sink, seek, group assignment.
+
+        Returns ``(source, dead_sink)``, or None when a stop came first
+        (``loop.res.stopped_by`` says which).
+        """
+        mc = self.cfg["metrics"]
+        if mc["enabled"]:
+            server, _ = self.metrics.serve(mc["port"], mc["host"])
+            self.metrics_server = server
+            stack.callback(server.server_close)     # release the port (runs last)
+            stack.callback(server.shutdown)         # stop serve_forever (runs first)
+            print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
+        self._resume()
+        source = self._open_source()
+        if source is None:                          # stopped while waiting for the brokers
+            loop.res.stopped_by = self._stop_reason
+            return None
+        stack.callback(source.close)
+        if self.state is None:
+            self._refuse_fresh_start(source)
+        dead_sink = self._dead_sink_factory(self.cfg)
+        stack.callback(dead_sink.close)
+        if self.offsets:
+            source.seek(self.offsets)
+        if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):
+            loop.res.stopped_by = self._stop_reason  # stopped before a partition was assigned
+            return None
+        loop.last_ck = loop.last_progress = time.monotonic()
+        return source, dead_sink
+
+    def _stop_condition(self, loop) -> str | None:
+        """Why the loop should stop now (a signal, ``max_batches``, ``timeout``), or None."""
+        if self._stop.is_set():
+            return self._stop_reason
+        if loop.max_batches is not None and loop.res.batches >= loop.max_batches:
+            return "max_batches"
+        if loop.timeout is not None and time.monotonic() - loop.t_start > loop.timeout:
+            return "timeout"
+        return None
+
+    def _poll(self, source, loop):
+        """The next minibatch, or None. A poll that raises (brokers gone a while mid-run)
+        applied nothing: back off and return None; kafka-python reconnects by itself and
+        positions are unchanged."""
+        inf = self.cfg["inference"]
+        try:
+            batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
+        except _transient_errors() as exc:
+            loop.poll_failures += 1
+            delay = min(self.cfg["source"]["connect_backoff_seconds"] * 2 ** (loop.poll_failures - 1),
+                        MAX_CONNECT_BACKOFF_S)
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            log.warning("poll failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
+            self._stop.wait(delay)
+            loop.failed_poll = True
+            return None
+        loop.failed_poll = False
+        if loop.poll_failures:
+            log.warning("source is back after %d failed polls", loop.poll_failures)
+            loop.poll_failures = 0
+            self.metrics.broker_up.set(1)
+        if batch is not None and self._broker_down_since is not None:
+            self._broker_answered()
+        return batch
+
+    def _idle(self, source, loop) -> bool:
+        """No records came: probe the brokers; True to stop when ``until_drained`` and drained."""
+        if loop.failed_poll:
+            return False
+        self._probe_brokers(source)
+        if loop.until_drained and self._drained(source):
+            loop.res.stopped_by = "drained"
+            return True
+        return False
+
+    def _set_aside(self, batch, dead_sink, loop) -> None:
+        """Rejected records go to the dead-letter sink, counted by reason."""
+        for d in batch.dead:
+            dead_sink.send(d)
+            self.metrics.observe_dead(d.reason)
+        loop.res.dead += len(batch.dead)
+
+    def _hold_out(self, x, loop):
+        """Fill the held-out reservoir from the front of ``x`` until it has
+        ``metrics.heldout_size`` records; returns the rest."""
+        H, kind = self.cfg["metrics"]["heldout_size"], self.kind
+        n_x = kind.n_records(x)
+        n_ho = 0 if self.heldout is None else kind.n_records(self.heldout)
+        if H and n_ho < H and n_x:
+            take = min(H - n_ho, n_x)
+            ho, x = kind.take(x, slice(0, take)), kind.take(x, slice(take, n_x))
+            self.heldout = ho if self.heldout is None else kind.concat([self.heldout, ho])
+            loop.res.heldout += take
+            self.metrics.heldout_records.set(n_ho + take)
+        return x
+
+    def _learn(self, x, source, loop) -> None:
+        """One engine update on ``x`` (if it holds records), its metrics and history row."""
+        n_x = self.kind.n_records(x)
+        if not n_x:
+            return
+        inf, mc = self.cfg["inference"], self.cfg["metrics"]
+        if self.engine is None:
+            self.engine = build_engine(self.cfg, self._n_total(source))
+        if self.state is None:
+            self.state = self.engine.init(x, seed=inf["seed"])
+        t0 = time.perf_counter()
+        self.state, info = self.engine.update(self.state, x)
+        loop.last_info = info
+        self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
+        self.metrics.records_seen.set(self.state.records_seen)
+        self.elbo_history.append([info.step, info.elbo_per_record])
+        loop.res.records += n_x
+        loop.res.batches += 1
+        loop.batches_since_ck += 1
+        loop.progress_records += n_x
+        heldout_ll = None
+        if self.heldout is not None and (info.step % mc["heldout_every"] == 0 or info.step == 1):
+            lp = self.engine.predictive_logpdf(self.state, self.heldout)
+            heldout_ll = self.heldout_ll = float(np.mean(lp))
+            self.metrics.heldout_loglik.set(heldout_ll)
+            self.elbo_history[-1].append(heldout_ll)
+        self._record_history(info, heldout_ll)
+
+    def _advance(self, batch, source) -> None:
+        """The batch's records (applied, held out or dead-lettered) are consumed."""
+        self.offsets.update(batch.next_offsets)
+        self.metrics.set_lag(source.lag())
+
+    def _maybe_checkpoint(self, source, dead_sink, loop) -> None:
+        """Checkpoint (then commit) every ``checkpoint.every_batches`` updates or ``every_seconds``."""
+        ck, now = self.cfg["checkpoint"], time.monotonic()
+        if loop.batches_since_ck >= ck["every_batches"] or now - loop.last_ck >= ck["every_seconds"]:
             if self.state is not None:
-                snap = self.checkpoint(source, dead_sink)
-                res.checkpoints += 1
-                print(f"checkpoint: {snap.path} (step {self.state.step}, "
-                      f"{self.state.records_seen} records)", file=self.out, flush=True)
-        res.elbo_history = list(self.elbo_history)
-        return res
+                self.checkpoint(source, dead_sink)
+                loop.res.checkpoints += 1
+            loop.last_ck, loop.batches_since_ck = now, 0
+
+    def _maybe_progress(self, source, loop) -> None:
+        """The console progress line every ``metrics.progress_seconds``."""
+        every, now = self.cfg["metrics"]["progress_seconds"], time.monotonic()
+        if every and now - loop.last_progress >= every and loop.last_info is not None:
+            self._print_progress(source, loop.last_info, loop.progress_records / (now - loop.last_progress))
+            loop.last_progress, loop.progress_records = now, 0
+
+    def _finish(self, source, dead_sink, loop) -> None:
+        """Clean shutdown: a last progress line, then checkpoint and commit what was applied."""
+        if self.cfg["metrics"]["progress_seconds"] and loop.progress_records and loop.last_info is not None:
+            self._print_progress(source, loop.last_info,             # where the run ended
+                                 loop.progress_records / max(time.monotonic() - loop.last_progress, 1e-9))
+        if self.state is not None:
+            snap = self.checkpoint(source, dead_sink)
+            loop.res.checkpoints += 1
+            print(f"checkpoint: {snap.path} (step {self.state.step}, "
+                  f"{self.state.records_seen} records)", file=self.out, flush=True)
+
+
+@dataclass
+class _Loop:
+    """What one ``Daemon.run`` keeps between its stages."""
+
+    max_batches: int | None
+    timeout: float | None
+    until_drained: bool
+    res: RunResult = field(default_factory=RunResult)
+    t_start: float = field(default_factory=time.monotonic)
+    poll_failures: int = 0        # consecutive polls that raised
+    failed_poll: bool = False     # the last poll raised (and was backed off)
+    last_info: object = None      # the latest update's UpdateInfo, for the progress line
+    last_ck: float = 0.0
+    batches_since_ck: int = 0
+    last_progress: float = 0.0
+    progress_records: int = 0
 
 
 def _transient_errors() -> tuple:
