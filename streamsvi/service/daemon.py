@@ -193,7 +193,7 @@ class Daemon:
             return
         raise FreshStartRefused(
             f"no valid snapshot in {where}, but found " + "; ".join(found) + ". Starting fresh "
-            f"would silently drop what the earlier run learned"
+            "would silently drop what the earlier run learned"
             + (" and every record before the committed offsets" if committed else "") +
             ". Restore the checkpoint directory from a backup (quarantined snapshots are in "
             f"{where / 'quarantine'}), or start over on purpose with --allow-fresh-start"
