@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from streamsvi.io.broker import BrokerError, LocalBroker, _can_connect, free_port
+from streamsvi.io.broker import BrokerError, LocalBroker, _can_connect, free_port, stop_process
 
 from tests.conftest import require_tool
 
@@ -135,13 +135,7 @@ class TlsBroker:
 
     def __exit__(self, *exc):
         proc, self.stunnel = self.stunnel, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         if self.broker is not None:
             self.broker.stop()
             self.broker = None

@@ -90,6 +90,17 @@ def find_tansu() -> str:
                       f"${TANSU_ENV}=/path/to/tansu")
 
 
+def stop_process(proc: subprocess.Popen | None, timeout_s: float = 5.0) -> None:
+    """SIGTERM a child process we started (by its handle), SIGKILL it if it lingers."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -232,13 +243,7 @@ class LocalBroker:
 
     def _stop_process(self):
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
