@@ -67,7 +67,7 @@ from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
-try:  # optional, as in codecs.py
+try:  # optional, as in codecs.py and dense.py
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
@@ -144,7 +144,7 @@ class SequenceJsonCodec:
     def decode_many(self, payloads: Sequence[bytes]) -> Sequences | None:
         """All sequences of many messages with one JSON parse, or None.
 
-        Same argument as :meth:`streamsvi.io.codecs.JsonCodec.decode_many`: the
+        Same argument as :meth:`streamsvi.io.dense.JsonCodec.decode_many`: the
         joined text holds only integers and arrays, every message ends with
         ``]`` and the parse gives exactly n flat integer arrays, so array i is
         message i. Anything else (objects, floats, a bad message) returns None

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from streamsvi.io.codecs import (BinaryBatchCodec, CsvCodec, DecodeError, JsonCodec,
-                                 codec_from_config)
+from streamsvi.io.codecs import DecodeError
+from streamsvi.io.dense import BinaryBatchCodec, CsvCodec, JsonCodec, codec_from_config
 
 
 def reason_of(codec, payload):
