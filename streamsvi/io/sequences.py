@@ -1,6 +1,6 @@
 """The ``"sequences"`` record kind: variable-length symbol sequences (the discrete HMM).
 
-A decoded part is a :class:`streamsvi.sequences.Sequences` (all symbols
+A decoded part is a :class:`streamsvi.sequence_batch.Sequences` (all symbols
 concatenated, plus offsets); a record is one sequence.
 
 Message layouts
@@ -61,7 +61,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..sequences import Sequences
+from ..sequence_batch import Sequences
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
                      join_json_arrays, load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
@@ -319,7 +319,7 @@ class SequenceValidator:
 
 
 class SequencesKind(RecordKind):
-    """Records that are symbol sequences (:class:`~streamsvi.sequences.Sequences` parts).
+    """Records that are symbol sequences (:class:`~streamsvi.sequence_batch.Sequences` parts).
 
     Examples
     --------

@@ -225,7 +225,7 @@ def _kinds():
     from streamsvi.io.ratings import RatingsBinaryCodec
     from streamsvi.io.sequences import SequenceBinaryCodec
     from streamsvi.models import LDA, PMF, BayesianGMM, DiscreteHMM, Ratings
-    from streamsvi.sequences import Sequences
+    from streamsvi.sequence_batch import Sequences
 
     B, W, Q, R = BinaryBatchCodec, BowBinaryCodec, SequenceBinaryCodec, RatingsBinaryCodec
     return [
