@@ -147,7 +147,7 @@ def demo(args) -> int:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from .io.broker import LocalBroker, create_topic
-    from .io.codecs import JsonCodec
+    from .io.dense import JsonCodec
     from .io.produce import produce_rows
     from .service import signals
     from .service.config import validate
@@ -351,7 +351,7 @@ def inspect(args) -> int:
 def produce(args) -> int:
     """``streamsvi produce``: load a data set into a Kafka topic."""
     from .io.broker import create_topic
-    from .io.codecs import BinaryBatchCodec, JsonCodec
+    from .io.dense import BinaryBatchCodec, JsonCodec
     from .io.produce import produce_rows
     from .service.config import client_security, load_config
     from .service.console import setup_logging

@@ -312,7 +312,7 @@ def load_dna_splice(path=None):
     must be installed), the StatLog ``dna.data`` or the UCI ``splice.data``.
     Default: the cached ``DNA.rda`` (fetched from Debian's r-cran-mlbench).
     """
-    from .sequences import Sequences
+    from .sequence_batch import Sequences
 
     p = dna_splice_path(path)
     decoded = cache_dir() / "DNA-decoded.npz"           # the default file, decoded once (no pickle)

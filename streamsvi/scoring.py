@@ -326,8 +326,8 @@ class LineScorer:
     """
 
     def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None):
-        from .io.codecs import CsvCodec
-        from .io.records import DenseKind, record_kind
+        from .io.dense import CsvCodec, DenseKind
+        from .io.records import record_kind
 
         if fmt not in ("jsonl", "csv"):
             raise ValueError(f"format must be 'jsonl' or 'csv', got {fmt!r}")

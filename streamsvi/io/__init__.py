@@ -1,12 +1,15 @@
 """The I/O layer: record codecs, validation, sources, dead letters, a local broker.
 
-Layout (one job per module):
+Layout (one job per module; one module per record kind):
 
-``codecs``      message bytes <-> float64 rows (:class:`JsonCodec`, :class:`BinaryBatchCodec`)
-``validate``    which decoded rows may reach the model (:class:`RecordValidator`)
+``records``     the record-kind interface (:class:`~streamsvi.io.records.RecordKind`) and registry
+``codecs``      the codec interface (:class:`Codec`, :class:`DecodeError`) and helpers every kind shares
+``validate``    what every kind's validator shares (the ``too_large`` size check)
+``dense``       the "dense" record kind (float64 rows, the Gaussian mixtures): :class:`JsonCodec`,
+                :class:`BinaryBatchCodec`, :class:`CsvCodec`, :class:`RecordValidator`
+``bow``         the "bow" record kind (bag of words: JSON, binary CSR, raw text) for topic models
 ``sequences``   the "sequences" record kind (symbol sequences, the discrete HMM)
-``bow``         bag-of-words records (kind "bow": JSON, binary CSR, raw text) for topic models
-``ratings``     the "ratings" record kind (user, item, rating) for PMF: codecs, validator
+``ratings``     the "ratings" record kind (user, item, rating) for PMF
 ``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
 ``deadletter``  where rejected records go, counted by reason
 ``produce``     load a data set into a topic
@@ -15,17 +18,17 @@ Layout (one job per module):
 Nothing here imports the math packages, and they never import this one.
 """
 from .broker import BrokerError, LocalBroker, create_topic, find_tansu
-from .codecs import (BinaryBatchCodec, Codec, CsvCodec, DecodeError, JsonCodec,
-                     codec_from_config)
+from .codecs import Codec, DecodeError
+from .dense import BinaryBatchCodec, CsvCodec, JsonCodec, RecordValidator, codec_from_config
 from .deadletter import (DeadLetterError, DeadLetterSink, FileDeadLetterSink,
                          KafkaDeadLetterSink, MemoryDeadLetterSink)
 from .produce import ProduceError, produce_rows
 from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailableError,
                       MemorySource, Offsets, Position, Source, SourceError)
-from .validate import RecordValidator
-from . import sequences as _sequences  # noqa: F401,E402  registers the "sequences" record kind
-from . import bow  # noqa: F401,E402  (registers the "bow" record kind)
-from . import ratings as _ratings  # noqa: F401  (registers the "ratings" record kind)
+from . import bow, dense, ratings, sequences
+
+#: The record kinds' modules; importing each registered its kind in records.KINDS.
+_KIND_MODULES = (dense, sequences, bow, ratings)
 
 __all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
            "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",

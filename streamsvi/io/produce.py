@@ -40,8 +40,8 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
     X : array_like, shape (N, D), or a batch of ``kind``
         The records.
     codec : Codec
-        A one-record codec (:class:`~streamsvi.io.codecs.JsonCodec`) writes one
-        message per row; :class:`~streamsvi.io.codecs.BinaryBatchCodec` writes
+        A one-record codec (:class:`~streamsvi.io.dense.JsonCodec`) writes one
+        message per row; :class:`~streamsvi.io.dense.BinaryBatchCodec` writes
         one message per ``batch_rows`` rows.
     batch_rows : int, optional
         Rows per binary message (default 256). Only for multi-row codecs.
@@ -78,7 +78,8 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
-    from .records import KINDS, DenseKind
+    from .dense import DenseKind
+    from .records import KINDS
 
     kind = kind or KINDS["dense"]
     if isinstance(kind, DenseKind):

@@ -28,22 +28,25 @@ Codec protocol (see :class:`streamsvi.io.codecs.Codec`):
 ``get_params() -> dict``
 ``empty() -> part``  a part with no records (kinds other than dense)
 
-Validator protocol (see :class:`streamsvi.io.validate.RecordValidator`):
+Validator protocol (see :class:`streamsvi.io.dense.RecordValidator`):
 
 ``max_message_bytes``; ``check_size(payload) -> (reason, message) | None``;
 ``validate(part) -> (good_part, [(row, reason, message), ...])``;
 ``all_valid(part) -> bool``
+
+Each kind lives in one module with its codecs and validator, and registers
+itself here with :func:`register_kind` when imported: ``"dense"``
+(:mod:`streamsvi.io.dense`), ``"bow"`` (:mod:`streamsvi.io.bow`),
+``"sequences"`` (:mod:`streamsvi.io.sequences`), ``"ratings"``
+(:mod:`streamsvi.io.ratings`). The package :mod:`streamsvi.io` imports them
+all, so importing anything from it fills :data:`KINDS`. This module imports
+none of them.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
-from .codecs import codec_from_config
-from .validate import RecordValidator
-
-__all__ = ["RecordKind", "DenseKind", "record_kind", "register_kind", "KINDS"]
+__all__ = ["RecordKind", "record_kind", "register_kind", "KINDS"]
 
 
 class RecordKind:
@@ -85,46 +88,12 @@ class RecordKind:
         raise NotImplementedError
 
 
-class DenseKind(RecordKind):
-    """Fixed-length numeric records: an ``(n, D)`` float64 array (the mixtures).
-
-    Examples
-    --------
-    >>> kind = DenseKind()
-    >>> part = kind.concat([np.ones((2, 3)), np.zeros((1, 3))])
-    >>> kind.n_records(part), kind.to_json(kind.take(part, slice(2, 3)))
-    (3, [[0.0, 0.0, 0.0]])
-    """
-
-    name = "dense"
-    codec_names = ("json", "binary", "csv")
-
-    def make_codec(self, name, model, options):
-        return codec_from_config(name, model.n_features, options.get("fields"))
-
-    def make_validator(self, model, options):
-        return RecordValidator(model.n_features, max_abs=options.get("max_abs", 1e12),
-                               max_message_bytes=options.get("max_message_bytes", 1_048_576))
-
-    def concat(self, parts):
-        return np.concatenate(parts) if len(parts) != 1 else parts[0]
-
-    def empty(self, model):
-        return np.empty((0, model.n_features))
-
-    def to_json(self, part):
-        return np.asarray(part, dtype=np.float64).tolist()
-
-    def from_json(self, values, model):
-        arr = np.asarray(values, dtype=np.float64)
-        return arr.reshape(-1, model.n_features)
-
-
 #: kind name -> RecordKind instance
-KINDS: dict[str, RecordKind] = {"dense": DenseKind()}
+KINDS: dict[str, RecordKind] = {}
 
 
 def register_kind(kind: RecordKind) -> RecordKind:
+    """Add ``kind`` to :data:`KINDS` under ``kind.name`` (each kind's module calls it once)."""
     KINDS[kind.name] = kind
     return kind
 

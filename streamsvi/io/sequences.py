@@ -1,6 +1,6 @@
 """The ``"sequences"`` record kind: variable-length symbol sequences (the discrete HMM).
 
-A decoded part is a :class:`streamsvi.sequences.Sequences` (all symbols
+A decoded part is a :class:`streamsvi.sequence_batch.Sequences` (all symbols
 concatenated, plus offsets); a record is one sequence.
 
 Message layouts
@@ -61,13 +61,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ..sequences import Sequences
+from ..sequence_batch import Sequences
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
                      join_json_arrays, load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
-try:  # optional, as in codecs.py
+try:  # optional, as in codecs.py and dense.py
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
@@ -144,7 +144,7 @@ class SequenceJsonCodec:
     def decode_many(self, payloads: Sequence[bytes]) -> Sequences | None:
         """All sequences of many messages with one JSON parse, or None.
 
-        Same argument as :meth:`streamsvi.io.codecs.JsonCodec.decode_many`: the
+        Same argument as :meth:`streamsvi.io.dense.JsonCodec.decode_many`: the
         joined text holds only integers and arrays, every message ends with
         ``]`` and the parse gives exactly n flat integer arrays, so array i is
         message i. Anything else (objects, floats, a bad message) returns None
@@ -319,7 +319,7 @@ class SequenceValidator:
 
 
 class SequencesKind(RecordKind):
-    """Records that are symbol sequences (:class:`~streamsvi.sequences.Sequences` parts).
+    """Records that are symbol sequences (:class:`~streamsvi.sequence_batch.Sequences` parts).
 
     Examples
     --------

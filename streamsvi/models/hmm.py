@@ -46,7 +46,7 @@ log E_q[p(x | β)], a Monte-Carlo estimate), :meth:`DiscreteHMM.elbo_bound`
 Examples
 --------
 >>> import numpy as np
->>> from streamsvi.sequences import Sequences
+>>> from streamsvi.sequence_batch import Sequences
 >>> rng = np.random.default_rng(0)
 >>> A = np.array([[0.9, 0.1], [0.1, 0.9]]); B = np.array([[0.8, 0.2, 0.0], [0.0, 0.2, 0.8]])
 >>> x = sample_hmm(np.array([0.5, 0.5]), A, B, lengths=[30] * 100, rng=rng)[0]
@@ -65,7 +65,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp
 
-from ..sequences import Sequences
+from ..sequence_batch import Sequences
 from .base import NatParams, segment_limit_positive
 
 __all__ = ["DiscreteHMM", "HMMLocal", "sample_hmm"]

@@ -643,7 +643,7 @@ def source_size(source) -> int:
 
 
 def default_source(cfg, metrics):
-    from ..io.records import DenseKind
+    from ..io.dense import DenseKind
     from ..io.sources import FileSource, KafkaSource
 
     src, val = cfg["source"], cfg["validation"]

@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from streamsvi.io.codecs import (BinaryBatchCodec, CsvCodec, DecodeError, JsonCodec,
-                                 codec_from_config)
+from streamsvi.io.codecs import DecodeError
+from streamsvi.io.dense import BinaryBatchCodec, CsvCodec, JsonCodec, codec_from_config
 
 
 def reason_of(codec, payload):
@@ -225,7 +225,7 @@ def _kinds():
     from streamsvi.io.ratings import RatingsBinaryCodec
     from streamsvi.io.sequences import SequenceBinaryCodec
     from streamsvi.models import LDA, PMF, BayesianGMM, DiscreteHMM, Ratings
-    from streamsvi.sequences import Sequences
+    from streamsvi.sequence_batch import Sequences
 
     B, W, Q, R = BinaryBatchCodec, BowBinaryCodec, SequenceBinaryCodec, RatingsBinaryCodec
     return [

@@ -3,10 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from streamsvi.io.codecs import JsonCodec
 from streamsvi.io.deadletter import FileDeadLetterSink, MemoryDeadLetterSink
+from streamsvi.io.dense import JsonCodec, RecordValidator
 from streamsvi.io.sources import Batch, DeadLetter, FileSource, MemorySource, Position, SourceError
-from streamsvi.io.validate import RecordValidator
 
 
 def write_lines(path, lines):

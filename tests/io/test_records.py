@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from streamsvi.io.codecs import DecodeError
-from streamsvi.io.records import KINDS, DenseKind, RecordKind, record_kind
+from streamsvi.io.dense import DenseKind
+from streamsvi.io.records import KINDS, RecordKind, record_kind
 from streamsvi.io.sources import FileSource, MemorySource
 
 

@@ -10,7 +10,7 @@ from streamsvi.io.records import KINDS, record_kind
 from streamsvi.io.sequences import (SequenceBinaryCodec, SequenceJsonCodec, SequencesKind,
                                     SequenceValidator)
 from streamsvi.models import DiscreteHMM
-from streamsvi.sequences import Sequences
+from streamsvi.sequence_batch import Sequences
 
 
 def _reason(fn, payload):

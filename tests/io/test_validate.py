@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from streamsvi.io.validate import RecordValidator
+from streamsvi.io.dense import RecordValidator
 
 
 def test_all_good_rows_pass_unchanged():

@@ -17,7 +17,7 @@ from scipy.special import digamma, gammaln, logsumexp
 from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi
 from streamsvi.models import DiscreteHMM
 from streamsvi.models.hmm import sample_hmm
-from streamsvi.sequences import Sequences
+from streamsvi.sequence_batch import Sequences
 
 
 def _random_lam(model, rng, scale=3.0):

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from streamsvi.checkpoint import load_snapshot
 from streamsvi.cli import main
-from streamsvi.io.codecs import JsonCodec
+from streamsvi.io.dense import JsonCodec
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 from streamsvi.service.history import read_history

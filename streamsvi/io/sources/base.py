@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..codecs import Codec, DecodeError
-from ..records import KINDS, DenseKind, RecordKind
-from ..validate import RecordValidator
+from ..dense import DenseKind, RecordValidator
+from ..records import KINDS, RecordKind
 
 
 

@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from ..codecs import Codec, CsvCodec, JsonCodec
-from ..records import DenseKind, RecordKind
-from ..validate import RecordValidator
+from ..codecs import Codec
+from ..dense import CsvCodec, DenseKind, JsonCodec, RecordValidator
+from ..records import RecordKind
 from .base import (Batch, Offsets, Source, SourceError, _BatchBuilder, _check_offsets, _check_poll_args,
                    _DENSE)
 

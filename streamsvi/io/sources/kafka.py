@@ -9,8 +9,8 @@ from typing import Mapping, Sequence
 from .. import _fastfetch
 from .._kafka import client_config, connect_with_retry, offset_and_metadata
 from ..codecs import Codec
-from ..records import DenseKind, RecordKind
-from ..validate import RecordValidator
+from ..dense import DenseKind, RecordValidator
+from ..records import RecordKind
 from .base import (Batch, Offsets, Source, SourceError, _BatchBuilder, _check_offsets, _check_poll_args,
                    _DENSE, log)
 

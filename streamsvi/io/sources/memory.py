@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records import DenseKind, RecordKind
-from ..validate import RecordValidator
+from ..dense import DenseKind, RecordValidator
+from ..records import RecordKind
 from .base import (Batch, Offsets, Source, SourceError, _BatchBuilder, _check_offsets, _check_poll_args,
                    _DENSE)
 
