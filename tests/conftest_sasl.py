@@ -144,12 +144,14 @@ class ScramServer:
         ClientProof     = ClientKey XOR ClientSignature    (checked: H(proof XOR signature) == StoredKey)
         ServerSignature = HMAC(HMAC(SaltedPassword, "Server Key"), AuthMessage)
 
-    The server keeps only salt, i, StoredKey and ServerKey per user, as a broker would.
+    ``salt`` and ``server_nonce`` are random unless given (RFC 7677's example gives them).
     """
 
-    def __init__(self, mechanism: str, users: dict[str, str], iterations: int = 4096):
+    def __init__(self, mechanism: str, users: dict[str, str], iterations: int = 4096,
+                 salt: bytes | None = None, server_nonce: str | None = None):
         self.mechanism, self.hash = mechanism, SCRAM_HASHES[mechanism]
         self.users, self.iterations = users, iterations
+        self._salt, self._server_nonce = salt, server_nonce
         self.user, self.done, self._state = None, False, "first"
 
     def _hmac(self, key: bytes, msg: bytes) -> bytes:
@@ -178,14 +180,14 @@ class ScramServer:
         password = self.users.get(self.user)
         # an unknown user still gets a server-first message (with a made-up salt): the failure
         # shows at the proof, so a client cannot tell unknown users from wrong passwords
-        salt = os.urandom(16)
+        salt = self._salt or os.urandom(16)
         salted = hashlib.pbkdf2_hmac(self.hash, (password or os.urandom(16).hex()).encode(), salt,
                                      self.iterations)
         self._known = password is not None
         self._stored_key = hashlib.new(self.hash, self._hmac(salted, b"Client Key")).digest()
         self._server_key = self._hmac(salted, b"Server Key")
         self._gs2_header = text[:len(text) - len(bare)]
-        self._nonce = attrs["r"] + base64.b64encode(os.urandom(18)).decode()
+        self._nonce = attrs["r"] + (self._server_nonce or base64.b64encode(os.urandom(18)).decode())
         server_first = f"r={self._nonce},s={base64.b64encode(salt).decode()},i={self.iterations}"
         self._auth_message = bare + "," + server_first
         self._state = "final"
