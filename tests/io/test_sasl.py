@@ -22,7 +22,7 @@ from tests.conftest_tls import make_pki
 
 from streamsvi.io import JsonCodec
 from streamsvi.io._kafka import SECURITY_SETTINGS, KafkaSecurityError, KafkaUnavailableError
-from streamsvi.io.broker import create_topic
+from streamsvi.io.broker import create_topic, free_port
 from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import KafkaSource
@@ -111,7 +111,9 @@ def test_daemon_learns_over_sasl_with_every_client_logged_in(protocol, mechanism
                                      "sasl_plain_password")} \
         == {"security_protocol": protocol, "sasl_mechanism": mechanism, "sasl_plain_username": user,
             "sasl_plain_password": password}
-    assert set(security) <= set(SECURITY_SETTINGS)       # names every kafka-python client knows
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+    for cls in (KafkaConsumer, KafkaProducer, KafkaAdminClient):    # names every kafka-python client knows
+        assert set(security) <= set(cls.DEFAULT_CONFIG) and set(security) <= set(SECURITY_SETTINGS)
 
     create_topic(broker.bootstrap, topic, partitions=2, security=security)
     create_topic(broker.bootstrap, f"{topic}-dead", security=security)
@@ -186,6 +188,17 @@ def test_a_mechanism_the_brokers_do_not_offer_is_named(sasl_broker):
                          security=security)
     finally:
         sasl_broker.proxy.mechanisms = offered
+
+
+def test_an_unreachable_sasl_cluster_names_the_sasl_settings():
+    """No broker at all: retried, then KafkaUnavailableError, whose advice includes the SASL settings."""
+    security = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
+                "sasl_plain_username": "alice", "sasl_plain_password": "pw"}
+    nowhere = f"127.0.0.1:{free_port()}"
+    with pytest.raises(KafkaUnavailableError, match=r"listen for SASL_PLAINTEXT there, and the SASL settings "
+                                                    r"\(SCRAM-SHA-512, user 'alice'\) and password"):
+        KafkaSource(nowhere, "t", group_id="g", codec=JsonCodec(2), connect_attempts=2,
+                    connect_backoff_s=0.1, connect_timeout_s=1, security=security)
 
 
 def test_the_sasl_endpoint_refuses_clients_that_do_not_log_in(sasl_broker):
