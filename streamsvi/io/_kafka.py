@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import struct
 import time
 from typing import Callable, TypeVar
 
@@ -64,8 +65,9 @@ def diagnose_tls(bootstrap_servers, security: dict, timeout_s: float = 3.0) -> s
     refusal (certificate not signed by ``ssl_cafile``, certificate for
     another host, client certificate required, not a TLS listener) is
     returned as a sentence saying what to change. With PLAINTEXT /
-    SASL_PLAINTEXT: whether a server speaks TLS. None if no such cause was
-    found (for instance when no server accepts connections at all).
+    SASL_PLAINTEXT: whether a server speaks TLS. With SASL_*, then
+    :func:`diagnose_sasl`. None if no such cause was found (for instance when
+    no server accepts connections at all).
     """
     protocol = security.get("security_protocol", "PLAINTEXT")
     tls = protocol in ("SSL", "SASL_SSL")
@@ -119,6 +121,65 @@ def diagnose_tls(bootstrap_servers, security: dict, timeout_s: float = 3.0) -> s
                     f"(security_protocol is {protocol!r})")
         except OSError:
             continue                         # reset or timed out: no verdict
+    return diagnose_sasl(bootstrap_servers, security, timeout_s) if protocol.startswith("SASL_") else None
+
+
+def diagnose_sasl(bootstrap_servers, security: dict, timeout_s: float = 3.0) -> str | None:
+    """Why the brokers refuse the SASL login of ``security``, if they do.
+
+    kafka-python only logs a refused login and then reports "Unable to
+    bootstrap"; this logs in as it does (SaslHandshake v1, then SaslAuthenticate
+    v1 with kafka-python's own mechanism) with each server that accepts a
+    connection and returns the first refusal (mechanism not offered, user or
+    password wrong) as a sentence saying what to change; None otherwise.
+    """
+    from kafka.net.sasl import get_sasl_mechanism
+    from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
+                                     SaslHandshakeResponse)
+
+    mechanism, user = security.get("sasl_mechanism"), security.get("sasl_plain_username")
+
+    def read(sock, n):
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError("closed by the server")
+            out += chunk
+        return out
+
+    def call(sock, request, response_class):
+        request.with_header(correlation_id=1, client_id="streamsvi-diagnosis")
+        sock.sendall(request.encode(header=True, framed=True))
+        (size,) = struct.unpack(">i", read(sock, 4))
+        if not 0 < size <= 1 << 20:
+            raise ConnectionError(f"not a Kafka answer (frame of {size} bytes)")
+        return response_class.decode(read(sock, size), version=1, header=True)
+
+    for host, port in _servers(bootstrap_servers):
+        where = f"{host}:{port}"
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s) as raw:
+                sock = (tls_context(security).wrap_socket(raw, server_hostname=host)
+                        if security.get("security_protocol") == "SASL_SSL" else raw)
+                hello = call(sock, SaslHandshakeRequest[1](mechanism=mechanism), SaslHandshakeResponse)
+                if hello.error_code == 33 or mechanism not in hello.mechanisms:   # UNSUPPORTED_SASL_MECHANISM
+                    return (f"{where} does not offer the SASL mechanism {mechanism!r} (it offers "
+                            f"{', '.join(hello.mechanisms) or 'none'}): set source.sasl_mechanism")
+                if hello.error_code:
+                    continue
+                client = get_sasl_mechanism(mechanism)(host=host, **security)
+                while not client.is_done():
+                    answer = call(sock, SaslAuthenticateRequest[1](auth_bytes=client.auth_bytes()),
+                                  SaslAuthenticateResponse)
+                    if answer.error_code:
+                        return (f"SASL authentication failed at {where} ({mechanism}, user {user!r}: "
+                                f"{answer.error_message or 'no reason given'}): check "
+                                f"source.sasl_username and the password (source.sasl_password_env "
+                                f"or source.sasl_password_file)")
+                    client.receive(answer.auth_bytes)
+        except (OSError, ValueError, KeyError, struct.error):
+            continue                         # not up, not Kafka, or no verdict
     return None
 
 
@@ -149,14 +210,14 @@ def connect_with_retry(factory: Callable[[], T], *, what: str, bootstrap_servers
     Waits ``backoff_s``, ``2 backoff_s``, ... (at most ``max_backoff_s``)
     between attempts and logs each retry at WARNING. After a failure,
     :func:`diagnose_tls` looks for a TLS cause (kafka-python itself only
-    says "Unable to bootstrap"); one ends the retries.
+    says "Unable to bootstrap") or a refused SASL login; one ends the retries.
 
     Raises
     ------
     KafkaUnavailableError
         After ``attempts`` failures, naming the servers and the last error.
     KafkaSecurityError
-        At the first failure that a TLS setting explains, saying which.
+        At the first failure that a TLS or SASL setting explains, saying which.
     """
     security = security or {}
     if not isinstance(attempts, int) or attempts < 1:

@@ -1,12 +1,11 @@
 """Kafka security: every client over a real TLS endpoint (stunnel in front of tansu).
 
-The certificates are made here (tests/conftest_tls.py, with ``openssl``). SASL:
-tansu 0.6.0 cannot be used for it (README, "Secured clusters"), so SASL is
-checked as far as the kafka-python client configuration of every client.
+The certificates are made here (tests/conftest_tls.py, with ``openssl``). SASL
+is tested end to end in tests/io/test_sasl.py (through the SASL proxy of
+tests/conftest_sasl.py, since tansu 0.6.0 cannot complete a SASL login).
 """
 import io
 import os
-import re
 import subprocess
 import sys
 import uuid
@@ -18,7 +17,7 @@ from tests.conftest_broker import kafka_broker  # noqa: F401  (imports kafka-pyt
 from tests.conftest_tls import CLIENT_KEY_PASSWORD, TlsBroker, make_pki
 
 from streamsvi.io import JsonCodec
-from streamsvi.io._kafka import SECURITY_SETTINGS, KafkaSecurityError
+from streamsvi.io._kafka import KafkaSecurityError
 from streamsvi.io.broker import create_topic
 from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
@@ -167,57 +166,6 @@ def test_a_wrong_key_password_is_refused_at_load(pki, tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="source.ssl_cafile: .* holds no usable PEM"):
         validate(_config(tmp_path, "127.0.0.1:9", "t", security_protocol="SSL",
                          ssl_cafile=str(pki["client_key"])))
-
-
-@pytest.fixture(scope="module")
-def sasl_broker(tmp_path_factory):
-    """tansu with ``--authentication``, logging each SASL handshake (mechanism, client, user)."""
-    from streamsvi.io.broker import LocalBroker, find_tansu
-
-    find_tansu()
-    with LocalBroker(log_dir=tmp_path_factory.mktemp("sasl"), extra_args=["--authentication"],
-                     env={"RUST_LOG": "tansu_auth=debug,tansu_service::frame=debug"}) as broker:
-        yield broker
-
-
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_sasl_settings_reach_the_broker_from_every_client(mechanism, sasl_broker, tmp_path):
-    """tansu 0.6.0 cannot complete a SASL login (README, "Secured clusters": no PLAIN, and no
-    way to store a SCRAM user in its memory storage), so this checks what the broker *receives*:
-    each client's SASL handshake, with the configured mechanism and, for SCRAM, the user."""
-    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-
-    from streamsvi.io._kafka import KafkaUnavailableError
-
-    user = f"u{uuid.uuid4().hex[:8]}"
-    secret = f"pw-{uuid.uuid4().hex}"
-    (tmp_path / "sasl.pw").write_text(secret + "\n")
-    os.chmod(tmp_path / "sasl.pw", 0o600)
-    cfg = validate(_config(tmp_path, sasl_broker.bootstrap, "t", security_protocol="SASL_PLAINTEXT",
-                           sasl_mechanism=mechanism, sasl_username=user,
-                           sasl_password_file=str(tmp_path / "sasl.pw")))
-    security = client_security(cfg)
-    assert security == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
-                        "sasl_plain_username": user, "sasl_plain_password": secret}
-    for cls in (KafkaConsumer, KafkaProducer, KafkaAdminClient):    # names kafka-python knows
-        assert set(security) <= set(cls.DEFAULT_CONFIG) and set(security) <= set(SECURITY_SETTINGS)
-    tag = uuid.uuid4().hex[:8]
-    with pytest.raises(KafkaUnavailableError, match=f"the SASL settings \\({mechanism}, user .{user}.\\)"):
-        KafkaSource(sasl_broker.bootstrap, "t", group_id="g", codec=JsonCodec(2), connect_attempts=1,
-                    connect_timeout_s=1, client_id=f"src-{tag}", security=security)
-    with pytest.raises(KafkaUnavailableError):
-        KafkaDeadLetterSink(sasl_broker.bootstrap, "t-dead", client_id=f"dead-{tag}", connect_attempts=1,
-                            connect_timeout_s=1, security=security)
-    with pytest.raises(KafkaUnavailableError):
-        produce_rows(sasl_broker.bootstrap, "t", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
-                     client_id=f"prod-{tag}", producer_config={"bootstrap_timeout_ms": 1000},
-                     security=security)
-    log = re.sub(r"\x1b\[[0-9;]*m", "", sasl_broker.log_path.read_text(errors="replace"))  # colours
-    for client in (f"src-{tag}", f"dead-{tag}", f"prod-{tag}"):
-        assert f'client_id: Some("{client}") }}, body: SaslHandshakeRequest(SaslHandshakeRequest ' \
-               f'{{ mechanism: "{mechanism}" }})' in log, client
-    if mechanism.startswith("SCRAM"):      # the user name reached the broker's SCRAM exchange
-        assert f'auth_id="{user}" mechanism=Scram{mechanism[-3:]}' in log
 
 
 def _toml(cfg: dict) -> str:
