@@ -586,11 +586,11 @@ class RecordValidator:
             i = int(i)
             if not row_finite[i]:
                 j = int(np.flatnonzero(~finite[i])[0])
-                rejected.append((i, "non_finite", f"value in column {j} is {x[i, j]!r}, "
+                rejected.append((i, "non_finite", f"value in column {j} is {float(x[i, j])!r}, "
                                                   f"expected a finite number"))
             else:
                 j = int(np.flatnonzero(too_big[i])[0])
-                rejected.append((i, "out_of_range", f"value in column {j} is {x[i, j]!r}, "
+                rejected.append((i, "out_of_range", f"value in column {j} is {float(x[i, j])!r}, "
                                                     f"|value| must be <= max_abs={self.max_abs!r}"))
         return x[ok], rejected
 

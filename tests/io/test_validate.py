@@ -26,6 +26,9 @@ def test_each_reason_row_by_row():
     assert "column 0" in msgs[1] and "nan" in msgs[1]
     assert "column 1" in msgs[2] and "-inf" in msgs[2]
     assert "column 2" in msgs[3] and "10.5" in msgs[3] and "max_abs=10.0" in msgs[3]
+    # plain numbers for a person to read, not numpy reprs ("np.float64(nan)")
+    assert msgs[1] == "value in column 0 is nan, expected a finite number"
+    assert not any("np." in m for m in msgs.values()), msgs
 
 
 def test_wrong_shape_rejects_every_row():
