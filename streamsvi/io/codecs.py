@@ -131,6 +131,12 @@ class Codec:
         return f"{type(self).__name__}({args})"
 
 
+def short_json(value, limit: int = 40) -> str:
+    """``value`` for an error message: JSON (a string in quotes), cut to ``limit`` characters."""
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def load_json_message(payload, fast: bool = True):
     """One message parsed as JSON, for every JSON codec.
 

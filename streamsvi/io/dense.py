@@ -69,7 +69,7 @@ import numpy as np
 
 from .codecs import (Codec, DecodeError, check_binary_length, check_binary_rows,
                      check_encodable_rows, join_json_arrays, load_json_message,
-                     unpack_binary_header)
+                     short_json, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import Rejection, check_message_size
 
@@ -82,20 +82,15 @@ __all__ = ["JsonCodec", "BinaryBatchCodec", "CsvCodec", "codec_from_config", "CO
            "RecordValidator", "DenseKind"]
 
 
-def _short(value, limit: int = 40) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def _as_float(value, where: str) -> float:
     # bool is an int subclass; a JSON true/false is not a measurement.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DecodeError("not_numeric", f"{where} must be a number, got {type(value).__name__} "
-                                         f"{_short(value)}")
+                                         f"{short_json(value)}")
     try:
         return float(value)
     except OverflowError:
-        raise DecodeError("out_of_range", f"{where} = {_short(value)} does not fit in a float64") from None
+        raise DecodeError("out_of_range", f"{where} = {short_json(value)} does not fit in a float64") from None
 
 
 class JsonCodec(Codec):
@@ -171,7 +166,7 @@ class JsonCodec(Codec):
             obj = obj["x"]
         if not isinstance(obj, list):
             raise DecodeError("wrong_shape", f"expected a JSON array of {D} numbers or an object, "
-                                             f"got {type(obj).__name__} {_short(obj)}")
+                                             f"got {type(obj).__name__} {short_json(obj)}")
         if len(obj) != D:
             raise DecodeError("wrong_shape", f"expected {D} values per record, got {len(obj)}")
         if all(type(v) is float for v in obj):  # the common case, fast
@@ -434,7 +429,7 @@ class CsvCodec(Codec):
                 out[j] = float(cell)
             except ValueError:
                 raise DecodeError("not_numeric", f"CSV column {c} is not a number: "
-                                                 f"{_short(cell)}") from None
+                                                 f"{short_json(cell)}") from None
         return out
 
     def decode_rows(self, payload: bytes) -> np.ndarray:

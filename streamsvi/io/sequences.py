@@ -63,7 +63,7 @@ import numpy as np
 
 from ..sequence_batch import Sequences
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
-                     join_json_arrays, load_json_message, unpack_binary_header)
+                     join_json_arrays, load_json_message, short_json, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -75,11 +75,6 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["SequenceJsonCodec", "SequenceBinaryCodec", "SequenceValidator", "SequencesKind"]
 
 _INT64_MAX = 2 ** 63 - 1
-
-
-def _short(value, limit: int = 40) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _empty() -> Sequences:
@@ -122,16 +117,16 @@ class SequenceJsonCodec:
             obj = obj[self.field]
         if not isinstance(obj, list):
             raise DecodeError("wrong_shape", f"expected a JSON array of symbol ids or an object, "
-                                             f"got {type(obj).__name__} {_short(obj)}")
+                                             f"got {type(obj).__name__} {short_json(obj)}")
         for i, v in enumerate(obj):
             if type(v) is not int:
                 if isinstance(v, list):
                     raise DecodeError("wrong_shape", f"symbol {i} is an array; a sequence is a "
                                                      f"flat array of integers")
                 raise DecodeError("not_integer", f"symbol {i} must be an integer id, got "
-                                                 f"{type(v).__name__} {_short(v)}")
+                                                 f"{type(v).__name__} {short_json(v)}")
             if not -_INT64_MAX <= v <= _INT64_MAX:
-                raise DecodeError("out_of_range", f"symbol {i} = {_short(v)} does not fit in int64")
+                raise DecodeError("out_of_range", f"symbol {i} = {short_json(v)} does not fit in int64")
         return np.array(obj, dtype=np.int64)
 
     def decode_rows(self, payload: bytes) -> Sequences:
