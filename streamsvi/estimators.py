@@ -58,6 +58,10 @@ class GaussianMixture(base.Clusterer):
         Robbins–Monro schedule ρ_t = (τ0 + t)^(−κ).
     weight_concentration, mean_precision, degrees_of_freedom, scale
         Priors of :class:`streamsvi.models.BayesianGMM` (scale: W0 = scale·I).
+    init
+        How the first minibatch starts the model: ``"kmeans"`` (k-means++
+        seeding then Lloyd iterations), ``"kmeans++"``, ``"random_from_data"``
+        or ``"random_resp"`` (:class:`streamsvi.models.BayesianGMM`).
     features
         Feature names in order (a tuple); None takes the sorted keys of the
         first record.
@@ -69,7 +73,8 @@ class GaussianMixture(base.Clusterer):
                  effective_batch_size: float | None = None, n_total: float = 10_000.0,
                  tau0: float = 1.0, kappa: float = 0.7, weight_concentration: float = 1.0,
                  mean_precision: float = 1.0, degrees_of_freedom: float | None = None,
-                 scale: float = 1.0, features: tuple | None = None, seed: int | None = None):
+                 scale: float = 1.0, init: str = "kmeans", features: tuple | None = None,
+                 seed: int | None = None):
         self.n_components = n_components
         self.batch_size = batch_size
         self.effective_batch_size = effective_batch_size
@@ -80,6 +85,7 @@ class GaussianMixture(base.Clusterer):
         self.mean_precision = mean_precision
         self.degrees_of_freedom = degrees_of_freedom
         self.scale = scale
+        self.init = init
         self.features = features
         self.seed = seed
         _check_batch_sizes(batch_size, effective_batch_size)
@@ -101,7 +107,8 @@ class GaussianMixture(base.Clusterer):
         D = len(self._features)
         model = BayesianGMM(self.n_components, D, weight_concentration=self.weight_concentration,
                             mean_precision=self.mean_precision,
-                            degrees_of_freedom=self.degrees_of_freedom, scale=self.scale)
+                            degrees_of_freedom=self.degrees_of_freedom, scale=self.scale,
+                            init=self.init)
         self._engine = SVI(model, n_total=self.n_total,
                            schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
                            effective_batch_size=self.effective_batch_size, short_batches="svi")
@@ -150,7 +157,7 @@ class GaussianMixture(base.Clusterer):
                   tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
-                  features=features)
+                  init=p["init"], features=features)
         fresh = est._engine.state_from_params(fitted.lam, seed=0)
         est._state = EngineState(fitted.step, fitted.lam, fresh.rng_state, fitted.records_seen)
         return est

@@ -73,7 +73,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "mean_change_tol": Field("float", None, "a document's local step stops at mean |change of "
                                  "gamma| < this; default 1e-3 (lda)", min=0),
         "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
-                      "documents (topics seeded from random documents)", choices=("gamma", "documents")),
+                      "documents (topics seeded from random documents); gmm, gmm_dp: kmeans (default: "
+                      "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the first "
+                      "minibatch", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
+                                            "random_resp")),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
@@ -179,7 +182,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                       "degrees_of_freedom", "scale"})
+                       "degrees_of_freedom", "scale", "init"})
+_GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
+#: model kind -> the values of ``model.init`` it takes
+INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}
 #: model kind -> the ``[model]`` settings it takes besides ``kind``; any other is refused.
 MODEL_KEYS: dict[str, frozenset] = {
     "gmm": _GMM_KEYS,
@@ -199,6 +205,10 @@ def _check_model_keys(model: dict) -> None:
     kind = model["kind"]
     wrong = sorted(k for k, v in model.items() if k != "kind" and v is not None
                    and k not in MODEL_KEYS[kind])
+    init = model.get("init")
+    if init is not None and kind in INIT_CHOICES and init not in INIT_CHOICES[kind]:
+        raise ConfigError(f"model.init: kind = {kind!r} takes one of {', '.join(INIT_CHOICES[kind])}, "
+                          f"got {init!r}")
     if wrong:
         owners = "; ".join(f"{k} is for " + ", ".join(o for o, keys in MODEL_KEYS.items() if k in keys)
                            for k in wrong)
