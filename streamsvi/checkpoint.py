@@ -487,18 +487,23 @@ def _flatten(d, prefix=""):
 _MISSING = "<not set>"
 
 
-def _differences(kind: str, theirs: dict, ours: dict) -> list[str]:
+def _differences(kind: str, theirs: dict, ours: dict, keys=None) -> list[str]:
+    """One line per setting that differs (only ``keys``, if given)."""
     a, b = _flatten(theirs), _flatten(ours)
     return [f"{kind} setting {k}: snapshot has {a.get(k, _MISSING)!r}, config has {b.get(k, _MISSING)!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k, _MISSING) != b.get(k, _MISSING)]
+            for k in sorted(set(a) | set(b))
+            if a.get(k, _MISSING) != b.get(k, _MISSING) and (keys is None or k in keys)]
 
 
 def check_compatible(snapshot: Snapshot, engine: SVI) -> list[str]:
     """Check that ``snapshot`` can resume ``engine``; return the engine settings that differ.
 
     The model (name and every setting) must be the same: λ means nothing for
-    another model. Engine settings (N, the schedule, M, ...) may be retuned
-    between runs; their differences are returned so the caller can log them.
+    another model. The exceptions are the settings a model lists in
+    ``START_SETTINGS`` (e.g. ``init``), which only shape the initial λ: a
+    resumed run keeps the snapshot's λ, so they are returned as notes. Engine
+    settings (N, the schedule, M, ...) may be retuned between runs; their
+    differences are returned so the caller can log them.
 
     Parameters
     ----------
@@ -520,17 +525,23 @@ def check_compatible(snapshot: Snapshot, engine: SVI) -> list[str]:
     """
     theirs = snapshot.meta.get("model") or model_to_dict(snapshot.engine.model)
     ours = _to_json_value("model settings", model_to_dict(engine.model))
+    start_only = set(getattr(type(engine.model), "START_SETTINGS", ()))
+    notes = []
     if theirs.get("name") != ours.get("name"):
         diffs = [f"model: snapshot has {theirs.get('name')!r}, config has {ours.get('name')!r}"]
     else:
-        diffs = _differences("model", theirs.get("params") or {}, ours.get("params") or {})
+        params_a, params_b = theirs.get("params") or {}, ours.get("params") or {}
+        every = set(_flatten(params_a)) | set(_flatten(params_b))
+        diffs = _differences("model", params_a, params_b, keys=every - start_only)
+        notes = [f"{line} (it only shapes the initial λ; the snapshot's λ is resumed)"
+                 for line in _differences("model", params_a, params_b, keys=start_only)]
     if diffs:
         raise IncompatibleSnapshotError(
             f"snapshot {snapshot.path} was made with another model, so its parameters cannot be "
             f"resumed: " + "; ".join(diffs) + ". Set the model back to the snapshot's settings, or "
             "point the daemon at a new (empty) checkpoint directory to start afresh.")
     theirs_e = snapshot.meta.get("engine") or snapshot.engine.to_dict()
-    return _differences("engine", theirs_e, _to_json_value("engine settings", engine.to_dict()))
+    return notes + _differences("engine", theirs_e, _to_json_value("engine settings", engine.to_dict()))
 
 
 # ------------------------------------------------------------------- writing

@@ -372,6 +372,23 @@ def test_incompatible_model_settings_are_refused(tmp_path, run):
         check_compatible(snap, SVI(KnownVarianceGMM1D(3), n_total=100))
 
 
+def test_a_start_only_setting_does_not_block_a_resume(tmp_path, run):
+    """``init`` only shapes the initial λ: a snapshot of the old default resumes under the new one."""
+    engine, _, states = run
+    store = CheckpointStore(tmp_path, keep=2)
+    old = SVI(BayesianGMM(3, 2, init="random_from_data"), n_total=100, effective_batch_size=10)
+    store.save(old, states[3], offsets(3))
+    notes = check_compatible(store.latest(), SVI(BayesianGMM(3, 2, init="kmeans"), n_total=100,
+                                                 effective_batch_size=10))
+    assert notes == ["model setting init: snapshot has 'random_from_data', config has 'kmeans' "
+                     "(it only shapes the initial λ; the snapshot's λ is resumed)"]
+    # ... while a setting that changes the model is still refused, and init is not blamed for it
+    with pytest.raises(IncompatibleSnapshotError) as err:
+        check_compatible(store.latest(), SVI(BayesianGMM(3, 2, init="kmeans", mean_precision=2.0),
+                                             n_total=100))
+    assert "mean_precision" in str(err.value) and "init" not in str(err.value)
+
+
 def test_engine_settings_may_be_retuned(tmp_path, run):
     store = filled_store(tmp_path, run, steps=(1,))
     snap = store.latest()

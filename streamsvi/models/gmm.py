@@ -214,6 +214,10 @@ class BayesianGMM:
 
     name = "gmm"
 
+    #: Settings that only shape the initial λ (``init_params``): a snapshot made with
+    #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
+    START_SETTINGS = ("init",)
+
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
                  mean_precision=1.0, mean=0.0, degrees_of_freedom=None, scale=None,
                  init="kmeans"):

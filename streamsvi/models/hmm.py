@@ -209,6 +209,10 @@ class DiscreteHMM:
     scoring_methods = ("log_likelihood", "predictive_logpdf", "elbo_bound", "filtering", "viterbi",
                        "mean_params")
 
+    #: Settings that only shape the initial λ (``init_params``): a snapshot made with
+    #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
+    START_SETTINGS = ("init",)
+
     def __init__(self, n_states=5, n_symbols=4, init_concentration=None,
                  transition_concentration=None, emission_concentration=None, init="dirichlet",
                  predictive_draws=100):

@@ -274,6 +274,10 @@ class LDA:
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
 
+    #: Settings that only shape the initial λ (``init_params``): a snapshot made with
+    #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
+    START_SETTINGS = ("init",)
+
     def __init__(self, n_components=10, n_features=1000, doc_topic_prior=None,
                  topic_word_prior=None, max_doc_update_iter=100, mean_change_tol=1e-3,
                  init="gamma", accelerate=False):
