@@ -15,7 +15,9 @@ event itself:
   Cancelled`` (or ``... Transport closed for writes``), ``<...Transport [...]
   (closed)>: Error receiving network data`` (or ``socket disconnected``),
   ``Unhandled exception in task`` (the transport's read task on the closed
-  socket) or ``Error closing coroutine for cancelled task`` at ERROR. A
+  socket, or ``RuntimeError: Task is already done!`` for a task the closing
+  thread finished first) or ``Error closing coroutine for cancelled task`` at
+  ERROR. A
   ``Cancelled`` error is what a connection closed *without* an error gives
   its requests, and the transport says it was closed: these are logged at
   DEBUG.
@@ -47,6 +49,9 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: kafka-python 3.0.x's texts of two close races (``kafka/net/transport.py``, ``selector.py``).
 _CLOSED_FOR_WRITES = "Transport closed for writes"
 _CANCELLED_TASK = "Error closing coroutine for cancelled task"
+#: ... a task the closing thread finished while the IO thread was about to run it
+#: (``selector.py``: ``Task.__call__`` on a done task, logged as an unhandled exception) ...
+_TASK_DONE = "Task is already done!"
 #: ... and of its slow-task warning (``selector.py``).
 _SLOW_TASK = "It is blocking the event loop"
 
@@ -73,7 +78,7 @@ def is_close_race(record: logging.LogRecord) -> bool:
     if any(_is_cancelled(e) for e in errors):
         return True
     # a write the IO thread still tried on a transport the caller had just closed
-    if any(isinstance(e, RuntimeError) and str(e) == _CLOSED_FOR_WRITES for e in errors):
+    if any(isinstance(e, RuntimeError) and str(e) in (_CLOSED_FOR_WRITES, _TASK_DONE) for e in errors):
         return True
     # a coroutine of a task cancelled by the close that did not end quietly
     if record.msg == _CANCELLED_TASK:

@@ -112,6 +112,12 @@ def test_noise_filter_lowers_close_races_and_start_up_attempts_only():
     lost = _record("kafka.cluster", logging.ERROR, "Metadata refresh: failed %s",
                    KafkaConnectionError("111 ECONNREFUSED"))
     assert f.filter(lost) and lost.levelname == "ERROR"               # a real failure stays
+    done = _record("kafka.net.selector", logging.ERROR, "Unhandled exception in task %s:", "<Task>",
+                   exc=RuntimeError("Task is already done!"))          # finished by the closing thread
+    assert not f.filter(done) and done.levelname == "DEBUG"
+    other = _record("kafka.net.selector", logging.ERROR, "Unhandled exception in task %s:", "<Task>",
+                    exc=RuntimeError("something else"))
+    assert f.filter(other) and other.levelname == "ERROR"
     refused = _record("kafka.net.manager", logging.ERROR, "Connection failed: %s", "ECONNREFUSED")
     with quiet_kafka() as seen:                                       # streamsvi connecting
         logging.getLogger("kafka.net.manager").handle(
