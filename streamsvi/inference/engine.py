@@ -38,7 +38,7 @@ Gaussian per user and per item), provides ``init_state(rng, x, n_total) ->
 then draws the SVI+ weights exactly as above (same random stream, same
 M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
 which applies the natural-gradient step to the touched rows only (with its
-own per-row N_i, ρ_i and fraction-to-boundary rule; see the model's docs)
+own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
 and returns the new ``lam`` and ``aux`` and the metrics of
 :class:`UpdateInfo`. Every other model never reaches that path.
 
