@@ -797,7 +797,6 @@ class PMF:
         (h, Λ, rows that must keep their old λ); rows with s < 1 are counted
         in ``report["domain_clipped"]``.
         """
-        D = self.dim
         hs0, Ps0 = self._unpack(sums)
         base_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * (scale[:, None] * hs0)
         base_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * (eta_P + scale[:, None, None] * Ps0)
