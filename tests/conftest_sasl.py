@@ -41,13 +41,13 @@ import socket
 import struct
 import subprocess
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
-from streamsvi.io.broker import BrokerError, LocalBroker, _can_connect, free_port, stop_process
+from streamsvi.io.broker import BrokerError, LocalBroker, free_port, stop_process
 
 from tests.conftest import require_tool
+from tests.conftest_tls import start_stunnel
 
 API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE = 18, 17, 36
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED = 33, 34, 58
@@ -442,6 +442,8 @@ class SaslBroker:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> "SaslBroker":
+        if self.cert is not None:
+            require_tool("stunnel4")        # skipped (or failed under CI) before anything starts
         self.workdir.mkdir(parents=True, exist_ok=True)
         last = None
         for _ in range(3):      # a port picked for stunnel can be taken before it binds it
@@ -451,22 +453,10 @@ class SaslBroker:
             self.proxy.start(self.broker.bootstrap)
             if self.cert is None:
                 return self
-            conf = self.workdir / "stunnel.conf"
-            log = self.workdir / "stunnel.log"
-            conf.write_text("\n".join(["foreground = yes", "pid =", "debug = 5", f"output = {log}",
-                                       "[kafka-sasl]", f"accept = {self.bootstrap}",
-                                       f"connect = {self.proxy.bootstrap}", f"cert = {self.cert}",
-                                       f"key = {self.key}"]) + "\n")
-            self.stunnel = subprocess.Popen([require_tool("stunnel4"), str(conf)], stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.stunnel.poll() is None:
-                if _can_connect(self.port):
-                    return self
-                time.sleep(0.02)
-            last = (f"stunnel did not accept connections on {self.bootstrap} (exit code "
-                    f"{self.stunnel.poll()}); its log:\n"
-                    f"{log.read_text(errors='replace')[-2000:] if log.exists() else ''}")
+            self.stunnel, last = start_stunnel(self.workdir, self.port, self.proxy.bootstrap,
+                                               self.cert, self.key)
+            if self.stunnel is not None:
+                return self
             self.__exit__()
         raise BrokerError(last)
 

@@ -68,6 +68,28 @@ def make_pki(d: Path) -> dict:
             "client_cert": d / "client-plain.pem", "client_key": d / "client.key"}
 
 
+def start_stunnel(workdir: Path, port: int, connect: str, cert, key, extra=()):
+    """stunnel taking TLS on 127.0.0.1:``port`` in front of ``connect`` (logging to
+    ``workdir/stunnel.log``). Returns ``(process, None)`` once the port accepts
+    connections, or ``(None, why)`` if it did not within 10 s (then it is stopped)."""
+    log = workdir / "stunnel.log"
+    conf = workdir / "stunnel.conf"
+    conf.write_text("\n".join(["foreground = yes", "pid =", "debug = 5", f"output = {log}", "[kafka]",
+                               f"accept = 127.0.0.1:{port}", f"connect = {connect}", f"cert = {cert}",
+                               f"key = {key}", *extra]) + "\n")
+    proc = subprocess.Popen([require_tool("stunnel4"), str(conf)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _can_connect(port):
+            return proc, None
+        time.sleep(0.02)
+    why = (f"stunnel did not accept connections on 127.0.0.1:{port} (exit code {proc.poll()}); its "
+           f"log:\n{log.read_text(errors='replace')[-2000:] if log.exists() else ''}")
+    stop_process(proc)
+    return None, why
+
+
 class TlsBroker:
     """A tansu broker reachable only through TLS (stunnel), as a context manager.
 
@@ -107,29 +129,19 @@ class TlsBroker:
         return p.read_text(errors="replace") if p.exists() else ""
 
     def __enter__(self) -> "TlsBroker":
-        stunnel = require_tool("stunnel4")
+        require_tool("stunnel4")            # skipped (or failed under CI) before anything starts
         self.workdir.mkdir(parents=True, exist_ok=True)
         last = None
         for _ in range(3):      # a picked port can be taken before stunnel binds it
             self.port = free_port()
             self.broker = LocalBroker(log_dir=self.workdir,
                                       advertised_url=f"tcp://127.0.0.1:{self.port}").start()
-            lines = ["foreground = yes", "pid =", "debug = 5", f"output = {self.workdir / 'stunnel.log'}",
-                     "[kafka]", f"accept = 127.0.0.1:{self.port}", f"connect = {self.broker.bootstrap}",
-                     f"cert = {self.cert}", f"key = {self.key}"]
-            if self.client_ca is not None:
-                lines += ["verifyChain = yes", "requireCert = yes", f"CAfile = {self.client_ca}"]
-            conf = self.workdir / "stunnel.conf"
-            conf.write_text("\n".join(lines) + "\n")
-            self.stunnel = subprocess.Popen([stunnel, str(conf)], stdin=subprocess.DEVNULL,
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and self.stunnel.poll() is None:
-                if _can_connect(self.port):
-                    return self
-                time.sleep(0.02)
-            last = (f"stunnel did not accept connections on {self.bootstrap} (exit code "
-                    f"{self.stunnel.poll()}); its log:\n{self.stunnel_log()[-2000:]}")
+            extra = ([] if self.client_ca is None else
+                     ["verifyChain = yes", "requireCert = yes", f"CAfile = {self.client_ca}"])
+            self.stunnel, last = start_stunnel(self.workdir, self.port, self.broker.bootstrap,
+                                               self.cert, self.key, extra)
+            if self.stunnel is not None:
+                return self
             self.__exit__()
         raise BrokerError(last)
 
