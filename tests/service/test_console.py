@@ -264,6 +264,24 @@ def _maps(pid) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
+def _sigterm_run_when(tmp_path, ready, what):
+    """Start ``streamsvi run`` (brokers unreachable), SIGTERM it once ``ready(pid)``;
+    returns its exit code and stderr."""
+    config = write_config(tmp_path / "run.toml", gmm_config(
+        tmp_path, bootstrap="127.0.0.1:9", topic="t", group="g", source={"connect_attempts": 1}))
+    proc = subprocess.Popen([STREAMSVI, "run", "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until(proc, lambda: ready(proc.pid), what)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    return proc.returncode, err
+
+
 #: Points of the start-up, each seen from outside: the shared objects numpy,
 #: kafka-python (crc32c) and scipy load, in the order ``streamsvi run`` imports them.
 START_POINTS = {"numpy loaded": "_multiarray_umath", "kafka-python loaded": "crc32c",
@@ -275,19 +293,8 @@ START_POINTS = {"numpy loaded": "_multiarray_umath", "kafka-python loaded": "crc
 def test_sigterm_while_starting_is_a_clean_stop_not_minus_15(tmp_path, point):
     """Before the fix the handlers came with the daemon, after every import and the
     config: a SIGTERM while numpy or kafka-python was loading killed the process (-15)."""
-    config = write_config(tmp_path / "run.toml", gmm_config(
-        tmp_path, bootstrap="127.0.0.1:9", topic="t", group="g", source={"connect_attempts": 1}))
-    proc = subprocess.Popen([STREAMSVI, "run", "--config", str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_until(proc, lambda: START_POINTS[point] in _maps(proc.pid), point)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == exitcodes.OK, (proc.returncode, err[-3000:])
+    returncode, err = _sigterm_run_when(tmp_path, lambda pid: START_POINTS[point] in _maps(pid), point)
+    assert returncode == exitcodes.OK, (returncode, err[-3000:])
     assert "stopped (SIGTERM)" in err and "Traceback" not in err, err[-3000:]
     assert "cannot reach Kafka" not in err                  # stopped before connecting
 
@@ -295,20 +302,8 @@ def test_sigterm_while_starting_is_a_clean_stop_not_minus_15(tmp_path, point):
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_sigterm_the_moment_the_handler_is_in_place(tmp_path):
     """The first instant streamsvi's code can catch SIGTERM (its bit in SigCgt): still exit 0."""
-    config = write_config(tmp_path / "run.toml", gmm_config(
-        tmp_path, bootstrap="127.0.0.1:9", topic="t", group="g", source={"connect_attempts": 1}))
-    proc = subprocess.Popen([STREAMSVI, "run", "--config", str(config)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-    try:
-        _wait_until(proc, lambda: _sigterm_caught(proc.pid), "SIGTERM caught")
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 0, (proc.returncode, err[-3000:])
+    returncode, err = _sigterm_run_when(tmp_path, _sigterm_caught, "SIGTERM caught")
+    assert returncode == 0, (returncode, err[-3000:])
     assert "stopped (SIGTERM)" in err and "Traceback" not in err, err[-3000:]
 
 
