@@ -346,7 +346,7 @@ def gap_study(args):
         name = "SVI {:g}/{:g}/{}".format(*cfg)
         hdr += ["Σρ", name, "Δ"]
     print(f"\n## (d) more passes: held-out pred/symbol, mean over inits (SVI τ0/κ/|S|; Δ vs batch VI "
-          f"at the same number of passes)")
+          "at the same number of passes)")
     print(fmt_table(hdr, rows))
     rows = []
     bl = col(r1, ("batch", long_p))
