@@ -345,7 +345,7 @@ def gap_study(args):
     for cfg in cfgs:
         name = "SVI {:g}/{:g}/{}".format(*cfg)
         hdr += ["Σρ", name, "Δ"]
-    print(f"\n## (d) more passes: held-out pred/symbol, mean over inits (SVI τ0/κ/|S|; Δ vs batch VI "
+    print("\n## (d) more passes: held-out pred/symbol, mean over inits (SVI τ0/κ/|S|; Δ vs batch VI "
           "at the same number of passes)")
     print(fmt_table(hdr, rows))
     rows = []
