@@ -177,9 +177,7 @@ class Daemon:
         unless ``allow_fresh_start``; otherwise logs that it starts fresh.
         """
         found = self.store.traces()
-        committed = {}
-        if hasattr(source, "committed") and self.cfg["source"]["kind"] == "kafka":
-            committed = source.committed()
+        committed = source.committed() if hasattr(source, "committed") else {}   # Kafka only
         if committed:
             found.append(f"group {self.cfg['source']['group_id']!r} has committed offsets "
                          f"{dict(sorted(committed.items()))}")

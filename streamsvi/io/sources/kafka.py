@@ -569,17 +569,12 @@ class KafkaSource(Source):
                         else "assigned here, highwater not known yet"}
         others = sorted(self.partitions() - self.assignment())
         hw = self.highwater_marks(others)
-        out = {}
-        for key in others:
-            done = applied.get(key, 0)
-            if done >= hw[key]:
-                continue
-            committed = self.committed([key]).get(key)
-            if committed is not None and committed >= hw[key]:
-                continue
-            out[key] = (f"not assigned here (held by another member, or a rebalance is pending): "
-                        f"applied {done}, group committed {committed}, highwater {hw[key]}")
-        return out
+        behind = [key for key in others if applied.get(key, 0) < hw[key]]
+        committed = self.committed(behind)
+        return {key: (f"not assigned here (held by another member, or a rebalance is pending): "
+                      f"applied {applied.get(key, 0)}, group committed {committed.get(key)}, "
+                      f"highwater {hw[key]}")
+                for key in behind if committed.get(key, -1) < hw[key]}
 
     def drained(self, applied: Mapping[tuple[str, int], int]) -> bool:
         """True when :meth:`undrained` finds nothing left; logs what it waits for (once)."""
