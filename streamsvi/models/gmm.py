@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
-from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_positive
+from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_positive, temper_dirichlet
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -484,9 +484,16 @@ class BayesianGMM:
         Zt = self.features(x) if Zt is None else Zt
         return np.dot(self._expectations(lam)["Gt"], Zt), Zt
 
-    def local_step(self, lam: NatParams, x) -> GMMLocal:
-        """r_nk ∝ exp(E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½E[(x−μ_k)ᵀΛ_k(x−μ_k)])."""
+    def local_step(self, lam: NatParams, x, temperature=1.0) -> GMMLocal:
+        """r_nk ∝ exp(E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½E[(x−μ_k)ᵀΛ_k(x−μ_k)]).
+
+        At ``temperature`` T ≠ 1, r_nk ∝ exp(log ρ_nk / T) (detAVI) and
+        ``log_norm`` is T log Σ_k exp(log ρ_nk / T), the tempered local
+        objective at its optimum (the ELBO term only at T = 1).
+        """
         L, Zt = self._log_rho_t(lam, x)                     # (K, n), log-sum-exp in place
+        if temperature != 1.0:
+            L *= 1.0 / temperature
         mx = L.max(axis=0)
         L -= mx
         np.exp(L, out=L)
@@ -494,7 +501,45 @@ class BayesianGMM:
         L /= s
         np.log(s, out=s)
         s += mx
+        if temperature != 1.0:
+            s *= temperature
         return GMMLocal(L, s, Zt)
+
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """The λ whose natural parameter is θ(target)/T (seed 002 eq. 8).
+
+        Conventions: ``alpha`` is the Dirichlet concentration (natural parameter
+        α − 1, so α_T = 1 + (α − 1)/T); ``beta``, ``beta_m`` and ``Psi`` are
+        natural parameters of the Normal-Wishart themselves (÷ T); ``nu`` is
+        stored as ν, whose natural parameter is (ν − D)/2 (the power of |Λ|), so
+        ν_T = D + (ν − D)/T. Every result is in the domain for T ≥ 1.
+        """
+        if T == 1.0:
+            return target
+        D = self.n_features
+        return NatParams(alpha=temper_dirichlet(target["alpha"], T), beta=target["beta"] / T,
+                         beta_m=target["beta_m"] / T, Psi=target["Psi"] / T,
+                         nu=D + (target["nu"] - D) / T)
+
+    def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """A fresh random initialisation η_t for stochastic annealing (seed 002 §4.3).
+
+        A random allocation of a data set of ``n_total`` records to the K
+        components (n ~ Multinomial(n_total, 1/K)) gives q(π) = Dir(α0 + n) and
+        ν_k = ν0 + n_k; each mean m_k ~ N(x̄, Σ̂) (empirical mean and covariance
+        of ``x``); q(μ_k | Λ_k) has β_k = 10, so its precision at E[Λ_k] is ten
+        times the empirical precision; and W_k⁻¹ = ν_k Σ̂, so E[Λ_k] = Σ̂⁻¹.
+        """
+        x = self.check_batch(x)
+        K, D = self.n_components, self.n_features
+        n_k = rng.multinomial(int(round(float(n_total))), np.full(K, 1.0 / K)).astype(float)
+        mean = x.mean(axis=0)
+        cov = np.cov(x, rowvar=False).reshape(D, D) if x.shape[0] > 1 else np.eye(D)
+        cov = cov + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
+        m = rng.multivariate_normal(mean, cov, size=K)
+        nu = self._nu0 + n_k
+        beta = np.full(K, 10.0)
+        return self.from_standard(self._alpha0 + n_k, beta, m, nu[:, None, None] * cov, nu)
 
     # ------------------------------------------------- sufficient statistics
     def _unpack(self, P):

@@ -117,7 +117,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
-from .base import NatParams, segment_limit_positive
+from .base import NatParams, segment_limit_positive, temper_dirichlet
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)
@@ -734,10 +734,80 @@ class LDA:
     #: local-step kernel runs (for tests)
     _local_path = None
 
-    def local_step(self, lam: NatParams, x) -> LDALocal:
-        """γ, φ of every document given λ (module docs), with the per-document ELBO."""
+    def _fit_gamma_tempered(self, ex, X, T: float):
+        """γ and φ at temperature T ≠ 1 (detAVI; Abrol et al. 2014), as an :class:`LDALocal`.
+
+        The tempered local objective E_q[log p] − T E_q[log q] is maximised by
+        φ_dwk ∝ exp((E[log θ_dk] + E[log β_kw]) / T) and q(θ_d) with natural
+        parameter (α − 1 + Σ_w n_dw φ_dw)/T, i.e. γ_d = 1 + (α − 1 + Σ_w n_dw φ_dw)/T.
+        Same start (γ = 1), stopping rule and cap as the T = 1 kernels; a
+        sparse sweep (nnz × K) without held topics, used while T_t > 1 only.
+        ``log_norm`` is NaN: the engine reports the untempered ELBO.
+        """
+        n, K = X.shape[0], self.n_components
+        inv = 1.0 / T
+        a_T = 1.0 + (self._alpha - 1.0) * inv
+        tolK = self.mean_change_tol * K
+        EbT = np.power(ex["exp_beta"], inv)                # exp((E[log β] − m)/T), (K, V)
+        EbW = np.ascontiguousarray(EbT.T[X.indices])        # (nnz, K)
+        rows = np.repeat(np.arange(n), np.diff(X.indptr))
+        gamma = np.ones((n, K))
+        n_iter = np.zeros(n, dtype=np.int64)
+        act = np.ones(n, dtype=bool)
+
+        def theta(g):
+            e = digamma(g)
+            e -= e.max(axis=1)[:, None]
+            e *= inv
+            return np.exp(e, out=e)
+
+        th = theta(gamma)
+        for it in range(1, self.max_doc_update_iter + 1):
+            Z = np.einsum("ij,ij->i", th[rows], EbW)
+            R = sp.csr_matrix((X.data / Z, X.indices, X.indptr), shape=X.shape)
+            G = (R @ EbT.T) * th
+            G *= inv
+            G += a_T
+            change = np.abs(G - gamma).sum(axis=1)
+            gamma = np.where(act[:, None], G, gamma)
+            n_iter[act] = it
+            act &= ~(change < tolK)
+            th = theta(gamma)
+            if not act.any():
+                break
+        Z = np.einsum("ij,ij->i", th[rows], EbW)
+        return LDALocal(x=X, gamma=gamma, exp_theta=th, ratio=X.data / Z, exp_beta=EbT,
+                        log_norm=np.full(n, np.nan), n_iter=n_iter)
+
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """Natural parameter ÷ T (seed 002 eq. 8): ``topic_word`` holds Dirichlet
+        concentrations λ (natural parameter λ − 1), so λ_T = 1 + (λ − 1)/T."""
+        if T == 1.0:
+            return target
+        return NatParams(topic_word=temper_dirichlet(target["topic_word"], T))
+
+    def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """Seed 002 §4.1: λ_k = η + s·u_k, u_k ~ Dirichlet(1, …, 1), s = c·D/K.
+
+        c is the mean number of words per document of ``x`` and D = ``n_total``
+        documents. η_t of stochastic annealing (``init`` is not consulted).
+        """
+        X = self.check_batch(x)
+        K, V = self.n_components, self.n_features
+        c = float(X.sum()) / X.shape[0]
+        return NatParams(topic_word=self._eta + (c * float(n_total) / K)
+                         * rng.dirichlet(np.ones(V), size=K))
+
+    def local_step(self, lam: NatParams, x, temperature=1.0) -> LDALocal:
+        """γ, φ of every document given λ (module docs), with the per-document ELBO.
+
+        ``temperature`` T ≠ 1: the tempered local step of
+        :meth:`_fit_gamma_tempered` (detAVI); T == 1 runs exactly the code above.
+        """
         X = self.check_batch(x)
         ex = self._expectations(lam)
+        if temperature != 1.0:
+            return self._fit_gamma_tempered(ex, X, float(temperature))
         if self.accelerate:
             gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], X))
             Z = zlog = None
