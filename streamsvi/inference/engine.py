@@ -318,7 +318,8 @@ class SVI:
         elif self.effective_batch_size is None:
             return float(batch_size)
         else:
-            M = given = float(self.effective_batch_size)
+            given = self.effective_batch_size
+            M = float(given)
         if M > batch_size and self.short_batches == "svi":
             return float(batch_size)
         if M > batch_size:
