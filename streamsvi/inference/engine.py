@@ -523,12 +523,19 @@ class SVI:
         return self.model.global_elbo(lam) + float(np.sum(self.model.local_elbo(local)))
 
     def to_dict(self) -> dict:
-        """Engine settings (not the model's) as JSON-serialisable values."""
-        return {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
-                "effective_batch_size": self.effective_batch_size,
-                "effective_fraction": self.effective_fraction,
-                "boundary_fraction": self.boundary_fraction, "short_batches": self.short_batches,
-                "annealer": None if self.annealer is None else self.annealer.to_dict()}
+        """Engine settings (not the model's) as JSON-serialisable values.
+
+        ``annealer`` is present only when one was given, so an engine without
+        one writes exactly what it wrote before annealers existed (and a
+        checkpoint without it loads as no annealing / constant M).
+        """
+        d = {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
+             "effective_batch_size": self.effective_batch_size,
+             "effective_fraction": self.effective_fraction,
+             "boundary_fraction": self.boundary_fraction, "short_batches": self.short_batches}
+        if self.annealer is not None:
+            d["annealer"] = self.annealer.to_dict()
+        return d
 
 
 def batch_vi(model, n_total) -> SVI:

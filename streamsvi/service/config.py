@@ -106,6 +106,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "boundary_fraction": Field("float", 0.9, "fraction-to-boundary for steps that would leave "
                                    "the parameter domain", min=0, max=1),
         "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
+        "annealing": Field("dict", None, "[inference.annealing] table: kind = none, svi+, "
+                           "deterministic or stochastic, and its schedule settings (ANNEALING)"),
     },
     "source": {
         "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
@@ -198,6 +200,68 @@ MODEL_KEYS: dict[str, frozenset] = {
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
                       "row_counts", "remember_rated"}),
 }
+
+
+#: ``[inference.annealing]``: kind -> its settings (streamsvi.inference.annealing; defaults there)
+ANNEALING: dict[str, dict[str, Field]] = {
+    "none": {},
+    "svi+": {
+        "M0": Field("float", None, "effective batch size M (at t = 0 for a schedule); or fraction",
+                    min=0),
+        "fraction": Field("float", None, "constant M = fraction * |S|, in (0, 1]", min=0, max=1),
+        "schedule": Field("str", "constant", "M_t: constant M0; linear min(|S|, M0 + increment*t); "
+                          "geometric min(|S|, M0 * growth^t)", choices=("constant", "linear", "geometric")),
+        "increment": Field("float", 1.0, "records added to M per step (linear)", min=0),
+        "growth": Field("float", 1.1, "factor on M per step, > 1 (geometric)", min=1),
+    },
+    "deterministic": {
+        "T0": Field("float", 5.0, "initial temperature T_1 >= 1", min=1),
+        "schedule": Field("str", "geometric", "T_t = 1 + (T0-1) rate^(t-1) (geometric) or "
+                          "1 + (T0-1) max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
+        "rate": Field("float", 0.9, "cooling rate in (0, 1) (geometric)", min=0, max=1),
+        "n_steps": Field("int", 100, "T_t = 1 after this many steps", min=1),
+    },
+    "stochastic": {
+        "rho0": Field("float", 0.9, "weight of the random restart at t = 1, in [0, 1]", min=0, max=1),
+        "schedule": Field("str", "geometric", "rho_t = rho0 decay^(t-1) (geometric) or "
+                          "rho0 max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
+        "decay": Field("float", 0.9, "decay in (0, 1) (geometric)", min=0, max=1),
+        "n_steps": Field("int", 100, "rho_t = 0 (plain updates) after this many steps", min=1),
+    },
+}
+
+
+def _check_annealing(inf: dict, model_kind: str) -> None:
+    """Validate ``inference.annealing`` in place: its settings, resolved with defaults."""
+    from ..inference.annealing import annealer_from_dict
+
+    given = inf["annealing"]
+    if given is None:
+        return
+    if "kind" not in given:
+        raise ConfigError(f"inference.annealing.kind: required, one of {', '.join(ANNEALING)}")
+    kind = _check("inference.annealing", "kind", Field("str", None, "", choices=tuple(ANNEALING)),
+                  given["kind"])
+    fields = ANNEALING[kind]
+    extra = sorted(set(given) - set(fields) - {"kind"})
+    if extra:
+        raise ConfigError(f"inference.annealing: unknown setting(s) {extra} for kind = {kind!r}; "
+                          f"known: {sorted(fields) or 'none'}")
+    sec = {k: _check("inference.annealing", k, fields[k], v) for k, v in given.items() if k != "kind"}
+    if (inf["effective_batch_size"] is not None or inf["effective_fraction"] is not None):
+        raise ConfigError("inference: set [inference.annealing] or effective_batch_size/effective_fraction, "
+                          "not both (effective_batch_size = M is kind = 'svi+' with M0 = M)")
+    if kind in ("deterministic", "stochastic") and model_kind == "pmf":
+        raise ConfigError(f"inference.annealing.kind: {kind!r} is not defined for model.kind = 'pmf' "
+                          f"(it has no local latent assignments to temper or restart); use 'none' or 'svi+'")
+    if kind == "svi+" and sec.get("schedule", "constant") == "constant" and sec.get("M0") is not None \
+            and sec["M0"] > inf["batch_size"]:
+        raise ConfigError(f"inference.annealing.M0: must be in (0, batch_size={inf['batch_size']}], "
+                          f"got {sec['M0']:g}")
+    try:
+        inf["annealing"] = annealer_from_dict({"kind": kind, **sec}).to_dict()
+    except ValueError as exc:
+        raise ConfigError(f"inference.annealing: {exc}") from None
 
 
 def _check_model_keys(model: dict) -> None:
@@ -373,6 +437,9 @@ def _check(section: str, name: str, f: Field, v):
     elif t == "bool":
         if not isinstance(v, bool):
             raise ConfigError(f"{where}: expected true or false, got {v!r}")
+    elif t == "dict":
+        if not isinstance(v, dict):
+            raise ConfigError(f"{where}: expected a table ([{where}]), got {v!r}")
     elif t == "list[str]":
         if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
             raise ConfigError(f"{where}: expected a non-empty list of strings, got {v!r}")
@@ -424,6 +491,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
                           f"got {inf['effective_batch_size']:g}")
     if inf["effective_fraction"] is not None and inf["effective_fraction"] <= 0:
         raise ConfigError("inference.effective_fraction: must be in (0, 1]")
+    _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
     if mdl["kind"] != "pmf" and mdl["n_components"] is None:
@@ -529,6 +597,7 @@ def build_engine(cfg: dict, n_total: float):
         return SVI(build_model(cfg["model"]), n_total=n_total, schedule=schedule,
                    effective_batch_size=inf["effective_batch_size"],
                    effective_fraction=inf["effective_fraction"],
-                   boundary_fraction=inf["boundary_fraction"], short_batches="svi")
+                   boundary_fraction=inf["boundary_fraction"], short_batches="svi",
+                   annealer=inf.get("annealing"))
     except ValueError as exc:
         raise ConfigError(f"inference: {exc}") from None
