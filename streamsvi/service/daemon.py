@@ -399,7 +399,7 @@ class Daemon:
             "grad_variance_observed": self.metrics.observed_variance,
             "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
             "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
-            "domain_clipped": info.domain_clipped}
+            "domain_clipped": info.domain_clipped, "annealing_level": info.annealing_level}
         self._last_history_row = row
         every = self.cfg["metrics"]["history_every"]
         if info.step % every == 0 or info.step == 1 or heldout is not None:
@@ -557,7 +557,8 @@ class Daemon:
         t0 = time.perf_counter()
         self.state, info = self.engine.update(self.state, x)
         loop.last_info = info
-        self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
+        self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0,
+                                    annealing_kind=self.engine.annealing.kind)
         self.metrics.records_seen.set(self.state.records_seen)
         self.elbo_history.append([info.step, info.elbo_per_record])
         loop.res.records += n_x

@@ -85,6 +85,10 @@ class DaemonMetrics:
         self.rho = latest("step_size", "Step size rho_t of the latest update")
         self.noise_std = latest("svi_plus_noise_std", "Standard deviation sqrt(|S|/M - 1) of the SVI+ noise eps_n")
         self.effective_batch = latest("effective_batch_size", "SVI+ effective batch size M of the latest update")
+        self.annealing_level = g("annealing_level",
+                                 "Level of the annealer (label kind) at the latest update: svi+ = SVI+ noise "
+                                 "std sqrt(|S|/M_t - 1), deterministic = temperature T_t (1 = untempered), "
+                                 "stochastic = weight rho_t of the random restart, none = 0", ("kind",))
         self.step = g("step", "Updates applied to the parameters (engine step t)")
         self.records_seen = g("records_seen", "Records folded into the parameters (engine state)")
         self.records = c("records_consumed", "Records that reached the model")
@@ -107,8 +111,15 @@ class DaemonMetrics:
         #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).
         self.observed_variance = None
 
-    def observe_update(self, info, gradient=None, seconds: float | None = None) -> None:
-        """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams)."""
+    def observe_update(self, info, gradient=None, seconds: float | None = None,
+                       annealing_kind: str | None = None) -> None:
+        """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams).
+
+        ``annealing_kind`` (the engine's ``annealing.kind``) labels
+        ``streamsvi_annealing_level``; without it that gauge is not set.
+        """
+        if annealing_kind is not None:
+            self.annealing_level.labels(kind=annealing_kind).set(info.annealing_level)
         self.elbo.set(info.elbo)
         self.elbo_per_record.set(info.elbo_per_record)
         self.grad_var_est.set(info.grad_variance)
