@@ -30,6 +30,7 @@ import numpy as np
 from river import base, stats
 
 from .inference import SVI, EngineState, RobbinsMonro
+from .inference.annealing import SVIPlus, annealer_from_dict
 from .models import BayesianGMM
 
 
@@ -40,6 +41,23 @@ def _check_batch_sizes(batch_size, effective_batch_size) -> None:
     if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
         raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
                          f"got {effective_batch_size}")
+
+def _annealer_of(annealing, batch_size, effective_batch_size):
+    """The ``annealing`` setting (None, a dict with ``kind`` or an Annealer) as an Annealer or None.
+
+    ``ValueError`` for a bad setting, for both ``annealing`` and
+    ``effective_batch_size``, and for a constant SVI+ M0 above ``batch_size``.
+    """
+    if annealing is None:
+        return None
+    if effective_batch_size is not None:
+        raise ValueError("set annealing or effective_batch_size, not both "
+                         "(effective_batch_size=M is annealing={'kind': 'svi+', 'M0': M})")
+    ann = annealer_from_dict(annealing)
+    if isinstance(ann, SVIPlus) and ann.schedule == "constant" and ann.M0 is not None:
+        _check_batch_sizes(batch_size, ann.M0)
+    return ann
+
 
 class GaussianMixture(base.Clusterer):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
@@ -67,6 +85,11 @@ class GaussianMixture(base.Clusterer):
         first record.
     seed
         Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer (:mod:`streamsvi.inference.annealing`) or its dict form,
+        e.g. ``{"kind": "deterministic", "T0": 5.0}``, ``{"kind": "stochastic"}``
+        or ``{"kind": "svi+", "M0": 8, "schedule": "linear", "increment": 1}``.
+        None: SVI, or SVI+ with ``effective_batch_size`` (not both).
     """
 
     def __init__(self, n_components: int = 3, batch_size: int = 32,
@@ -74,7 +97,7 @@ class GaussianMixture(base.Clusterer):
                  tau0: float = 1.0, kappa: float = 0.7, weight_concentration: float = 1.0,
                  mean_precision: float = 1.0, degrees_of_freedom: float | None = None,
                  scale: float = 1.0, init: str = "kmeans", features: tuple | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, annealing=None):
         self.n_components = n_components
         self.batch_size = batch_size
         self.effective_batch_size = effective_batch_size
@@ -88,7 +111,9 @@ class GaussianMixture(base.Clusterer):
         self.init = init
         self.features = features
         self.seed = seed
+        self.annealing = annealing
         _check_batch_sizes(batch_size, effective_batch_size)
+        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
         self._engine = None
         self._state = None
@@ -101,6 +126,9 @@ class GaussianMixture(base.Clusterer):
     def _unit_test_params(cls):
         yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
         yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
+        yield {"n_components": 2, "batch_size": 8, "seed": 2,
+               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+        yield {"n_components": 2, "batch_size": 8, "seed": 3, "annealing": {"kind": "stochastic", "rho0": 0.5}}
 
     # -------------------------------------------------------------- set-up
     def _build(self):
@@ -111,7 +139,8 @@ class GaussianMixture(base.Clusterer):
                             init=self.init)
         self._engine = SVI(model, n_total=self.n_total,
                            schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                           effective_batch_size=self.effective_batch_size, short_batches="svi")
+                           effective_batch_size=self.effective_batch_size, short_batches="svi",
+                           annealer=self._annealer)
         self._means = {f: stats.Mean() for f in self._features}
 
     @classmethod
@@ -140,6 +169,9 @@ class GaussianMixture(base.Clusterer):
         if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
             raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
         M = eng["effective_batch_size"]
+        annealing = eng.get("annealer")
+        if annealing is not None and annealing.get("kind") == "svi+" and annealing.get("M0") is not None:
+            M = annealing["M0"]      # for the default batch_size and its check below
         daemon_S = (fitted.config.get("inference") or {}).get("batch_size")
         if batch_size is None:
             batch_size = daemon_S if daemon_S is not None else max(32, int(np.ceil(M or 0)))
@@ -153,7 +185,8 @@ class GaussianMixture(base.Clusterer):
                 + " or leave it out to use the daemon's")
         sched = eng["schedule"]
         est = cls(n_components=p["n_components"], batch_size=batch_size,
-                  effective_batch_size=M, n_total=eng["n_total"],
+                  effective_batch_size=M if annealing is None else None, n_total=eng["n_total"],
+                  annealing=annealing,
                   tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
@@ -265,6 +298,9 @@ class TopicModel(base.MiniBatchTransformer):
         As :class:`streamsvi.models.LDA`.
     seed
         Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer or its dict form (as :class:`GaussianMixture`); None: SVI,
+        or SVI+ with ``effective_batch_size`` (not both).
 
     Examples
     --------
@@ -289,7 +325,7 @@ class TopicModel(base.MiniBatchTransformer):
                  n_total: float = 10_000.0, tau0: float = 10.0, kappa: float = 0.7,
                  doc_topic_prior: float | None = None, topic_word_prior: float | None = None,
                  max_doc_update_iter: int = 100, mean_change_tol: float = 1e-3,
-                 seed: int | None = None):
+                 seed: int | None = None, annealing=None):
         from .models import LDA
 
         self.n_components = n_components
@@ -305,7 +341,9 @@ class TopicModel(base.MiniBatchTransformer):
         self.max_doc_update_iter = max_doc_update_iter
         self.mean_change_tol = mean_change_tol
         self.seed = seed
+        self.annealing = annealing
         _check_batch_sizes(batch_size, effective_batch_size)
+        annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         if vocabulary is not None and len(vocabulary) > n_features:
             raise ValueError(f"vocabulary has {len(vocabulary)} words, more than n_features={n_features}")
         self._vocab = {w: i for i, w in enumerate(vocabulary)} if vocabulary is not None else None
@@ -313,13 +351,16 @@ class TopicModel(base.MiniBatchTransformer):
                     topic_word_prior=topic_word_prior, max_doc_update_iter=max_doc_update_iter,
                     mean_change_tol=mean_change_tol)
         self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
-                           effective_batch_size=effective_batch_size, short_batches="svi")
+                           effective_batch_size=effective_batch_size, short_batches="svi",
+                           annealer=annealer)
         self._state = None
         self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
 
     @classmethod
     def _unit_test_params(cls):
         yield {"n_components": 3, "n_features": 32, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 2, "n_features": 16, "batch_size": 8, "n_total": 200.0, "seed": 1,
+               "annealing": {"kind": "deterministic", "T0": 2.0, "n_steps": 4}}
 
     def _row(self, x: dict):
         ids, counts = [], []
@@ -424,6 +465,10 @@ class MatrixFactorization(_Ranker):
         ρ_i = (τ0 + t_i)^(−κ), t_i the updates of row i so far.
     seed
         Seed of the engine's random stream (initial means, SVI+ noise).
+    annealing
+        None, ``{"kind": "none"}`` or SVI+ (``{"kind": "svi+", "M0": M, ...}``
+        or an ``SVIPlus``); PMF has no local latent assignments, so
+        ``deterministic`` and ``stochastic`` are refused (``ValueError``).
 
     Examples
     --------
@@ -443,7 +488,7 @@ class MatrixFactorization(_Ranker):
                  biases: bool = True, offset: float = 0.0, init_scale: float = 0.1,
                  batch_size: int = 1000, effective_batch_size: float | None = None,
                  n_total: float = 100_000.0, row_counts: str = "seen", tau0: float = 0.0,
-                 kappa: float = 1.0, seed: int | None = None):
+                 kappa: float = 1.0, seed: int | None = None, annealing=None):
         super().__init__(seed=seed)
         self.n_factors = n_factors
         self.sigma2 = sigma2
@@ -457,9 +502,11 @@ class MatrixFactorization(_Ranker):
         self.row_counts = row_counts
         self.tau0 = tau0
         self.kappa = kappa
+        self.annealing = annealing
         if isinstance(batch_size, bool):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
         _check_batch_sizes(batch_size, effective_batch_size)
+        _annealer_of(annealing, batch_size, effective_batch_size)
         self._engine = self._make_engine()
         self._state = None
         self._buffer: list = []
@@ -472,7 +519,8 @@ class MatrixFactorization(_Ranker):
                     biases=self.biases, offset=self.offset, init_scale=self.init_scale,
                     row_counts=self.row_counts)
         return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                   effective_batch_size=self.effective_batch_size, short_batches="svi")
+                   effective_batch_size=self.effective_batch_size, short_batches="svi",
+                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
 
     # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
     # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
@@ -488,6 +536,8 @@ class MatrixFactorization(_Ranker):
     @classmethod
     def _unit_test_params(cls):
         yield {"n_factors": 2, "batch_size": 8, "seed": 0}
+        yield {"n_factors": 2, "batch_size": 8, "seed": 1,
+               "annealing": {"kind": "svi+", "M0": 2.0, "schedule": "linear", "increment": 1.0}}
 
     @property
     def model(self):

@@ -208,3 +208,33 @@ def test_from_snapshot_keeps_an_effective_fraction(tmp_path):
     est = GaussianMixture.from_snapshot(ck)
     assert est.batch_size == 200 and est.effective_batch_size == 50 and est.features == ("x0", "x1")
     assert GaussianMixture.from_snapshot(ck, batch_size=40).effective_batch_size == 10
+
+
+# ------------------------------------------------------------------ annealing
+def test_faces_take_an_annealer_or_its_dict():
+    """``annealing=`` (dict or Annealer) gives the engine's annealer; the face's updates are
+    the engine's own (same seed, same batches, same λ)."""
+    from streamsvi.inference.annealing import Deterministic
+
+    X, _ = make_blobs(200, seed=2)
+    ests = [GaussianMixture(n_components=3, batch_size=20, n_total=200, seed=5, annealing=a)
+            for a in ({"kind": "deterministic", "T0": 4.0, "n_steps": 20}, Deterministic(T0=4.0, n_steps=20))]
+    plain = GaussianMixture(n_components=3, batch_size=20, n_total=200, seed=5)
+    for est in ests + [plain]:
+        est.learn_many(pd.DataFrame(X, columns=["a", "b"]))
+    assert ests[0]._engine.annealer == Deterministic(T0=4.0, n_steps=20)
+    assert ests[0]._state.lam.array_equal(ests[1]._state.lam)
+    assert not ests[0]._state.lam.array_equal(plain._state.lam)    # T > 1 changed the updates
+
+
+def test_faces_refuse_undefined_annealing():
+    from streamsvi.estimators import MatrixFactorization
+
+    with pytest.raises(ValueError, match="annealing kind 'stochastic' is not defined for model 'pmf'"):
+        MatrixFactorization(annealing={"kind": "stochastic"})
+    with pytest.raises(ValueError, match="not both"):
+        GaussianMixture(effective_batch_size=4, annealing={"kind": "svi+", "M0": 4})
+    with pytest.raises(ValueError, match="unknown setting"):
+        TopicModel(annealing={"kind": "deterministic", "temperature": 5})
+    with pytest.raises(ValueError, match="effective_batch_size must be in \\(0, batch_size=32\\]"):
+        GaussianMixture(batch_size=32, annealing={"kind": "svi+", "M0": 64})
