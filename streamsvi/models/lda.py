@@ -739,45 +739,63 @@ class LDA:
 
         The tempered local objective E_q[log p] − T E_q[log q] is maximised by
         φ_dwk ∝ exp((E[log θ_dk] + E[log β_kw]) / T) and q(θ_d) with natural
-        parameter (α − 1 + Σ_w n_dw φ_dw)/T, i.e. γ_d = 1 + (α − 1 + Σ_w n_dw φ_dw)/T.
-        Same start (γ = 1), stopping rule and cap as the T = 1 kernels; a
-        sparse sweep (nnz × K) without held topics, used while T_t > 1 only.
-        ``log_norm`` is NaN: the engine reports the untempered ELBO.
+        parameter (α − 1 + Σ_w n_dw φ_dw)/T, i.e. γ_d = α_T + (1/T) Σ_w n_dw φ_dw
+        with α_T = 1 + (α − 1)/T. Same start (γ = 1), stopping rule and cap as
+        at T = 1. The compiled kernel runs it (with its held topics) when it
+        runs at T = 1; otherwise a sparse numpy sweep (nnz × K, no held
+        topics). ``log_norm`` is NaN: the engine reports the untempered ELBO.
         """
         n, K = X.shape[0], self.n_components
         inv = 1.0 / T
         a_T = 1.0 + (self._alpha - 1.0) * inv
         tolK = self.mean_change_tol * K
         EbT = np.power(ex["exp_beta"], inv)                # exp((E[log β] − m)/T), (K, V)
-        EbW = np.ascontiguousarray(EbT.T[X.indices])        # (nnz, K)
         rows = np.repeat(np.arange(n), np.diff(X.indptr))
-        gamma = np.ones((n, K))
-        n_iter = np.zeros(n, dtype=np.int64)
-        act = np.ones(n, dtype=bool)
-
-        def theta(g):
-            e = digamma(g)
-            e -= e.max(axis=1)[:, None]
-            e *= inv
-            return np.exp(e, out=e)
-
-        th = theta(gamma)
-        for it in range(1, self.max_doc_update_iter + 1):
+        if COMPILED and self._local_path in (None, "compiled") and not self.accelerate:
+            max_it = self.max_doc_update_iter
+            hold_at = np.zeros(max_it + 2, dtype=np.uint8)
+            hold_at[[h for h in _HOLD_AT if h <= max_it]] = 1
+            gamma, n_iter = np.empty((n, K)), np.empty(n, dtype=np.int64)
+            Zc, shift = np.empty(X.nnz), np.empty(n)
+            _ldakernel.fit_gamma(np.ascontiguousarray(EbT.T), K,
+                                 np.ascontiguousarray(X.indptr, dtype=np.int64),
+                                 np.ascontiguousarray(X.indices, dtype=np.int64),
+                                 np.ascontiguousarray(X.data, dtype=np.float64), a_T, tolK, _HOLD_EPS,
+                                 max_it, float(digamma(a_T.max())), hold_at,
+                                 bool(digamma(a_T.min()) > -300.0), gamma, n_iter, Zc, shift, inv)
+            th = self._theta_tempered(gamma, inv)
+            # the kernel's θ̃ is exp((ψ(γ) − s)/T) = th · exp((ψ(max γ) − s)/T)
+            Z = Zc * np.exp((shift - digamma(gamma.max(axis=1))) * inv)[rows]
+        else:
+            EbW = np.ascontiguousarray(EbT.T[X.indices])    # (nnz, K)
+            gamma = np.ones((n, K))
+            n_iter = np.zeros(n, dtype=np.int64)
+            act = np.ones(n, dtype=bool)
+            th = self._theta_tempered(gamma, inv)
+            for it in range(1, self.max_doc_update_iter + 1):
+                Z = np.einsum("ij,ij->i", th[rows], EbW)
+                R = sp.csr_matrix((X.data / Z, X.indices, X.indptr), shape=X.shape)
+                G = (R @ EbT.T) * th
+                G *= inv
+                G += a_T
+                change = np.abs(G - gamma).sum(axis=1)
+                gamma = np.where(act[:, None], G, gamma)
+                n_iter[act] = it
+                act &= ~(change < tolK)
+                th = self._theta_tempered(gamma, inv)
+                if not act.any():
+                    break
             Z = np.einsum("ij,ij->i", th[rows], EbW)
-            R = sp.csr_matrix((X.data / Z, X.indices, X.indptr), shape=X.shape)
-            G = (R @ EbT.T) * th
-            G *= inv
-            G += a_T
-            change = np.abs(G - gamma).sum(axis=1)
-            gamma = np.where(act[:, None], G, gamma)
-            n_iter[act] = it
-            act &= ~(change < tolK)
-            th = theta(gamma)
-            if not act.any():
-                break
-        Z = np.einsum("ij,ij->i", th[rows], EbW)
         return LDALocal(x=X, gamma=gamma, exp_theta=th, ratio=X.data / Z, exp_beta=EbT,
                         log_norm=np.full(n, np.nan), n_iter=n_iter)
+
+    @staticmethod
+    def _theta_tempered(gamma, inv):
+        """exp((E[log θ_dk] − max_k E[log θ_dk]) / T) (ψ(Σγ) cancels)."""
+        e = digamma(gamma)
+        e -= e.max(axis=1)[:, None]
+        e *= inv
+        return np.exp(e, out=e)
 
     def temper(self, target: NatParams, T: float) -> NatParams:
         """Natural parameter ÷ T (seed 002 eq. 8): ``topic_word`` holds Dirichlet
