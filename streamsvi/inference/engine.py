@@ -42,6 +42,14 @@ own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's doc
 and returns the new ``lam`` and ``aux`` and the metrics of
 :class:`UpdateInfo`. Every other model never reaches that path.
 
+Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
+``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
+(detAVI: local step at temperature T_t and the target tempered by
+``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
+``model.random_init`` at weight ρ_t, drawn from the state's random stream).
+The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``.
+
 Examples
 --------
 >>> import numpy as np

@@ -6,6 +6,11 @@ settings, the engine settings, step, records seen, the random-stream state and
 the library version. Loading uses ``allow_pickle=False`` and rebuilds the model
 from its registered name, so nothing in the file is ever executed.
 
+The engine settings include the annealer's settings (``engine.annealer``, its
+``to_dict()``) when one was given; its level is a function of the saved step,
+so a loaded state continues the annealing schedule exactly. A file written
+before annealers existed has no ``annealer`` entry and loads as before.
+
 A row-wise model's ``state.aux`` (engine docs) is saved too: numpy-array
 values as ``aux/<name>`` arrays (numeric dtypes only), everything else under
 ``"aux"`` in ``meta.json``. States without aux are written exactly as before.
