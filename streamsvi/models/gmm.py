@@ -325,6 +325,35 @@ class BayesianGMM:
                    scale=1.0, **kw)
 
     @classmethod
+    def empirical_prior(cls, n_components, x, **kw):
+        """scikit-learn's data-dependent prior (``BayesianGaussianMixture`` defaults) from records ``x``.
+
+        m0 = the mean of ``x``, W0⁻¹ = its covariance (ddof 1), ν0 = D,
+        β0 = 1. The values are stored as the ``mean`` and ``scale`` settings,
+        so a checkpoint keeps them. On standardised, uncorrelated columns this
+        is the default prior; it matters when columns are strongly correlated
+        (README, "Gaussian mixtures: initialisation"). ``kw`` overrides any of
+        them and passes other settings (``weight_concentration``, ``init``, ...).
+
+        >>> x = np.random.default_rng(0).normal(5.0, 2.0, (500, 2))
+        >>> m = BayesianGMM.empirical_prior(3, x)
+        >>> np.round(m.mean, 1).tolist(), np.round(np.linalg.inv(m.scale).diagonal()).tolist()
+        ([4.8, 5.0], [4.0, 4.0])
+        """
+        x = np.asarray(x, float)
+        if x.ndim != 2 or x.shape[0] < 2 or not np.all(np.isfinite(x)):
+            raise ValueError(f"empirical_prior needs a finite (n, D) array with n >= 2, got shape {x.shape}")
+        cov = np.atleast_2d(np.cov(x.T))
+        if np.linalg.eigvalsh(cov)[0] <= 0:
+            raise ValueError("empirical_prior: the covariance of x is singular (a constant or "
+                             "linearly dependent column); drop it or pass scale")
+        kw.setdefault("mean", x.mean(axis=0))
+        kw.setdefault("scale", np.linalg.inv(cov))
+        kw.setdefault("degrees_of_freedom", float(x.shape[1]))
+        kw.setdefault("mean_precision", 1.0)
+        return cls(n_components, x.shape[1], **kw)
+
+    @classmethod
     def dp_approximation(cls, n_features, concentration=1.0, n_components=50, c=10.0, **kw):
         """Truncated Dirichlet-process mixture, π ~ Dirichlet(α/K, …, α/K) (seed 000 §IV-E).
 

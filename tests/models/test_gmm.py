@@ -379,3 +379,29 @@ def test_start_settings_are_saved_and_do_not_block_a_resume(tmp_path):
     assert snap.engine.model.n_init == 1 and snap.engine.model.init_sweeps == 0
     notes = check_compatible(snap, SVI(BayesianGMM(3, 2), n_total=600.0))
     assert sorted(n.split(":")[0] for n in notes) == ["model setting init_sweeps", "model setting n_init"]
+
+
+def test_empirical_prior_is_sklearns_default_prior():
+    """From the same responsibilities, CAVI under ``empirical_prior(K, X)`` is scikit-learn's
+    BayesianGaussianMixture with its default (data-dependent) mean, covariance, ν0 and β0
+    priors, on strongly correlated, unstandardised columns."""
+    rng = np.random.default_rng(3)
+    Z, _ = make_blobs(300, seed=3)
+    X = Z @ np.array([[3.0, 2.9], [0.0, 0.2]]) + np.array([50.0, -20.0])   # correlation ~0.99
+    K = 4
+    model = BayesianGMM.empirical_prior(K, X, weight_concentration=0.7)
+    bgm = sklearn_mixture.BayesianGaussianMixture(
+        n_components=K, weight_concentration_prior_type="dirichlet_distribution",
+        weight_concentration_prior=0.7, reg_covar=0.0)
+    bgm._check_parameters(X)
+    resp = rng.dirichlet(np.ones(K), size=len(X))
+    bgm._initialize(X, resp)
+    lam = model.init_from_responsibilities(resp, X)
+    for _ in range(10):
+        _, log_resp = bgm._e_step(X)
+        bgm._m_step(X, log_resp)
+        lam = model.prior() + model.suffstats(model.local_step(lam, X), X)
+    _compare(model, lam, bgm, rtol=1e-8)
+    assert model.get_params()["mean"] == pytest.approx(X.mean(axis=0).tolist())
+    with pytest.raises(ValueError, match="covariance of x is singular"):
+        BayesianGMM.empirical_prior(2, np.c_[X[:, 0], 2.0 * X[:, 0]])
