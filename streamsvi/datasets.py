@@ -239,6 +239,58 @@ def _apt_fetch_member(package: str, member: str, cached: Path, what: str) -> Pat
     return cached
 
 
+_FASHION_DIR = "usr/share/datasets/fashion-mnist"
+
+
+def fashion_mnist_path(part: str = "t10k", what: str = "images", path=None) -> Path:
+    """Where a Fashion-MNIST IDX file is, fetching it from Debian's ``dataset-fashion-mnist`` if needed.
+
+    ``part`` is ``"t10k"`` (10,000 records) or ``"train"`` (60,000);
+    ``what`` is ``"images"`` or ``"labels"``. The files are the original
+    ``*-ubyte.gz`` ones (Zalando's, as a user would download them).
+    """
+    if part not in ("t10k", "train") or what not in ("images", "labels"):
+        raise ValueError(f"part must be 't10k' or 'train' and what 'images' or 'labels', "
+                         f"got {part!r}, {what!r}")
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"Fashion-MNIST file {p} does not exist")
+        return p
+    name = f"{part}-{what}-idx{3 if what == 'images' else 1}-ubyte.gz"
+    cached = cache_dir() / "fashion-mnist" / name
+    if cached.exists():
+        return cached
+    if (Path("/") / _FASHION_DIR / name).exists():
+        return Path("/") / _FASHION_DIR / name
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    return _apt_fetch_member("dataset-fashion-mnist", f"{_FASHION_DIR}/{name}", cached,
+                             f"Fashion-MNIST {part} {what}")
+
+
+def read_idx(path) -> np.ndarray:
+    """An IDX array (the MNIST file format; gzip-compressed if the name ends in .gz) as uint8."""
+    p = Path(path)
+    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{p}: not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{p}: header says {shape}, file holds {data.size} values")
+    return data.reshape(shape)
+
+
+def load_fashion_mnist(part: str = "t10k", images=None, labels=None) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST: X (n, 784) float64 pixel values 0..255 and y (n,) int class labels."""
+    X = read_idx(fashion_mnist_path(part, "images", images))
+    y = read_idx(fashion_mnist_path(part, "labels", labels))
+    if X.ndim != 3 or y.shape != (X.shape[0],):
+        raise ValueError(f"Fashion-MNIST: images {X.shape} and labels {y.shape} do not match")
+    return X.reshape(X.shape[0], -1).astype(float), y.astype(int)
+
+
 def dna_splice_path(path=None) -> Path:
     """Where the DNA splice data are, fetching mlbench's ``DNA.rda`` into the cache if needed."""
     if path is not None:

@@ -207,3 +207,24 @@ def test_movielens100k_real_file():
     assert len(x) == 100_000 and len(set(x.user)) == 943 and len(set(x.item)) == 1682
     assert set(np.unique(x.rating)) == {1.0, 2.0, 3.0, 4.0, 5.0}
     assert x.to_records()[0] == {"user": "196", "item": "242", "rating": 3.0}   # first line of u.data
+
+
+def test_read_idx_and_fashion_mnist_files(tmp_path):
+    """IDX files as written by the MNIST tools: big-endian header, gzip; a bad one is refused."""
+    import gzip
+
+    imgs = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    head = bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in imgs.shape)
+    (tmp_path / "i.gz").write_bytes(gzip.compress(head + imgs.tobytes()))
+    (tmp_path / "l.gz").write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + (2).to_bytes(4, "big") + bytes([7, 1])))
+    np.testing.assert_array_equal(datasets.read_idx(tmp_path / "i.gz"), imgs)
+    X, y = datasets.load_fashion_mnist(images=tmp_path / "i.gz", labels=tmp_path / "l.gz")
+    assert X.shape == (2, 12) and X.dtype == float and y.tolist() == [7, 1]
+    (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01" + (2).to_bytes(4, "big") + b"\x00" * 8)
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX file"):
+        datasets.read_idx(tmp_path / "bad")
+    with pytest.raises(ValueError, match="header says \\(2, 3, 4\\), file holds 23"):
+        (tmp_path / "short").write_bytes(head + imgs.tobytes()[:-1])
+        datasets.read_idx(tmp_path / "short")
+    with pytest.raises(FileNotFoundError, match="Fashion-MNIST file .* does not exist"):
+        datasets.load_fashion_mnist(images=tmp_path / "missing.gz")

@@ -77,6 +77,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the first "
                       "minibatch", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
                                             "random_resp")),
+        "n_init": Field("int", None, "gmm, gmm_dp: starts made from the first minibatch, the best "
+                        "ELBO kept; default 3", min=1),
+        "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the first minibatch from each "
+                             "start; default 5", min=0),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
@@ -184,7 +188,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                       "degrees_of_freedom", "scale", "init"})
+                       "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps"})
 _GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
 #: model kind -> the values of ``model.init`` it takes
 INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}
