@@ -352,6 +352,18 @@ def _eigvalsh_rows(K) -> np.ndarray:
     return out
 
 
+def _rho_rows(schedule, t) -> np.ndarray:
+    """ρ = schedule(t) for an array of (real) clocks t ≥ 1; vectorised for the built-in schedules."""
+    from ..inference.schedules import Constant, RobbinsMonro
+
+    if isinstance(schedule, RobbinsMonro):
+        rho = np.minimum((schedule.tau0 + t) ** (-float(schedule.kappa)), 1.0)
+        return rho if schedule.rho_min is None else np.maximum(rho, schedule.rho_min)
+    if isinstance(schedule, Constant):
+        return np.full(len(t), float(schedule(1)))
+    return np.array([schedule(float(v)) for v in t])
+
+
 def _as_float(name, v, positive=True):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
             or (positive and v <= 0):
@@ -397,16 +409,22 @@ class PMF:
 
     def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
-                 row_counts: str = "scaled", remember_rated: bool = True):
+                 row_counts: str = "scaled", remember_rated: bool = True, bias_var=None,
+                 row_clock: str = "updates", sweep: str = "users_first"):
         if isinstance(n_factors, bool) or int(n_factors) != n_factors or n_factors < 1:
             raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
         self.n_factors = int(n_factors)
         self.sigma2 = _as_float("sigma2", sigma2)
         self.prior_var = _as_float("prior_var", prior_var)
+        self.bias_var = None if bias_var is None else _as_float("bias_var", bias_var)
         if not isinstance(biases, (bool, np.bool_)):
             raise ValueError(f"biases must be true or false, got {biases!r}")
         self.biases = bool(biases)
-        self.offset = _as_float("offset", offset, positive=False)
+        self.offset = "auto" if isinstance(offset, str) and offset == "auto" else \
+            _as_float("offset", offset, positive=False) if not isinstance(offset, str) else None
+        if self.offset is None:
+            raise ValueError(f"offset must be a finite number or 'auto' (the running mean of the stream), "
+                             f"got {offset!r}")
         self.init_scale = _as_float("init_scale", init_scale)
         if row_counts not in ("scaled", "seen"):
             raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
@@ -414,8 +432,19 @@ class PMF:
         if not isinstance(remember_rated, (bool, np.bool_)):
             raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
         self.remember_rated = bool(remember_rated)
+        if row_clock not in ("updates", "ratings"):
+            raise ValueError(f"row_clock must be 'updates' or 'ratings', got {row_clock!r}")
+        self.row_clock = row_clock
+        if sweep not in ("users_first", "items_first"):
+            raise ValueError(f"sweep must be 'users_first' or 'items_first', got {sweep!r}")
+        self.sweep = sweep
         d = self.n_factors
         self.dim = D = d + 1 if self.biases else d
+        pv = np.full(D, self.prior_var)
+        if self.biases and self.bias_var is not None:
+            pv[d] = self.bias_var
+        self._pv = pv                      # prior variance per coordinate: c (factors), c_b (bias)
+        self._eta_P = np.diag(1.0 / pv)
         # the mean is f = X̃ᵀ B Z̃ with X̃ = (x, 1), Z̃ = (z, 1): uᵀv (+ b + e)
         B = np.zeros((D + 1, D + 1))
         B[:d, :d] = np.eye(d)
@@ -428,7 +457,8 @@ class PMF:
     def get_params(self) -> dict:
         return {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
                 "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
-                "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+                "row_counts": self.row_counts, "remember_rated": self.remember_rated, "bias_var": self.bias_var,
+                "row_clock": self.row_clock, "sweep": self.sweep}
 
     def __repr__(self):
         return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
@@ -449,11 +479,19 @@ class PMF:
             raise ValueError(f"x has non-finite ratings at {bad[:10].tolist()}")
         return x
 
+    def mu0(self, aux=None) -> float:
+        """μ0: the fixed ``offset``, or with ``offset="auto"`` the mean of the ratings seen so far."""
+        if self.offset != "auto":
+            return self.offset
+        aux = self._need_aux(aux)
+        n = int(aux.get("rating_count", 0))
+        return float(aux["rating_sum"]) / n if n else 0.0
+
     # ------------------------------------------------------------ λ and aux
     def prior(self, n_users: int = 0, n_items: int = 0) -> NatParams:
         """η for ``n_users`` user rows and ``n_items`` item rows (h = 0, Λ = I/c)."""
         D = self.dim
-        eye = np.eye(D) / self.prior_var
+        eye = self._eta_P
         return NatParams(user_h=np.zeros((n_users, D)), user_prec=np.broadcast_to(eye, (n_users, D, D)),
                          item_h=np.zeros((n_items, D)), item_prec=np.broadcast_to(eye, (n_items, D, D)))
 
@@ -462,8 +500,8 @@ class PMF:
 
     def _new_rows(self, seed, side, ids):
         m = self.init_scale * _hashed_normals(seed, side, ids, self.dim)
-        P = np.broadcast_to(np.eye(self.dim) / self.prior_var, (len(ids), self.dim, self.dim))
-        return m / self.prior_var, P
+        P = np.broadcast_to(self._eta_P, (len(ids), self.dim, self.dim))
+        return m / self._pv, P
 
     def init_state(self, rng, x, n_total):
         """λ with one row per user and item of ``x`` (first-appearance order) and the aux maps."""
@@ -480,6 +518,8 @@ class PMF:
         D = self.dim
         z = np.zeros(0, dtype=np.int64)
         aux = {"seed": seed, "users": [], "items": []}
+        if self.offset == "auto":
+            aux.update({"rating_sum": 0.0, "rating_count": 0})
         for side in ("user", "item"):
             aux.update({f"{side}_n": z, f"{side}_t": z, f"{side}_N": np.zeros(0), f"{side}_kl": np.zeros(0),
                         f"{side}_E": np.zeros((0, D + 1, D + 1))})
@@ -509,13 +549,13 @@ class PMF:
             arrays[f"{side}_prec"] = np.concatenate([lam[f"{side}_prec"], P])
             aux[f"{side}s"] = grown
             k = len(new)
-            m = h * c                              # Λ = I/c: mean c h, covariance c I
+            m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
             E = np.empty((k, D + 1, D + 1))
-            E[:, :D, :D] = c * np.eye(D) + m[:, :, None] * m[:, None, :]
+            E[:, :D, :D] = np.diag(self._pv) + m[:, :, None] * m[:, None, :]
             E[:, :D, D] = E[:, D, :D] = m
             E[:, D, D] = 1.0
             for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
-                              ("N", np.zeros(k)), ("kl", 0.5 * np.einsum("ni,ni->n", m, m) / c), ("E", E)):
+                              ("N", np.zeros(k)), ("kl", 0.5 * (m * m / self._pv).sum(axis=1)), ("E", E)):
                 aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
         return NatParams(arrays), aux, urows, irows, True
 
@@ -539,6 +579,12 @@ class PMF:
             raise ValueError(f"PMF parameters must be {sorted(names)}, got {sorted(lam)}")
         if not isinstance(aux, dict) or not {"users", "items", "seed"} <= set(aux):
             raise ValueError("a PMF state needs aux with the 'users' and 'items' id lists")
+        if self.offset == "auto":
+            if not {"rating_sum", "rating_count"} <= set(aux):
+                raise ValueError("a PMF state with offset='auto' needs aux rating_sum and rating_count (the "
+                                 "running mean); this state was written with a fixed offset: set offset to it")
+            if not (math.isfinite(float(aux["rating_sum"])) and int(aux["rating_count"]) >= 0):
+                raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
@@ -555,11 +601,30 @@ class PMF:
     # ------------------------------------------------------------ moments
     def _kl(self, m, S, P):
         """KL(N(m, S) ‖ N(0, c I)) per row (S = Λ⁻¹)."""
-        c, D = self.prior_var, self.dim
+        pv, D = self._pv, self.dim
         L = np.linalg.cholesky(P)
         logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-        return 0.5 * (np.trace(S, axis1=1, axis2=2) / c + np.einsum("ni,ni->n", m, m) / c
-                      - D + D * math.log(c) + logdetP)
+        return 0.5 * ((np.diagonal(S, axis1=1, axis2=2) / pv).sum(axis=1) + (m * m / pv).sum(axis=1)
+                      - D + float(np.log(pv).sum()) + logdetP)
+
+    def _moments_kl(self, h, P, L=None):
+        """(_moments, KL) of rows from one Cholesky factor L of Λ (computed unless given)."""
+        if L is None:
+            L = np.linalg.cholesky(P)
+        n, D = h.shape
+        Linv = np.linalg.inv(L)
+        S = np.swapaxes(Linv, 1, 2) @ Linv
+        m = np.einsum("nij,nj->ni", S, h)
+        E = np.empty((n, D + 1, D + 1))
+        E[:, :D, :D] = S + m[:, :, None] * m[:, None, :]
+        E[:, :D, D] = m
+        E[:, D, :D] = m
+        E[:, D, D] = 1.0
+        pv = self._pv
+        logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+        kl = 0.5 * ((np.diagonal(S, axis1=1, axis2=2) / pv).sum(axis=1) + (m * m / pv).sum(axis=1)
+                    - D + float(np.log(pv).sum()) + logdetP)
+        return m, S, E, kl
 
     def _moments(self, h, P):
         """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ)."""
@@ -635,7 +700,8 @@ class PMF:
             raise ValueError(f"ids without a row: users {new_u[:5]}, items {new_i[:5]}")
         _, _, Eu = self._moments(lam["user_h"], lam["user_prec"])
         _, _, Ev = self._moments(lam["item_h"], lam["item_prec"])
-        return {"urows": urows, "irows": irows, "Eu": Eu, "Ev": Ev, "shape": (len(Eu), len(Ev))}
+        return {"urows": urows, "irows": irows, "Eu": Eu, "Ev": Ev, "shape": (len(Eu), len(Ev)),
+                "mu0": self.mu0(aux)}
 
     def suffstats(self, local, x, weights=None) -> NatParams:
         """Σ_r w_r t_r of both blocks at the moments of ``local`` (rows not rated: 0).
@@ -643,7 +709,7 @@ class PMF:
         The user block uses q(V) and the item block q(U) from the same λ (so
         one CAVI sweep is ``local_step``/``suffstats`` once per block, see ``blocks``).
         """
-        y = x.rating - self.offset
+        y = x.rating - local["mu0"]
         nu, ni = local["shape"]
         out = {}
         for side, E_other, rows_o, rows_s, n in (("user", local["Ev"], local["irows"], local["urows"], nu),
@@ -679,7 +745,7 @@ class PMF:
         """The ELBO of the data ``x`` (every id must have a row) at λ."""
         loc = self.local_step(lam, x, aux)
         Q, a = self._design_moments(loc["Ev"], "user")
-        y = x.rating - self.offset
+        y = x.rating - self.mu0(aux)
         return self.global_elbo(lam) + float(np.sum(self.local_elbo_terms(
             loc["Eu"][loc["urows"]], Q[loc["irows"]], a[loc["irows"]], y)))
 
@@ -711,8 +777,11 @@ class PMF:
         S = len(x)
         M = float(S if effective_batch_size is None else effective_batch_size)
         R = records_before + S
-        y = x.rating - self.offset
-        eta_P = np.eye(self.dim) / self.prior_var
+        if self.offset == "auto":            # μ0: the running mean of every rating seen, this batch included
+            aux["rating_sum"] = float(aux["rating_sum"]) + float(np.sum(x.rating))
+            aux["rating_count"] = int(aux["rating_count"]) + S
+        y = x.rating - self.mu0(aux)
+        eta_P = self._eta_P
         report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
         # the ELBO at the old λ (new rows at their initial values), from the per-row caches
@@ -724,9 +793,15 @@ class PMF:
 
         # users from the current items, then items from the new users
         common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report)
-        self._step_block("user", Qv, av, iinv, urows, *common)
-        Qu, au = self._design_moments(aux["user_E"][ut], "item")
-        self._step_block("item", Qu, au, uinv, irows, *common)
+        if self.sweep == "items_first":      # items from the current users, then users from the new items
+            Qu, au = self._design_moments(aux["user_E"][ut], "item")
+            self._step_block("item", Qu, au, uinv, irows, *common)
+            Qv, av = self._design_moments(aux["item_E"][it], "user")
+            self._step_block("user", Qv, av, iinv, urows, *common)
+        else:                                 # users from the current items, then items from the new users
+            self._step_block("user", Qv, av, iinv, urows, *common)
+            Qu, au = self._design_moments(aux["user_E"][ut], "item")
+            self._step_block("item", Qu, au, uinv, irows, *common)
         if self.remember_rated:
             aux["rated"] = np.concatenate([aux["rated"], np.stack([urows, irows], axis=1)])
         return {"lam": new, "aux": aux, "elbo": elbo,
@@ -756,13 +831,17 @@ class PMF:
             h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
         else:
             h_eff, P_eff = h_old, P_old
-        rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
-        rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
+        if self.row_clock == "ratings":       # t_i = n_i / |S_i|: the row's ratings in units of this batch's
+            rho = _rho_rows(schedule, n_new / counts)
+        else:
+            rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
+            rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
         if weights is None:
             new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
             new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
             new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
-            keep = ~_pd_rows(new_P)           # only a state left below η by SVI+ can get here
+            L_new, ok = _cholesky_rows(new_P)
+            keep = ~ok                        # only a state left below η by SVI+ can get here
         else:
             new_h, new_P, keep = self._noisy_step(sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau,
                                                   eta_P, report)
@@ -771,8 +850,10 @@ class PMF:
             new_h[keep], new_P[keep] = h_old[keep], P_old[keep]
             report["domain_clipped"] += int(np.count_nonzero(keep))
         H[uniq], P[uniq] = new_h, new_P
-        m, Sig, E = self._moments(new_h, new_P)
-        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", self._kl(m, Sig, new_P)), ("E", E)):
+        if weights is not None or keep.any():
+            L_new = None
+        _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
+        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", kl), ("E", E)):
             arr = aux[f"{side}_{c}"].copy()
             arr[uniq] = v
             aux[f"{side}_{c}"] = arr
@@ -842,7 +923,7 @@ class PMF:
         D = self.dim
         known = rows >= 0
         E = np.zeros((len(rows), D + 1, D + 1))
-        E[:, :D, :D] = np.eye(D) * self.prior_var
+        E[:, :D, :D] = np.diag(self._pv)
         E[:, D, D] = 1.0
         if known.any():
             r = rows[known]
@@ -862,7 +943,7 @@ class PMF:
         Q, a = self._design_moments(Ev, "user")
         Ef = np.einsum("ni,ni->n", Eu[:, :, -1], a)
         Ef2 = np.einsum("nij,nij->n", Eu, Q)
-        return self.offset + Ef, self.sigma2 + np.maximum(Ef2 - Ef * Ef, 0.0)
+        return self.mu0(aux) + Ef, self.sigma2 + np.maximum(Ef2 - Ef * Ef, 0.0)
 
     def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
         """log N(y | predictive mean, predictive variance) per rating (moment-matched Gaussian)."""
@@ -888,7 +969,7 @@ class PMF:
         Eu = self._row_moments(lam, "user", urow)[0]
         Ev = self._row_moments(lam, "item", np.arange(n_items))
         _, a = self._design_moments(Ev, "user")
-        scores = self.offset + a @ Eu[:, -1]
+        scores = self.mu0(aux) + a @ Eu[:, -1]
         keep = np.ones(n_items, dtype=bool)
         if urow[0] >= 0 and "rated" in aux and len(aux["rated"]):
             rated = aux["rated"]
