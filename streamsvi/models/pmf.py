@@ -391,6 +391,19 @@ class PMF:
     remember_rated : bool
         Keep the rated (user, item) pairs in the state so that :meth:`recommend`
         leaves them out (costs 16 bytes per rating in every snapshot).
+    bias_var : float or None
+        c_b, the prior variance of the biases b_i, e_j (None: c).
+    row_clock : {"updates", "ratings"}
+        The clock of row i's step ρ_i = schedule(t_i): t_i = its update count, or
+        t_i = n_i/|S_i| (its ratings so far over its ratings in this batch). With
+        ``row_counts="seen"``, τ0 = 0, κ = 1 the latter makes λ_i − η the exact sum
+        of the row's statistics (streaming Bayes) whatever |S_i| each batch brings.
+    sweep : {"users_first", "items_first"}
+        Which side a step updates first (the other then uses its new moments).
+
+    ``offset="auto"`` makes μ0 the running mean of every rating seen (kept in
+    ``aux`` as ``rating_sum``/``rating_count``; a batch's statistics use the mean
+    including that batch; predictions use the current one).
 
     Attributes
     ----------
@@ -540,7 +553,7 @@ class PMF:
             return lam, aux, urows, irows, False
         aux = dict(aux)
         arrays = dict(lam)
-        c, D = self.prior_var, self.dim
+        D = self.dim
         for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
             if not new:
                 continue
@@ -627,17 +640,11 @@ class PMF:
         return m, S, E, kl
 
     def _moments(self, h, P):
-        """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ)."""
-        S = np.linalg.inv(P)
-        S = 0.5 * (S + np.swapaxes(S, 1, 2))
-        m = np.einsum("nij,nj->ni", S, h)
-        n, D = m.shape
-        E = np.empty((n, D + 1, D + 1))
-        E[:, :D, :D] = S + m[:, :, None] * m[:, None, :]
-        E[:, :D, D] = m
-        E[:, D, :D] = m
-        E[:, D, D] = 1.0
-        return m, S, E
+        """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ).
+
+        Through the Cholesky factor, like the cached moments of a step, so the two agree bit for bit.
+        """
+        return self._moments_kl(h, P)[:3]
 
     def _design_moments(self, E, side):
         """For rows of the *other* side with moments E: (Q (n, D+1, D+1), a (n, D+1)).
