@@ -135,7 +135,6 @@ import math
 import threading
 
 import numpy as np
-import scipy.sparse as sp
 
 from .base import NatParams
 
@@ -289,14 +288,17 @@ class _RowIndex:
         """(rows of ``keys``, the new ids in order, the grown list) — rows ≥ len(ids) are new."""
         _, d, tip = self._entry(ids)
         n = len(ids)
-        rows = np.empty(len(keys), dtype=np.int64)
+        get = d.get
+        if isinstance(keys, np.ndarray):
+            keys = keys.tolist()
+        rows = np.array([get(k, -1) for k in keys], dtype=np.int64).reshape(-1)
         new: dict = {}
-        for p, k in enumerate(keys):
-            r = d.get(k)
-            if r is None or r >= n:
-                r = new.get(k)
-                if r is None:
-                    r = new[k] = n + len(new)
+        miss = np.flatnonzero((rows < 0) | (rows >= n))
+        for p in miss.tolist():               # ids without a row in this list, in order of appearance
+            k = keys[p]
+            r = new.get(k)
+            if r is None:
+                r = new[k] = n + len(new)
             rows[p] = r
         if not new or not grow:
             return rows, list(new), ids
@@ -675,17 +677,11 @@ class PMF:
         A = Qr[:, :D, :D] / s2                                      # (S, D, D)
         b = (y[:, None] * a[rows_other, :D] - Qr[:, :D, D]) / s2     # (S, D)
         T = np.concatenate([b, A.reshape(len(y), D * D)], axis=1)
-        uniq, inv = np.unique(rows_self, return_inverse=True)
-        S = len(y)
-        ones = np.ones(S)
-        Wmat = sp.csr_matrix((ones if weights is None else weights, (inv, np.arange(S))),
-                             shape=(len(uniq), S))
-        sums_w = Wmat @ T
-        if weights is None:
-            sums = sums_w
-        else:
-            sums = sp.csr_matrix((ones, (inv, np.arange(S))), shape=(len(uniq), S)) @ T
-        counts = np.bincount(inv, minlength=len(uniq))
+        uniq, inv, counts = np.unique(rows_self, return_inverse=True, return_counts=True)
+        order = np.argsort(inv, kind="stable")          # the ratings of each touched row, together
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        sums = np.add.reduceat(T[order], starts, axis=0)
+        sums_w = sums if weights is None else np.add.reduceat((weights[:, None] * T)[order], starts, axis=0)
         sq = np.bincount(inv, weights=np.einsum("ij,ij->i", T, T), minlength=len(uniq))
         return uniq, sums_w, sums, counts, sq
 
@@ -778,7 +774,10 @@ class PMF:
         """
         if aux is None:
             raise ValueError("a PMF state needs aux; start it with SVI.init")
+        aux_in = aux
         lam, aux, urows, irows, grew = self._grow(lam, aux, x)
+        # per-row arrays _grow has just made (new rows appended) are this step's own: updated in place
+        fresh = frozenset(k for k, v in aux.items() if isinstance(v, np.ndarray) and v is not aux_in.get(k))
         new = NatParams._wrap(lam._layout, lam._flat if grew else lam._flat.copy())  # one fresh buffer
         aux = dict(aux)
         S = len(x)
@@ -799,7 +798,7 @@ class PMF:
         elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
 
         # users from the current items, then items from the new users
-        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report)
+        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, fresh)
         if self.sweep == "items_first":      # items from the current users, then users from the new items
             Qu, au = self._design_moments(aux["user_E"][ut], "item")
             self._step_block("item", Qu, au, uinv, irows, *common)
@@ -816,8 +815,12 @@ class PMF:
                 "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
 
     def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
-                    schedule, tau, eta_P, report):
-        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``)."""
+                    schedule, tau, eta_P, report, fresh=frozenset()):
+        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``).
+
+        ``aux`` arrays named in ``fresh`` belong to this step alone and are written in place;
+        the others are copied first (the caller's state is never modified).
+        """
         uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, inv_other, rows_self, y, weights)
         n_new = aux[f"{side}_n"][uniq] + counts
         t_new = aux[f"{side}_t"][uniq] + 1
@@ -861,7 +864,9 @@ class PMF:
             L_new = None
         _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
         for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", kl), ("E", E)):
-            arr = aux[f"{side}_{c}"].copy()
+            arr = aux[f"{side}_{c}"]
+            if f"{side}_{c}" not in fresh:
+                arr = arr.copy()
             arr[uniq] = v
             aux[f"{side}_{c}"] = arr
         # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
