@@ -6,9 +6,11 @@ Generative model (Mnih & Salakhutdinov 2007; seed 000 eqs. 24–25)::
     y_ij | u_i, v_j ~ N(u_iᵀ v_j + μ0, σ²)            (i, j) ∈ Ω, the observed ratings
 
 With ``biases=True`` each side gets one more free coordinate, a user bias
-b_i and an item bias e_j (both N(0, c)), and the mean is
-u_iᵀv_j + b_i + e_j + μ0. μ0 (``offset``) is a fixed, documented centring of
-the ratings (e.g. the training mean), not a learned parameter.
+b_i and an item bias e_j (both N(0, c_b), c_b = ``bias_var``, default c), and
+the mean is u_iᵀv_j + b_i + e_j + μ0. μ0 (``offset``) is a fixed centring of
+the ratings (e.g. the training mean), or with ``offset="auto"`` the running
+mean of the ratings seen so far (a statistic of the stream, not a variational
+parameter).
 
 Variational family: q = Π_i N(u_i | m_i, Λ_i⁻¹) Π_j N(v_j | m_j, Λ_j⁻¹), each
 row in precision form with natural parameters (h, Λ) (``*_h``, ``*_prec``)::
@@ -765,7 +767,7 @@ class PMF:
     # ------------------------------------------------------------ the update
     def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
                  boundary_fraction, effective_batch_size=None):
-        """One SVI / SVI+ step on the touched rows: users, then items (module docs).
+        """One SVI / SVI+ step on the touched rows: users, then items, or the reverse (``sweep``).
 
         Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
         ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
