@@ -356,6 +356,39 @@ def _eigvalsh_rows(K) -> np.ndarray:
     return out
 
 
+def _tril_inv(L) -> np.ndarray:
+    """Inverses of a stack of lower-triangular matrices by forward substitution, vectorised over the stack.
+
+    For the small D of PMF rows this is several times faster than ``np.linalg.inv`` (one LAPACK call
+    per matrix); the result is lower triangular like L.
+    """
+    n, D, _ = L.shape
+    X = np.zeros_like(L)
+    d = 1.0 / np.diagonal(L, axis1=1, axis2=2)
+    for i in range(D):
+        X[:, i, i] = d[:, i]
+        if i:
+            X[:, i, :i] = -np.einsum("nk,nkj->nj", L[:, i, :i], X[:, :i, :i]) * d[:, i, None]
+    return X
+
+
+def _concat_params(parts: dict) -> NatParams:
+    """NatParams whose arrays are the row-wise concatenations of ``parts[name]`` (one copy, into one buffer)."""
+    layout, off = [], 0
+    for k, ps in parts.items():
+        shape = (sum(len(p) for p in ps),) + tuple(ps[0].shape[1:])
+        size = int(np.prod(shape))
+        layout.append((k, shape, off, off + size))
+        off += size
+    flat = np.empty(off)
+    for (k, shape, lo, hi), ps in zip(layout, parts.values()):
+        pos = lo
+        for p in ps:
+            flat[pos:pos + p.size] = np.asarray(p, dtype=np.float64).reshape(-1)
+            pos += p.size
+    return NatParams._wrap(tuple(layout), flat)
+
+
 def _rho_rows(schedule, t) -> np.ndarray:
     """ρ = schedule(t) for an array of (real) clocks t ≥ 1; vectorised for the built-in schedules."""
     from ..inference.schedules import Constant, RobbinsMonro
@@ -556,14 +589,14 @@ class PMF:
         if not new_u and not new_i:
             return lam, aux, urows, irows, False
         aux = dict(aux)
-        arrays = dict(lam)
+        arrays = {k: [v] for k, v in lam.items()}
         D = self.dim
         for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
             if not new:
                 continue
             h, P = self._new_rows(aux["seed"], side, new)
-            arrays[f"{side}_h"] = np.concatenate([lam[f"{side}_h"], h])
-            arrays[f"{side}_prec"] = np.concatenate([lam[f"{side}_prec"], P])
+            arrays[f"{side}_h"].append(h)
+            arrays[f"{side}_prec"].append(P)
             aux[f"{side}s"] = grown
             k = len(new)
             m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
@@ -574,7 +607,7 @@ class PMF:
             for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
                               ("N", np.zeros(k)), ("kl", 0.5 * (m * m / self._pv).sum(axis=1)), ("E", E)):
                 aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
-        return NatParams(arrays), aux, urows, irows, True
+        return _concat_params(arrays), aux, urows, irows, True
 
     def refresh_cache(self, lam, aux) -> dict:
         """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
@@ -629,7 +662,7 @@ class PMF:
         if L is None:
             L = np.linalg.cholesky(P)
         n, D = h.shape
-        Linv = np.linalg.inv(L)
+        Linv = _tril_inv(L)
         S = np.swapaxes(Linv, 1, 2) @ Linv
         m = np.einsum("nij,nj->ni", S, h)
         E = np.empty((n, D + 1, D + 1))
@@ -907,7 +940,7 @@ class PMF:
             L, chol_ok = _cholesky_rows(base_P[idx] - self.PREC_FLOOR * eta_P)
             idx, L = idx[chol_ok], L[chol_ok]
             if len(idx):
-                Linv = np.linalg.inv(L)
+                Linv = _tril_inv(L)
                 K = Linv @ xi_P[idx] @ np.swapaxes(Linv, 1, 2)
                 K = 0.5 * (K + np.swapaxes(K, 1, 2))
                 ev = np.linalg.eigvalsh(K) if np.isfinite(K).all() else _eigvalsh_rows(K)
