@@ -567,7 +567,9 @@ class PMF:
     def _empty_aux(self, seed):
         D = self.dim
         z = np.zeros(0, dtype=np.int64)
-        aux = {"seed": seed, "users": [], "items": []}
+        # svi_plus_seen: whether an SVI+ step ever moved this state (only then can a row's data part
+        # be indefinite, which the rescaling of a row must check; snapshots without it are checked)
+        aux = {"seed": seed, "users": [], "items": [], "svi_plus_seen": False}
         if self.offset == "auto":
             aux.update({"rating_sum": 0.0, "rating_count": 0})
         for side in ("user", "item"):
@@ -712,12 +714,17 @@ class PMF:
         A = Qr[:, :D, :D] / s2                                      # (S, D, D)
         b = (y[:, None] * a[rows_other, :D] - Qr[:, :D, D]) / s2     # (S, D)
         T = np.concatenate([b, A.reshape(len(y), D * D)], axis=1)
-        uniq, inv, counts = np.unique(rows_self, return_inverse=True, return_counts=True)
-        order = np.argsort(inv, kind="stable")          # the ratings of each touched row, together
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        order = np.argsort(rows_self, kind="stable")     # the ratings of each touched row, together
+        srt = rows_self[order]
+        first = np.empty(len(srt), dtype=bool)
+        first[:1] = True
+        np.not_equal(srt[1:], srt[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        uniq = srt[starts]
+        counts = np.diff(np.append(starts, len(srt)))
         sums = np.add.reduceat(T[order], starts, axis=0)
         sums_w = sums if weights is None else np.add.reduceat((weights[:, None] * T)[order], starts, axis=0)
-        sq = np.bincount(inv, weights=np.einsum("ij,ij->i", T, T), minlength=len(uniq))
+        sq = np.add.reduceat(np.einsum("ij,ij->i", T, T)[order], starts)
         return uniq, sums_w, sums, counts, sq
 
     def _unpack(self, flat):
@@ -833,7 +840,11 @@ class PMF:
         elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
 
         # users from the current items, then items from the new users
-        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, fresh)
+        check_floor = bool(aux.get("svi_plus_seen", True)) or weights is not None
+        if weights is not None:
+            aux["svi_plus_seen"] = True
+        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, fresh,
+                  check_floor)
         if self.sweep == "items_first":      # items from the current users, then users from the new items
             Qu, au = self._design_moments(aux["user_E"][ut], "item")
             self._step_block("item", Qu, au, uinv, irows, *common)
@@ -850,7 +861,7 @@ class PMF:
                 "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
 
     def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
-                    schedule, tau, eta_P, report, fresh=frozenset()):
+                    schedule, tau, eta_P, report, fresh=frozenset(), check_floor=True):
         """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``).
 
         ``aux`` arrays named in ``fresh`` belong to this step alone and are written in place;
@@ -872,8 +883,10 @@ class PMF:
             h_eff = r[:, None] * h_old
             P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
             # after SVI+ a data part may be non-PSD: stretching it must not take Λ below δ I/c
-            bad = ~_pd_rows(P_eff - self.PREC_FLOOR * eta_P)
-            h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
+            # (without SVI+ every data part is PSD, so Λ_eff ⪰ η: nothing to check)
+            if check_floor:
+                bad = ~_pd_rows(P_eff - self.PREC_FLOOR * eta_P)
+                h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
         else:
             h_eff, P_eff = h_old, P_old
         if self.row_clock == "ratings":       # t_i = n_i / |S_i|: the row's ratings in units of this batch's

@@ -496,6 +496,25 @@ def test_new_settings_resume_from_a_checkpoint_exactly(tmp_path):
     for k in a.lam:
         np.testing.assert_array_equal(a.lam[k], b_.lam[k])
     assert a.aux["rating_sum"] == b_.aux["rating_sum"] and a.aux["rating_count"] == b_.aux["rating_count"]
+    assert resumed.aux["svi_plus_seen"] is True and a.aux["svi_plus_seen"] is True
+
+
+def test_plain_svi_skips_the_floor_check_without_changing_a_bit():
+    """Without SVI+ every row's data part is PSD, so the rescaling needs no δ-floor test (the
+    ``svi_plus_seen`` flag); the result equals the conservative path (flag forced on) bit for bit."""
+    x = pmf_ratings(n_users=20, n_items=15, n=600, d=2, seed=7)
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    fast = engine.init(x[np.arange(100)], seed=0)
+    assert fast.aux["svi_plus_seen"] is False
+    slow = EngineState(fast.step, fast.lam, fast.rng_state, fast.records_seen,
+                       aux={**fast.aux, "svi_plus_seen": True})
+    for s in range(0, 600, 100):
+        fast, _ = engine.update(fast, x[np.arange(s, s + 100)])
+        slow, _ = engine.update(slow, x[np.arange(s, s + 100)])
+    assert fast.aux["svi_plus_seen"] is False
+    for k in fast.lam:
+        np.testing.assert_array_equal(fast.lam[k], slow.lam[k])
 
 
 def test_bias_var_is_the_prior_of_the_bias_coordinate_only():
