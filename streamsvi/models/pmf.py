@@ -502,6 +502,7 @@ class PMF:
             B[d, D] = 1.0      # user bias × 1
             B[D, d] = 1.0      # 1 × item bias
         self._B = B
+        self._perm = np.r_[0:D - 1, D, D - 1] if self.biases else None   # (v, e, 1) -> (v, 1, e)
         self._index = {"user": _RowIndex(), "item": _RowIndex()}
 
     def get_params(self) -> dict:
@@ -696,8 +697,8 @@ class PMF:
         """
         D = self.dim
         if self.biases:                 # φ = (v, 1, e) from Z̃ = (v, e, 1): swap the last two
-            perm = np.r_[0:D - 1, D, D - 1]
-            Q = E[:, perm][:, :, perm]
+            perm = self._perm
+            Q = E[:, perm[:, None], perm[None, :]]
             return Q, Q[:, :, D - 1]    # E[φ] = E[φ · 1], and φ_{D-1} = 1
         Q = E.copy()
         Q[:, D, :] = 0.0
