@@ -470,11 +470,13 @@ class PMF:
         if not isinstance(biases, (bool, np.bool_)):
             raise ValueError(f"biases must be true or false, got {biases!r}")
         self.biases = bool(biases)
-        self.offset = "auto" if isinstance(offset, str) and offset == "auto" else \
-            _as_float("offset", offset, positive=False) if not isinstance(offset, str) else None
-        if self.offset is None:
-            raise ValueError(f"offset must be a finite number or 'auto' (the running mean of the stream), "
-                             f"got {offset!r}")
+        if isinstance(offset, str):
+            if offset != "auto":
+                raise ValueError(f"offset must be a finite number or 'auto' (the running mean of the "
+                                 f"stream), got {offset!r}")
+            self.offset = "auto"
+        else:
+            self.offset = _as_float("offset", offset, positive=False)
         self.init_scale = _as_float("init_scale", init_scale)
         if row_counts not in ("scaled", "seen"):
             raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
