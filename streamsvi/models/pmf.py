@@ -508,10 +508,15 @@ class PMF:
         self._index = {"user": _RowIndex(), "item": _RowIndex()}
 
     def get_params(self) -> dict:
-        return {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
-                "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
-                "row_counts": self.row_counts, "remember_rated": self.remember_rated, "bias_var": self.bias_var,
-                "row_clock": self.row_clock, "sweep": self.sweep}
+        """The settings; those added by issue 18 only when they differ from the former behaviour, so a
+        snapshot written before them resumes under the same configuration."""
+        params = {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
+                  "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
+                  "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+        for k, former in (("bias_var", None), ("row_clock", "updates"), ("sweep", "users_first")):
+            if getattr(self, k) != former:
+                params[k] = getattr(self, k)
+        return params
 
     def __repr__(self):
         return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"

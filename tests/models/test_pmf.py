@@ -575,3 +575,25 @@ def test_config_defaults_are_the_new_settings():
     est = MatrixFactorization()
     assert {k: est.model.get_params()[k] for k in ("offset", "row_clock", "sweep", "bias_var", "n_factors")} \
         == {k: p[k] for k in ("offset", "row_clock", "sweep", "bias_var", "n_factors")}
+
+
+def test_a_snapshot_written_before_the_new_settings_resumes(tmp_path):
+    """A snapshot of the former PMF (no bias_var/row_clock/sweep in its settings, no svi_plus_seen in
+    aux) resumes under a configuration with the former settings, and is refused under the new ones."""
+    from streamsvi.checkpoint import check_compatible
+
+    x = pmf_ratings(n_users=12, n_items=9, n=200, d=2, seed=3)
+    old = PMF(n_factors=2, sigma2=0.5, biases=True, offset=3.0, row_counts="seen")
+    engine = SVI(old, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    state, _ = engine.update(engine.init(x, seed=0), x)
+    assert not {"bias_var", "row_clock", "sweep"} & set(old.get_params())     # as the former settings
+    state.aux.pop("svi_plus_seen")                                             # as a former state
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    snap = CheckpointStore(tmp_path).resume()
+    assert check_compatible(snap, engine) == []
+    new, _ = engine.update(snap.state, x)                 # no flag: the floor test runs (conservative)
+    assert "svi_plus_seen" not in new.aux and new.lam.all_finite()     # unknown history stays checked
+    changed = SVI(PMF(n_factors=2, sigma2=0.5, biases=True, offset=3.0, row_counts="seen", sweep="items_first"),
+                  n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    with pytest.raises(Exception, match="sweep"):
+        check_compatible(snap, changed)
