@@ -490,6 +490,8 @@ class PMF:
         if sweep not in ("users_first", "items_first"):
             raise ValueError(f"sweep must be 'users_first' or 'items_first', got {sweep!r}")
         self.sweep = sweep
+        if sweep == "items_first":         # the conjugate blocks in the order this model sweeps them
+            self.blocks = type(self).blocks[::-1]
         d = self.n_factors
         self.dim = D = d + 1 if self.biases else d
         pv = np.full(D, self.prior_var)

@@ -597,3 +597,21 @@ def test_a_snapshot_written_before_the_new_settings_resumes(tmp_path):
                   n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
     with pytest.raises(Exception, match="sweep"):
         check_compatible(snap, changed)
+
+
+def test_items_first_full_batch_at_rho_one_is_the_items_then_users_cavi_sweep():
+    """sweep="items_first": one step at ρ = 1 on all ratings is the CAVI sweep in the order of ``blocks``."""
+    x = pmf_ratings(n_users=15, n_items=10, n=300, d=2, seed=2)
+    model = PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0, sweep="items_first")
+    assert model.blocks[0] == ("item_h", "item_prec")
+    engine = SVI(model, n_total=len(x), schedule=Constant(1.0))
+    state = engine.init(x, seed=4)
+    new, _ = engine.update(state, x)
+    lam, aux = state.lam, state.aux
+    for block in model.blocks:
+        swept = model.prior_like(lam) + model.suffstats(model.local_step(lam, x, aux=aux), x)
+        lam = type(lam)({k: (swept[k] if k in block else lam[k]) for k in lam})
+    assert new.lam.array_equal(lam)
+    users_first = SVI(PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0), n_total=len(x),
+                      schedule=Constant(1.0)).update(state, x)[0]
+    assert not users_first.lam.array_equal(lam)          # the order matters
