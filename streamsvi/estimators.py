@@ -450,8 +450,9 @@ class MatrixFactorization(_Ranker):
 
     Parameters
     ----------
-    n_factors, sigma2, prior_var, biases, offset, init_scale
-        The :class:`~streamsvi.models.PMF` settings.
+    n_factors, sigma2, prior_var, bias_var, biases, offset, init_scale, row_clock, sweep
+        The :class:`~streamsvi.models.PMF` settings; the defaults are ``configs/pmf.toml``'s
+        (``offset="auto"``: μ0 is the running mean of the ratings learned so far).
     batch_size
         |S|: ratings per update.
     effective_batch_size
@@ -484,15 +485,19 @@ class MatrixFactorization(_Ranker):
     []
     """
 
-    def __init__(self, n_factors: int = 10, sigma2: float = 1.0, prior_var: float = 1.0,
-                 biases: bool = True, offset: float = 0.0, init_scale: float = 0.1,
+    def __init__(self, n_factors: int = 5, sigma2: float = 0.8, prior_var: float = 0.3,
+                 biases: bool = True, offset: float | str = "auto", init_scale: float = 0.1,
                  batch_size: int = 1000, effective_batch_size: float | None = None,
                  n_total: float = 100_000.0, row_counts: str = "seen", tau0: float = 0.0,
-                 kappa: float = 1.0, seed: int | None = None, annealing=None):
+                 kappa: float = 1.0, seed: int | None = None, bias_var: float | None = 0.3,
+                 row_clock: str = "ratings", sweep: str = "items_first", annealing=None):
         super().__init__(seed=seed)
         self.n_factors = n_factors
         self.sigma2 = sigma2
         self.prior_var = prior_var
+        self.bias_var = bias_var
+        self.row_clock = row_clock
+        self.sweep = sweep
         self.biases = biases
         self.offset = offset
         self.init_scale = init_scale
@@ -517,7 +522,8 @@ class MatrixFactorization(_Ranker):
 
         model = PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
                     biases=self.biases, offset=self.offset, init_scale=self.init_scale,
-                    row_counts=self.row_counts)
+                    row_counts=self.row_counts, bias_var=self.bias_var, row_clock=self.row_clock,
+                    sweep=self.sweep)
         return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
                    effective_batch_size=self.effective_batch_size, short_batches="svi",
                    annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
@@ -571,9 +577,14 @@ class MatrixFactorization(_Ranker):
     def _predict(self, users, items):
         if self._state is None:
             n = len(users)
-            return (np.full(n, float(self.offset)),
+            if self.offset == "auto":        # the running mean of what is buffered so far (0 before any)
+                mu0 = float(np.mean([y for _, _, y in self._buffer])) if self._buffer else 0.0
+            else:
+                mu0 = float(self.offset)
+            bv = self.prior_var if self.bias_var is None else self.bias_var
+            return (np.full(n, mu0),
                     np.full(n, self.sigma2 + self.prior_var ** 2 * self.n_factors
-                            + (2 * self.prior_var if self.biases else 0.0)))
+                            + (2 * bv if self.biases else 0.0)))
         return self.model.predict_rating(self._state.lam, users, items, aux=self._state.aux)
 
     def predict_one(self, user, item, x=None) -> float:

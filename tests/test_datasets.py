@@ -228,3 +228,19 @@ def test_read_idx_and_fashion_mnist_files(tmp_path):
         datasets.read_idx(tmp_path / "short")
     with pytest.raises(FileNotFoundError, match="Fashion-MNIST file .* does not exist"):
         datasets.load_fashion_mnist(images=tmp_path / "missing.gz")
+
+
+def test_load_ratings_csv_and_its_errors(tmp_path):
+    p = tmp_path / "ratings.csv"
+    p.write_text("userId,movieId,rating,timestamp\n1,31,2.5,1260759144\n1,1029,3.0,1260759179\n7,31,0.5,5\n")
+    x, ts = datasets.load_ratings_csv(p)
+    assert x.user.tolist() == ["1", "1", "7"] and x.item.tolist() == ["31", "1029", "31"]
+    assert x.rating.tolist() == [2.5, 3.0, 0.5] and ts.tolist() == [1260759144.0, 1260759179.0, 5.0]
+    x, ts = datasets.load_ratings_csv("movieId,userId,rating\n5,9,4\n")      # columns found by name
+    assert (x.user.tolist(), x.item.tolist(), ts) == (["9"], ["5"], None)
+    with pytest.raises(ValueError, match="lacks userId, movieId and rating"):
+        datasets.load_ratings_csv("user,item,stars\n1,2,3\n")
+    with pytest.raises(ValueError, match="line 2"):
+        datasets.load_ratings_csv("userId,movieId,rating\n1,2,three\n")
+    with pytest.raises(FileNotFoundError, match="ml-latest-small"):
+        datasets.load_movielens_latest_small(tmp_path / "missing.csv")

@@ -85,7 +85,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
         "biases": Field("bool", None, "add a user and an item bias to the mean (pmf)"),
-        "offset": Field("float", None, "mu0 subtracted from every rating, e.g. the training mean (pmf)"),
+        "offset": Field("float|auto", None, "mu0 subtracted from every rating: a number, or auto = the "
+                        "running mean of the ratings seen (pmf)"),
+        "bias_var": Field("float", None, "prior variance of the user and item biases (pmf); unset = prior_var",
+                          min=0),
+        "row_clock": Field("str", None, "pmf: the clock of a row's step size rho_i = schedule(t_i): updates = "
+                           "the row's update count, ratings = its ratings seen / its ratings in the batch",
+                           choices=("updates", "ratings")),
+        "sweep": Field("str", None, "pmf: which side a minibatch updates first", choices=("users_first",
+                                                                                          "items_first")),
         "init_scale": Field("float", None, "std of the random initial means of new rows (pmf)", min=0),
         "row_counts": Field("str", None, "N_i per user/item (pmf): scaled = n_total * n_i / records seen "
                             "(data set or population), seen = ratings of the row seen so far "
@@ -202,7 +210,7 @@ MODEL_KEYS: dict[str, frozenset] = {
     "lda": frozenset({"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
                       "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
-                      "row_counts", "remember_rated"}),
+                      "row_counts", "remember_rated", "bias_var", "row_clock", "sweep"}),
 }
 
 
