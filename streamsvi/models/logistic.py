@@ -185,18 +185,23 @@ class BayesianLogisticRegression:
         return log_expit((2.0 * x[:, -1] - 1.0) * kappa)
 
     def score_records(self, lam, x) -> list[dict]:
-        """Per record: p(y = 1), the predicted class and, for labelled rows, log p(y)."""
+        """Per record: ``proba`` [p(y=0), p(y=1)] from the posterior (probit approximation), the
+        predicted class and, for a row with a label, ``log_density`` log p(y | x, data)."""
         x = np.asarray(x, float)
-        if x.ndim == 2 and x.shape[1] == self.n_features + 1:
-            X, lp = x[:, :-1], self.predictive_logpdf(lam, x)
+        if x.ndim == 2 and x.shape[1] == self.n_features + 1:   # labelled rows; a NaN label = none
+            X, y = x[:, :-1], x[:, -1]
         else:
-            X, lp = x, None
+            X, y = x, np.full(np.atleast_2d(x).shape[0], np.nan)
         p = self.predict_proba(lam, X)
+        labelled = np.isfinite(y)
+        lp = np.full(len(p), np.nan)
+        if labelled.any():
+            lp[labelled] = self.predictive_logpdf(lam, np.column_stack([X, y])[labelled])
         out = []
         for i, pi in enumerate(p):
             row = {"proba": [round(1.0 - float(pi), 12), round(float(pi), 12)],
                    "prediction": int(pi >= 0.5)}
-            if lp is not None:
+            if labelled[i]:
                 row["log_density"] = float(lp[i])
             out.append(row)
         return out

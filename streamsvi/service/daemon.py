@@ -558,6 +558,9 @@ class Daemon:
         self.state, info = self.engine.update(self.state, x)
         loop.last_info = info
         self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
+        estimator = getattr(self.engine, "estimator", None)       # the gradient path
+        if estimator is not None and np.isfinite(info.grad_variance):
+            self.metrics.grad_var_by_estimator.labels(estimator=estimator).set(info.grad_variance)
         self.metrics.records_seen.set(self.state.records_seen)
         self.elbo_history.append([info.step, info.elbo_per_record])
         loop.res.records += n_x
@@ -569,8 +572,20 @@ class Daemon:
             lp = self.engine.predictive_logpdf(self.state, self.heldout)
             heldout_ll = self.heldout_ll = float(np.mean(lp))
             self.metrics.heldout_loglik.set(heldout_ll)
+            self._classifier_metrics()
             self.elbo_history[-1].append(heldout_ll)
         self._record_history(info, heldout_ll)
+
+    def _classifier_metrics(self) -> None:
+        """Held-out log-loss and accuracy, for models that predict class probabilities."""
+        proba = getattr(self.engine.model, "predict_proba", None)
+        if proba is None:
+            return
+        ho = np.asarray(self.heldout)
+        p1 = np.clip(proba(self.state.lam, ho[:, :-1]), 1e-15, 1 - 1e-15)
+        y = ho[:, -1]
+        self.metrics.heldout_log_loss.set(float(-np.mean(y * np.log(p1) + (1 - y) * np.log1p(-p1))))
+        self.metrics.heldout_accuracy.set(float(np.mean((p1 >= 0.5) == (y == 1))))
 
     def _advance(self, batch, source) -> None:
         """The batch's records (applied, held out or dead-lettered) are consumed."""

@@ -154,3 +154,11 @@ def test_target_converges_to_the_known_optimum():
     state, _ = eng.fit(eng.init(None, seed=0), None, n_steps=3000)
     np.testing.assert_allclose(np.exp(2 * state.lam["log_std"]), 1 / np.diag(model.Prec), rtol=0.05)
     assert abs(float(np.mean(state.lam["mean"])) - 2.0) < 0.2
+
+
+def test_every_gradient_path_model_has_a_case():
+    """A model registered for the gradient path (it has ``prior_moments``) is checked above."""
+    from streamsvi.models import MODELS
+
+    gradient_models = {name for name, cls in MODELS.items() if hasattr(cls, "prior_moments")}
+    assert gradient_models and gradient_models <= {make().name for make, _, _ in CASES.values()}
