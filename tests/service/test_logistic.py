@@ -167,3 +167,18 @@ def test_streamsvi_score_gives_posterior_probabilities_with_or_without_a_label(t
     assert out[0]["proba"] == out[1]["proba"] and out[0]["proba"][1] > 0.9
     assert "log_density" not in out[0] and math.isclose(out[1]["log_density"], math.log(out[1]["proba"][1]),
                                                          rel_tol=1e-9)
+
+
+def test_streamsvi_inspect_describes_a_gradient_path_snapshot(tmp_path, capsys):
+    """``streamsvi inspect`` on a logistic snapshot names the estimator (it raised KeyError on M)."""
+    from streamsvi.checkpoint import CheckpointStore
+    from streamsvi.cli import main
+    from streamsvi.models.logistic import BayesianLogisticRegression
+
+    rows = labelled_rows(100, seed=6)
+    eng = GradientVI(BayesianLogisticRegression(n_features=3), n_total=100.0, estimator="regrad")
+    state, _ = eng.fit(eng.init(rows, seed=0), rows, n_steps=3, batch_size=50)
+    CheckpointStore(tmp_path / "ck").save(eng, state, offsets=[])
+    assert main(["inspect", str(tmp_path / "ck")]) == 0
+    out = capsys.readouterr().out
+    assert "estimator=regrad" in out and "step 3" in out
