@@ -127,6 +127,14 @@ class LabelledJsonCodec:
                                                  f"{type(xs).__name__} {short_json(xs)}")
             if len(xs) != D:
                 raise DecodeError("wrong_shape", f"\"x\" has {len(xs)} values, expected n_features={D}")
+            if all(type(v) is float or type(v) is int for v in xs):   # the common case: one conversion
+                try:
+                    out = np.empty(D + 1)
+                    out[:D] = xs
+                    out[D] = y
+                    return out
+                except OverflowError:
+                    pass
             row = [_feature(v, f"x[{i}]") for i, v in enumerate(xs)]
         row.append(float(y))
         return np.array(row, dtype=np.float64)
