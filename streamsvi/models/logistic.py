@@ -47,7 +47,7 @@ from scipy.special import expit, log_expit
 from .base import NatParams, check_matrix
 from .nonconjugate import check_gaussian_state, gauss_hermite, gaussian_params
 
-__all__ = ["BayesianLogisticRegression", "CorrelatedGaussianTarget"]
+__all__ = ["BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget"]
 
 
 class BayesianLogisticRegression:
@@ -274,3 +274,124 @@ class CorrelatedGaussianTarget:
 
     def predictive_logpdf(self, lam, x):
         raise ValueError("the Gaussian target has no records to predict")
+
+
+class SoftmaxRegression(BayesianLogisticRegression):
+    """Multiclass Bayesian logistic (softmax) regression with a mean-field Gaussian posterior.
+
+    ``p(y = c | x, W) = softmax(W z)_c`` with C weight vectors of P = D + 1, stored
+    class-major as one vector of C·P weights (w_{c,i} at ``c * P + i``). Labels are
+    0, …, C − 1. Predictive probabilities use the mean-field softmax approximation
+    ``softmax(m_c / √(1 + π s_c²/8))`` (m_c, s_c² the mean and variance of the logit
+    of class c under q); with C = 2 this is not the binary model (it has two weight
+    vectors, not one).
+
+    >>> import numpy as np
+    >>> m = SoftmaxRegression(n_features=2, n_classes=3)
+    >>> lam = m.init_params(None, None, 10)
+    >>> m.predict_proba(lam, np.zeros((1, 2))).round(3).tolist()
+    [[0.333, 0.333, 0.333]]
+    """
+
+    name = "softmax"
+
+    def __init__(self, n_features: int, n_classes: int = 3, prior_var: float = 1.0,
+                 fit_intercept: bool = True, init_std: float | None = None):
+        super().__init__(n_features, prior_var=prior_var, fit_intercept=fit_intercept, init_std=init_std)
+        if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
+            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
+        self.n_classes = int(n_classes)
+        self.n_inputs = self.n_params                 # P per class
+        self.n_params = self.n_classes * self.n_inputs
+
+    def get_params(self) -> dict:
+        return {"n_features": self.n_features, "n_classes": self.n_classes, "prior_var": self.prior_var,
+                "fit_intercept": self.fit_intercept, "init_std": self.init_std}
+
+    def __repr__(self):
+        return "SoftmaxRegression(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
+
+    def check_batch(self, x) -> np.ndarray:
+        arr = check_matrix(x, self.n_features + 1, "labelled batch")
+        y = arr[:, -1]
+        bad = np.flatnonzero((y != np.round(y)) | (y < 0) | (y > self.n_classes - 1))
+        if bad.size:
+            raise ValueError(f"labels must be classes 0..{self.n_classes - 1}; records {bad[:10].tolist()} "
+                             f"have {y[bad[:3]].tolist()}")
+        return arr
+
+    def _split_c(self, x):
+        x = np.asarray(x, float)
+        return self.design(x[:, :-1]), x[:, -1].astype(np.int64)
+
+    def loglik(self, W, x) -> np.ndarray:
+        Z, y = self._split_c(x)
+        W = np.atleast_2d(W).reshape(-1, self.n_classes, self.n_inputs)
+        A = np.einsum("scp,np->snc", W, Z)                                  # (S, n, C)
+        lse = np.logaddexp.reduce(A, axis=2)
+        return np.take_along_axis(A, y[None, :, None], axis=2)[:, :, 0] - lse
+
+    def grad_loglik(self, W, x) -> np.ndarray:
+        Z, y = self._split_c(x)
+        W = np.atleast_2d(W).reshape(-1, self.n_classes, self.n_inputs)
+        A = np.einsum("scp,np->snc", W, Z)
+        Pr = np.exp(A - np.logaddexp.reduce(A, axis=2)[:, :, None])
+        R = -Pr
+        R[:, np.arange(len(y)), y] += 1.0                                   # onehot − p
+        return np.einsum("snc,np->sncp", R, Z).reshape(R.shape[0], len(y), -1)
+
+    def loglik_coordinate(self, w, nodes, x) -> np.ndarray:
+        """Changing w_{c,i} by δ moves only logit c, by z_i δ: log-sum-exp updated in closed form."""
+        Z, y = self._split_c(x)
+        C, P = self.n_classes, self.n_inputs
+        A = Z @ w.reshape(C, P).T                                            # (n, C)
+        lse = np.logaddexp.reduce(A, axis=1)
+        shift = (nodes - w[:, None]).reshape(C, P, -1)                       # (C, P, K)
+        Anew = A[:, :, None, None] + Z[:, None, :, None] * shift[None]      # (n, C, P, K)
+        # lse' = log(exp(lse) − exp(a_c) + exp(a_c')) = lse + log1p(exp(a_c' − lse) − exp(a_c − lse))
+        rest = np.log1p(-np.minimum(np.exp(A - lse[:, None]), 1 - 1e-16))   # log(1 − p_c)
+        lse_new = np.logaddexp(lse[:, None, None, None] + rest[:, :, None, None], Anew)
+        ay = A[np.arange(len(y)), y]
+        own = np.where((np.arange(C)[None, :] == y[:, None])[:, :, None, None], Anew, ay[:, None, None, None])
+        return (own - lse_new).reshape(len(y), C * P, -1)
+
+    def expected_loglik_grad(self, mean, std, x, n_points: int = 0):
+        raise NotImplementedError("E_q[log softmax] has no closed form; the tests compare estimators")
+
+    def _class_moments(self, lam, X):
+        Z = self.design(X)
+        C, P = self.n_classes, self.n_inputs
+        mean = np.asarray(lam["mean"]).reshape(C, P)
+        var = np.exp(2 * np.asarray(lam["log_std"])).reshape(C, P)
+        return Z @ mean.T, (Z * Z) @ var.T
+
+    def predict_proba(self, lam, X) -> np.ndarray:
+        """p(y = c | x, data), shape (n, C) (mean-field softmax approximation)."""
+        m, s2 = self._class_moments(lam, self.check_features(X))
+        k = m / np.sqrt(1.0 + math.pi * s2 / 8.0)
+        k -= k.max(axis=1, keepdims=True)
+        e = np.exp(k)
+        return e / e.sum(axis=1, keepdims=True)
+
+    def predict(self, lam, X) -> np.ndarray:
+        return self.predict_proba(lam, X).argmax(axis=1)
+
+    def predictive_logpdf(self, lam, x) -> np.ndarray:
+        x = self.check_batch(x)
+        p = self.predict_proba(lam, x[:, :-1])
+        return np.log(np.maximum(p[np.arange(x.shape[0]), x[:, -1].astype(np.int64)], 1e-300))
+
+    def score_records(self, lam, x) -> list[dict]:
+        x = np.asarray(x, float)
+        if x.ndim == 2 and x.shape[1] == self.n_features + 1:
+            X, y = x[:, :-1], x[:, -1]
+        else:
+            X, y = x, np.full(np.atleast_2d(x).shape[0], np.nan)
+        p = self.predict_proba(lam, X)
+        out = []
+        for i, pi in enumerate(p):
+            row = {"proba": [round(float(v), 12) for v in pi], "prediction": int(pi.argmax())}
+            if np.isfinite(y[i]):
+                row["log_density"] = float(np.log(max(pi[int(y[i])], 1e-300)))
+            out.append(row)
+        return out

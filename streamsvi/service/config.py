@@ -39,9 +39,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
                       "hmm (discrete hidden Markov model), lda (topic model on bags of words), "
-                      "pmf (matrix factorisation of ratings) or logistic (Bayesian logistic "
-                      "regression on labelled records; the gradient path of seed 001)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "logistic")),
+                      "pmf (matrix factorisation of ratings), logistic (Bayesian logistic "
+                      "regression on labelled records; the gradient path of seed 001) or softmax "
+                      "(its multiclass form)",
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "logistic", "softmax")),
         "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
                               "hidden states for hmm; topics for lda); required except for pmf", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
@@ -90,7 +91,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "remember_rated": Field("bool", None, "keep rated pairs so top-k leaves them out (pmf)"),
         "fit_intercept": Field("bool", None, "add a bias weight; default true (logistic)"),
         "init_std": Field("float", None, "sigma of every weight in the initial q; default "
-                          "0.1*sqrt(prior_var) (logistic)", min=0),
+                          "0.1*sqrt(prior_var) (logistic, softmax)", min=0),
+        "n_classes": Field("int", None, "C, the classes 0..C-1 of the labels (softmax); default 3", min=2),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -110,18 +112,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "boundary_fraction": Field("float", 0.9, "fraction-to-boundary for steps that would leave "
                                    "the parameter domain", min=0, max=1),
         "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
-        # the gradient path (model.kind = logistic; streamsvi.inference.gradients)
-        "estimator": Field("str", None, "logistic: stochastic ELBO gradient, legrad (local expectation "
+        # the gradient path (model.kind = logistic, softmax; streamsvi.inference.gradients)
+        "estimator": Field("str", None, "logistic, softmax: stochastic ELBO gradient, legrad (local expectation "
                            "gradients, default), regrad (reparameterisation) or ldgrad (score function)",
                            choices=("legrad", "regrad", "ldgrad")),
-        "n_samples": Field("int", None, "logistic: pivots (legrad) or samples (regrad, ldgrad) per "
+        "n_samples": Field("int", None, "logistic, softmax: pivots (legrad) or samples (regrad, ldgrad) per "
                            "update; default 1, 1 and P*K", min=1),
-        "quadrature_points": Field("int", None, "logistic: K, Gauss-Hermite nodes of legrad; default 5",
+        "quadrature_points": Field("int", None, "logistic, softmax: K, Gauss-Hermite nodes of legrad; default 5",
                                    min=2),
-        "optimizer": Field("str", None, "logistic: natural (natural-gradient Robbins-Monro steps, "
+        "optimizer": Field("str", None, "logistic, softmax: natural (natural-gradient Robbins-Monro steps, "
                            "default), sgd (plain Robbins-Monro steps on the gradient / N) or adam "
                            "(Adam with step learning_rate * rho_t)", choices=("natural", "sgd", "adam")),
-        "learning_rate": Field("float", None, "logistic: multiplies rho_t; default 1 (natural, sgd), "
+        "learning_rate": Field("float", None, "logistic, softmax: multiplies rho_t; default 1 (natural, sgd), "
                                "0.01 (adam)", min=0),
     },
     "source": {
@@ -215,9 +217,10 @@ MODEL_KEYS: dict[str, frozenset] = {
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
                       "row_counts", "remember_rated"}),
     "logistic": frozenset({"n_features", "prior_var", "fit_intercept", "init_std"}),
+    "softmax": frozenset({"n_features", "n_classes", "prior_var", "fit_intercept", "init_std"}),
 }
 #: model kinds learned by the gradient path (GradientVI), and the [inference] settings only they take
-GRADIENT_KINDS = frozenset({"logistic"})
+GRADIENT_KINDS = frozenset({"logistic", "softmax"})
 GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate")
 #: [inference] settings of the conjugate path that the gradient path has no use for
 SVI_ONLY_KEYS = ("effective_batch_size", "effective_fraction")
@@ -449,10 +452,11 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         raise ConfigError("inference.effective_fraction: must be in (0, 1]")
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] not in ("pmf", "logistic") and mdl["n_components"] is None:
+    if mdl["kind"] not in ("pmf", "logistic", "softmax") and mdl["n_components"] is None:
         raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
-    if mdl["kind"] == "logistic" and mdl["n_components"] is not None:
-        raise ConfigError("model.n_components: logistic regression has no components; remove it")
+    if mdl["kind"] in ("logistic", "softmax") and mdl["n_components"] is not None:
+        raise ConfigError("model.n_components: logistic regression has no components; remove it "
+                          "(softmax: the number of classes is n_classes)")
     if mdl["kind"] in GRADIENT_KINDS:
         for key in SVI_ONLY_KEYS:
             if inf[key] is not None:
@@ -529,7 +533,8 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D
+    from ..models import (LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
+                          SoftmaxRegression)
 
     kind = model_cfg["kind"]
     _check_model_keys(model_cfg)
@@ -539,6 +544,8 @@ def build_model(model_cfg: dict):
             return PMF(**given)
         if kind == "logistic":
             return BayesianLogisticRegression(**given)
+        if kind == "softmax":
+            return SoftmaxRegression(**given)
         if kind == "hmm":
             return DiscreteHMM(n_states=given.pop("n_components"), **given)
         if kind == "lda":

@@ -582,10 +582,13 @@ class Daemon:
         if proba is None:
             return
         ho = np.asarray(self.heldout)
-        p1 = np.clip(proba(self.state.lam, ho[:, :-1]), 1e-15, 1 - 1e-15)
-        y = ho[:, -1]
-        self.metrics.heldout_log_loss.set(float(-np.mean(y * np.log(p1) + (1 - y) * np.log1p(-p1))))
-        self.metrics.heldout_accuracy.set(float(np.mean((p1 >= 0.5) == (y == 1))))
+        p = proba(self.state.lam, ho[:, :-1])
+        y = ho[:, -1].astype(np.int64)
+        if p.ndim == 1:                                  # binary: p(y = 1)
+            p = np.column_stack([1.0 - p, p])
+        p_y = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
+        self.metrics.heldout_log_loss.set(float(-np.mean(np.log(p_y))))
+        self.metrics.heldout_accuracy.set(float(np.mean(p.argmax(axis=1) == y)))
 
     def _advance(self, batch, source) -> None:
         """The batch's records (applied, held out or dead-lettered) are consumed."""

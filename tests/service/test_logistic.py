@@ -182,3 +182,30 @@ def test_streamsvi_inspect_describes_a_gradient_path_snapshot(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "ck")]) == 0
     out = capsys.readouterr().out
     assert "estimator=regrad" in out and "step 3" in out
+
+
+def test_softmax_daemon_on_a_file_dead_letters_unknown_classes(tmp_path):
+    """model.kind = softmax (3 classes) from a JSONL file: label 3 is not a class (bad_label),
+    the rest is learned; held-out accuracy and log-loss are the multiclass ones."""
+    rng = np.random.default_rng(7)
+    y = rng.integers(0, 3, 1500)
+    X = rng.normal(size=(1500, 3)) + np.array([[2.5, 0, 0], [0, 2.5, 0], [0, 0, 2.5]])[y]
+    lines = [json.dumps({"x": r.tolist(), "y": int(c)}) for r, c in zip(X, y)]
+    lines.insert(700, json.dumps({"x": [0.0, 0.0, 0.0], "y": 3}))
+    lines.insert(900, '{"x": [0.0, 0.0, 0.0], "y": 1.5}')
+    data = tmp_path / "labelled.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    cfg = logistic_config(tmp_path, source={"kind": "file", "path": str(data), "format": "jsonl"},
+                          metrics={"heldout_size": 200, "heldout_every": 1})
+    cfg["model"] = {"kind": "softmax", "n_features": 3, "n_classes": 3}
+    cfg["source"] = {k: v for k, v in cfg["source"].items() if k in ("kind", "path", "format", "codec")}
+    cfg = validate(cfg)
+    registry = CollectorRegistry()
+    res = Daemon(cfg, registry=registry, out=io.StringIO()).run(until_drained=True, timeout=60)
+    assert res.stopped_by == "drained" and res.dead == 2 and res.records == 1500 - 200
+    assert registry.get_sample_value("streamsvi_records_dead_lettered_total", {"reason": "bad_label"}) == 2
+    assert registry.get_sample_value("streamsvi_heldout_accuracy") > 0.85
+    loss = registry.get_sample_value("streamsvi_heldout_log_loss")
+    assert math.isclose(loss, -registry.get_sample_value("streamsvi_heldout_loglik_per_record"), rel_tol=1e-6)
+    out = load(cfg["checkpoint"]["directory"]).score(np.array([[2.5, 0.0, 0.0]]))
+    assert out[0]["prediction"] == 0 and len(out[0]["proba"]) == 3
