@@ -221,8 +221,8 @@ def lr(args):
             vrows.append([qname, label, f"{G[:, -1].var(ddof=1):.4g}", f"{G.var(axis=0, ddof=1).sum():.4g}"])
     log("variance of the ELBO gradient over independent draws, one fixed minibatch of 100 (x N/|S|):")
     log(fmt_table(["q", "estimator", "var d mu_bias", "tr Var d mu (785)"], vrows, left=2))
-    log(f"\nrunning-window (10) variance of d mu_bias along the runs (median over iterations, "
-        f"includes minibatch sampling):")
+    log("\nrunning-window (10) variance of d mu_bias along the runs (median over iterations, "
+        "includes minibatch sampling):")
     log(fmt_table(["estimator", "first 100 it", f"last {steps // 2} it"],
                   [[k, f"{np.median(window_var(v)[:100]):.4g}", f"{np.median(window_var(v)[-(steps // 2):]):.4g}"]
                    for k, v in bias_g.items()]))

@@ -66,7 +66,7 @@ import numpy as np
 from ..models.base import NatParams
 from ..models.nonconjugate import gauss_hermite, gaussian_kl
 from .engine import EngineState, UpdateInfo
-from .schedules import Constant, RobbinsMonro, Schedule, schedule_from_dict
+from .schedules import Constant, RobbinsMonro, Schedule, schedule_from_dict  # noqa: F401 (Constant: docs)
 
 __all__ = ["GradientVI", "ESTIMATORS", "OPTIMIZERS", "GradientEstimate"]
 
@@ -341,6 +341,3 @@ class GradientVI:
                 callback(state, info)
         return state, infos
 
-
-#: re-exported for the docstring example
-_ = Constant
