@@ -209,3 +209,26 @@ def test_softmax_daemon_on_a_file_dead_letters_unknown_classes(tmp_path):
     assert math.isclose(loss, -registry.get_sample_value("streamsvi_heldout_loglik_per_record"), rel_tol=1e-6)
     out = load(cfg["checkpoint"]["directory"]).score(np.array([[2.5, 0.0, 0.0]]))
     assert out[0]["prediction"] == 0 and len(out[0]["proba"]) == 3
+
+
+def test_example_config_builds_the_gradient_engine():
+    from pathlib import Path
+
+    from streamsvi.service.config import build_engine, load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "logistic.toml")
+    eng = build_engine(cfg, 1000.0)
+    assert isinstance(eng, GradientVI) and eng.estimator == "legrad" and eng.model.n_features == 8
+
+
+def test_gradient_settings_are_refused_for_conjugate_models_and_svi_plus_for_logistic(tmp_path):
+    import pytest
+
+    from streamsvi.service.config import ConfigError
+
+    with pytest.raises(ConfigError, match="inference.estimator: only used by the gradient path"):
+        validate(gmm_config(tmp_path, topic="t", inference={"estimator": "legrad"}))
+    cfg = logistic_config(tmp_path, topic="t")
+    cfg["inference"]["effective_batch_size"] = 10
+    with pytest.raises(ConfigError, match="inference.effective_batch_size: SVI"):
+        validate(cfg)
