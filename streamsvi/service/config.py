@@ -38,9 +38,11 @@ class Field:
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
-                      "hmm (discrete hidden Markov model), lda (topic model on bags of words) or "
-                      "pmf (matrix factorisation of ratings)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf")),
+                      "hmm (discrete hidden Markov model), lda (topic model on bags of words), "
+                      "pmf (matrix factorisation of ratings), logistic (Bayesian logistic "
+                      "regression on labelled records; the gradient path of seed 001) or softmax "
+                      "(its multiclass form)",
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "logistic", "softmax")),
         "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
                               "hidden states for hmm; topics for lda); required except for pmf", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
@@ -99,6 +101,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "(data set or population), seen = ratings of the row seen so far "
                             "(one pass over a stream)", choices=("scaled", "seen")),
         "remember_rated": Field("bool", None, "keep rated pairs so top-k leaves them out (pmf)"),
+        "fit_intercept": Field("bool", None, "add a bias weight; default true (logistic)"),
+        "init_std": Field("float", None, "sigma of every weight in the initial q; default "
+                          "0.1*sqrt(prior_var) (logistic, softmax)", min=0),
+        "n_classes": Field("int", None, "C, the classes 0..C-1 of the labels (softmax); default 3", min=2),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -120,6 +126,19 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
         "annealing": Field("dict", None, "[inference.annealing] table: kind = none, svi+, "
                            "deterministic or stochastic, and its schedule settings (ANNEALING)"),
+        # the gradient path (model.kind = logistic, softmax; streamsvi.inference.gradients)
+        "estimator": Field("str", None, "logistic, softmax: stochastic ELBO gradient, legrad (local expectation "
+                           "gradients, default), regrad (reparameterisation) or ldgrad (score function)",
+                           choices=("legrad", "regrad", "ldgrad")),
+        "n_samples": Field("int", None, "logistic, softmax: pivots (legrad) or samples (regrad, ldgrad) per "
+                           "update; default 1, 1 and P*K", min=1),
+        "quadrature_points": Field("int", None, "logistic, softmax: K, Gauss-Hermite nodes of legrad; default 5",
+                                   min=2),
+        "optimizer": Field("str", None, "logistic, softmax: natural (natural-gradient Robbins-Monro steps, "
+                           "default), sgd (plain Robbins-Monro steps on the gradient / N) or adam "
+                           "(Adam with step learning_rate * rho_t)", choices=("natural", "sgd", "adam")),
+        "learning_rate": Field("float", None, "logistic, softmax: multiplies rho_t; default 1 (natural, sgd), "
+                               "0.01 (adam)", min=0),
     },
     "source": {
         "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
@@ -211,7 +230,14 @@ MODEL_KEYS: dict[str, frozenset] = {
                       "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
                       "row_counts", "remember_rated", "bias_var", "row_clock", "sweep"}),
+    "logistic": frozenset({"n_features", "prior_var", "fit_intercept", "init_std"}),
+    "softmax": frozenset({"n_features", "n_classes", "prior_var", "fit_intercept", "init_std"}),
 }
+#: model kinds learned by the gradient path (GradientVI), and the [inference] settings only they take
+GRADIENT_KINDS = frozenset({"logistic", "softmax"})
+GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate")
+#: [inference] settings of the conjugate path that the gradient path has no use for
+SVI_ONLY_KEYS = ("effective_batch_size", "effective_fraction", "annealing")
 
 
 #: ``[inference.annealing]``: kind -> its settings (streamsvi.inference.annealing; defaults there)
@@ -506,8 +532,21 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] != "pmf" and mdl["n_components"] is None:
+    if mdl["kind"] not in ("pmf", "logistic", "softmax") and mdl["n_components"] is None:
         raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
+    if mdl["kind"] in ("logistic", "softmax") and mdl["n_components"] is not None:
+        raise ConfigError("model.n_components: logistic regression has no components; remove it "
+                          "(softmax: the number of classes is n_classes)")
+    if mdl["kind"] in GRADIENT_KINDS:
+        for key in SVI_ONLY_KEYS:
+            if inf[key] is not None:
+                raise ConfigError(f"inference.{key}: SVI+ and annealing settings do not apply to kind = "
+                                  f"{mdl['kind']!r} (the gradient path); remove it")
+    else:
+        for key in GRADIENT_KEYS:
+            if inf[key] is not None:
+                raise ConfigError(f"inference.{key}: only used by the gradient path "
+                                  f"(model.kind = {', '.join(sorted(GRADIENT_KINDS))}); remove it")
     if mdl["kind"] == "pmf":
         if src["fields"] is not None:
             raise ConfigError("source.fields: pmf records are JSON objects with user, item and rating")
@@ -574,7 +613,8 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import LDA, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+    from ..models import (LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
+                          SoftmaxRegression)
 
     kind = model_cfg["kind"]
     _check_model_keys(model_cfg)
@@ -582,6 +622,10 @@ def build_model(model_cfg: dict):
     try:
         if kind == "pmf":
             return PMF(**given)
+        if kind == "logistic":
+            return BayesianLogisticRegression(**given)
+        if kind == "softmax":
+            return SoftmaxRegression(**given)
         if kind == "hmm":
             return DiscreteHMM(n_states=given.pop("n_components"), **given)
         if kind == "lda":
@@ -605,6 +649,18 @@ def build_engine(cfg: dict, n_total: float):
     inf = cfg["inference"]
     schedule = (RobbinsMonro(inf["tau0"], inf["kappa"], inf["rho_min"])
                 if inf["schedule"] == "robbins_monro" else Constant(inf["rho"]))
+    if cfg["model"]["kind"] in GRADIENT_KINDS:
+        from ..inference.gradients import GradientVI
+
+        optimizer = inf["optimizer"] or "natural"
+        lr = inf["learning_rate"] if inf["learning_rate"] is not None else (0.01 if optimizer == "adam" else 1.0)
+        try:
+            return GradientVI(build_model(cfg["model"]), n_total=n_total,
+                              estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
+                              quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
+                              learning_rate=lr, optimizer=optimizer)
+        except ValueError as exc:
+            raise ConfigError(f"inference: {exc}") from None
     try:
         return SVI(build_model(cfg["model"]), n_total=n_total, schedule=schedule,
                    effective_batch_size=inf["effective_batch_size"],

@@ -77,6 +77,15 @@ class DaemonMetrics:
         self.heldout_loglik = latest("heldout_loglik_per_record",
                                 "Mean log posterior-predictive density of the held-out reservoir (nats per record)")
         self.heldout_records = g("heldout_records", "Records in the held-out reservoir")
+        # classifiers (models with predict_proba, e.g. logistic): scored with the held-out log-likelihood
+        self.heldout_log_loss = latest("heldout_log_loss",
+                                       "Mean -log p(y|x, data) of the held-out labelled records (nats)")
+        self.heldout_accuracy = latest("heldout_accuracy",
+                                       "Fraction of held-out labelled records whose most probable class is the label")
+        # the gradient path: the batch gradient-variance estimate, labelled by the estimator that made it
+        self.grad_var_by_estimator = g("gradient_variance_by_estimator",
+                                       "N^2 tr(Sigma_t)/|S| of the latest stochastic ELBO gradient, by "
+                                       "estimator (legrad, regrad, ldgrad; gradient path only)", ("estimator",))
         self.grad_var_est = latest("gradient_variance_estimate",
                               "N^2 tr(Sigma_t)/M_eff: estimated total variance of the natural gradient from one batch")
         self.grad_var_obs = latest("gradient_variance_observed",
