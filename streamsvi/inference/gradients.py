@@ -66,7 +66,7 @@ import numpy as np
 from ..models.base import NatParams
 from ..models.nonconjugate import gauss_hermite, gaussian_kl
 from .engine import EngineState, UpdateInfo
-from .schedules import RobbinsMonro, Schedule, schedule_from_dict  # noqa: F401 (Constant: docs)
+from .schedules import RobbinsMonro, Schedule, schedule_from_dict
 
 __all__ = ["GradientVI", "ESTIMATORS", "OPTIMIZERS", "GradientEstimate"]
 
