@@ -49,6 +49,7 @@ contributions, as on the conjugate path; ``gradient`` is ĝ_t itself).
 Examples
 --------
 >>> import numpy as np
+>>> from streamsvi.inference.schedules import Constant
 >>> from streamsvi.models.logistic import CorrelatedGaussianTarget
 >>> engine = GradientVI(CorrelatedGaussianTarget(), n_total=1, estimator="legrad",
 ...                     optimizer="adam", learning_rate=0.05, schedule=Constant(1.0))
