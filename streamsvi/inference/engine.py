@@ -40,7 +40,11 @@ M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
 which applies the natural-gradient step to the touched rows only (with its
 own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
 and returns the new ``lam`` and ``aux`` and the metrics of
-:class:`UpdateInfo`. Every other model never reaches that path.
+:class:`UpdateInfo` (with ``checked_finite: True`` when it has already made
+sure the new λ is finite, so the engine skips its own pass over λ). LDA uses
+the same path to write only the columns of the words a batch holds (its
+module docs, "Sparse global step"); its step equals the dense update above.
+Every other model never reaches that path.
 
 Examples
 --------
@@ -368,7 +372,7 @@ class SVI:
                              records_before=state.records_seen, schedule=self.schedule, step=t,
                              boundary_fraction=self.boundary_fraction, effective_batch_size=M)
         new_lam = out["lam"]
-        if not new_lam.all_finite():
+        if not out.get("checked_finite") and not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
         N = float(self.n_total)
         info = UpdateInfo(step=t, rho=self.schedule(t), batch_size=S, effective_batch_size=M,

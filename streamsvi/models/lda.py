@@ -142,6 +142,12 @@ _HOLD_EPS = 1e-14
 _COMPACT = 0.75
 #: A block's arrays are narrowed to the topics still free when that saves this much.
 _NARROW = 0.8
+#: Dense passes over λ (global ELBO, rescaling) go through column blocks of this many elements.
+_CHUNK = 2 ** 20
+#: The scaled form folds a topic's scale into its stored row when the scale falls below this.
+_RESCALE_BELOW = 1e-100
+#: The global ELBO term is recomputed every max(1, round(K·V / this)) updates (module docs).
+_ELBO_ELEMENTS = 2 ** 18
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,11 @@ class LDALocal:
     the shifted exponentials (so φ_dwk n_dw = exp_theta_dk · exp_beta_kw · ratio_dw);
     ``exp_beta`` (K, V) is exp(E[log β_kw] − m_w), m_w = max_k E[log β_kw];
     ``log_norm`` (n,) the per-document ELBO L_d; ``n_iter`` (n,) the sweeps used.
+
+    ``cols``: None when ``exp_beta`` has all V columns; otherwise the sorted word
+    ids of the batch, and ``exp_beta`` (K, len(cols)) holds only those columns
+    (the local step never reads the others). ``xc`` is ``x`` with its word ids
+    renumbered into ``cols`` (``x`` itself when ``cols`` is None).
     """
 
     x: sp.csr_matrix
@@ -164,6 +175,8 @@ class LDALocal:
     exp_beta: np.ndarray
     log_norm: np.ndarray
     n_iter: np.ndarray
+    cols: np.ndarray | None = None
+    xc: sp.csr_matrix | None = None
 
 
 def _blocks(lens_sorted: np.ndarray, K: int):
@@ -317,6 +330,7 @@ class LDA:
         self._eta_const = float(gammaln(V * self._eta) - V * gammaln(self._eta))
         self._prior = NatParams(topic_word=np.full((K, V), self._eta))
         self._cache = None
+        self._rowsum_cache = None
 
     # ------------------------------------------------------------ settings
     def get_params(self) -> dict:
@@ -391,19 +405,185 @@ class LDA:
         seeds = X[pick].toarray() / Nd[pick][:, None]
         return NatParams(topic_word=self._eta + (W / K) * seeds)
 
+    # ------------------------------------------------- the sparse global step
+    def _scaled(self, L: np.ndarray) -> NatParams:
+        """λ = L in the scaled form: μ = L, s = 1, c = 0, Σ_w μ_kw."""
+        K = self.n_components
+        return NatParams(topic_word=L, topic_scale=np.ones(K), topic_offset=np.zeros(K),
+                         topic_stored_sum=L.sum(axis=1))
+
+    def init_state(self, rng, x, n_total):
+        """(λ, aux) for :meth:`SVI.init`: λ from :meth:`init_params` in the scaled form
+        (module docs, "Sparse global step"; the same values) and aux's stored sums."""
+        lam = self._scaled(self.init_params(rng, x, n_total)["topic_word"])
+        return lam, self._aux_for(lam)
+
+    def _aux_for(self, lam: NatParams, elbo=None, elbo_step=-1) -> dict:
+        mu = lam["topic_word"]
+        return {"stored_sqsum": np.einsum("ij,ij->i", mu, mu), "global_elbo": elbo,
+                "global_elbo_step": int(elbo_step)}
+
+    def check_state(self, lam: NatParams, aux) -> None:
+        """Raise ``ValueError`` unless (λ, aux) is an LDA state of this model (either form)."""
+        K, V = self.n_components, self.n_features
+        names = set(lam)
+        want = {"topic_word": (K, V)}
+        if names != {"topic_word"}:
+            want.update(topic_scale=(K,), topic_offset=(K,), topic_stored_sum=(K,))
+        if names != set(want):
+            raise ValueError(f"state parameters {sorted(names)} do not match an LDA state "
+                             f"(['topic_word'] or {sorted(want)})")
+        for k, shape in want.items():
+            if lam[k].shape != shape:
+                raise ValueError(f"parameter {k} has shape {lam[k].shape}, model expects {shape}")
+        if aux is not None:
+            if not isinstance(aux, dict):
+                raise ValueError(f"an LDA state's aux must be a mapping, got {type(aux).__name__}")
+            q = aux.get("stored_sqsum")
+            if q is not None and np.shape(q) != (K,):
+                raise ValueError(f"aux stored_sqsum must have {K} entries, got shape {np.shape(q)}")
+
+    def _rescale(self, lam: NatParams, rows) -> None:
+        """Fold s_k, c_k into the stored rows ``rows`` in place (μ_k ← s_k μ_k + c_k)."""
+        mu, s, c, R = lam["topic_word"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+        for k in rows:
+            mu[k] *= s[k]
+            mu[k] += c[k]
+            s[k], c[k] = 1.0, 0.0
+            R[k] = mu[k].sum()
+
+    def svi_step(self, lam, aux, x, *, weights, n_total, schedule, step, boundary_fraction,
+                 effective_batch_size, **context) -> dict:
+        """One SVI / SVI+ update that writes only the batch's columns of λ (module docs).
+
+        Equals the engine's dense update ``λ ← (1 − ρ_k) λ + ρ_k (η + (N/|S|) Σ_d w_d
+        E_q[t(θ_d)])`` with the same per-topic fraction-to-boundary ρ_k, to rounding.
+        The stored matrix of ``lam`` is updated in place: the state passed in shares
+        it with the state returned and must not be used afterwards. Nothing is
+        written when the update would make λ non-finite (``FloatingPointError``).
+        """
+        X = self.check_batch(x)
+        K, V, eta = self.n_components, self.n_features, self._eta
+        S = X.shape[0]
+        N = float(n_total)
+        scale = N / S
+        if not self.is_scaled(lam):                 # a plain λ (old snapshot, or after ρ = 1)
+            lam = self._scaled(lam["topic_word"])   # one copy, once
+            aux = None
+        if aux is None or aux.get("stored_sqsum") is None:
+            aux = self._aux_for(lam)
+        local = self.local_step(lam, X)
+        cols = np.arange(V) if local.cols is None else local.cols
+        if weights is None:
+            Sw = Su = self._suffstats_cols(local)
+        else:
+            Sw, Su = self._suffstats_pair_cols(local, weights)
+        lam_u = self._columns(lam, cols)
+        tgt_u = Sw * scale
+        tgt_u += eta
+        rho = float(schedule(step))
+        tau = float(boundary_fraction)
+        mu, s, c, R = lam["topic_word"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+
+        # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
+        rho_k = np.full(K, rho)
+        clipped = blocks = 0
+        if weights is not None and float(np.min(weights)) < 0:
+            r = rho / tau
+            lim = segment_limit_positive(lam_u, tgt_u).min(axis=1)
+            if r > 1.0 and cols.size < V:
+                # an untouched λ_kw moves towards η; beyond s = 1 it can cross 0 (at s = λ/(λ − η))
+                keep = np.ones(V, dtype=bool)
+                keep[cols] = False
+                top = np.array([mu[k, keep].max() for k in range(K)]) * s + c
+                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, eta)))
+            if (lim <= r).any():
+                rho_k = np.minimum(rho, tau * lim)
+                clipped, blocks = int(np.count_nonzero(rho_k < rho)), K
+
+        # metrics at the λ before the update
+        every = max(1, round(K * V / _ELBO_ELEMENTS))
+        dense_step = bool((rho_k >= 1.0).any())
+        if dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
+            G, G_step = self.global_elbo(lam), step - 1
+        else:
+            G, G_step = float(aux["global_elbo"]), int(aux["global_elbo_step"])
+        elbo = G + scale * float(np.sum(local.log_norm))
+        Q = aux["stored_sqsum"]
+        d = c - eta                                   # Σ_w (λ_kw − η)² = s²Q + 2s(c−η)R + V(c−η)²
+        full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
+        du = lam_u - eta
+        untouched = np.maximum(full_sq - np.einsum("ij,ij->i", du, du), 0.0)
+        g = tgt_u - lam_u
+        grad_norm = math.sqrt(float(np.einsum("ij,ij->", g, g) + untouched.sum()))
+        if S > 1:
+            mean_sq = float(np.einsum("ij,ij->", Su, Su)) / (S * S)
+            tr_cov = max(0.0, (float(np.sum(self.suffstats_sqnorm(local))) - S * mean_sq) / (S - 1))
+            grad_var = N * N * tr_cov / float(effective_batch_size)
+        else:
+            grad_var = float("nan")
+        out = {"elbo": elbo, "grad_variance": grad_var, "grad_norm": grad_norm,
+               "domain_clipped": clipped, "domain_blocks": blocks, "checked_finite": True}
+
+        if dense_step:                                # ρ_k = 1 forgets λ: the plain form, densely
+            L = self.lam_matrix(lam)
+            Sfull = self._full(local, Sw)
+            if (rho_k == 1.0).all():
+                new = NatParams(topic_word=self.prior()["topic_word"] + Sfull * scale)
+            else:
+                tgt = Sfull * scale
+                tgt += eta
+                new = NatParams(topic_word=(1.0 - rho_k)[:, None] * L + rho_k[:, None] * tgt)
+            if not new.all_finite():
+                raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
+            out.update(lam=new, aux={"global_elbo": G, "global_elbo_step": G_step})
+            return out
+
+        keep_k = 1.0 - rho_k
+        s_new = keep_k * s
+        c_new = keep_k * c + rho_k * eta
+        new_u = lam_u * keep_k[:, None]
+        new_u += rho_k[:, None] * tgt_u
+        mu_u = new_u - c_new[:, None]
+        mu_u /= s_new[:, None]
+        if not (np.isfinite(mu_u).all() and np.isfinite(s_new).all() and np.isfinite(c_new).all()
+                and (s_new > 0).all()):
+            raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
+        old_u = mu[:, cols]
+        R_new = R + (mu_u.sum(axis=1) - old_u.sum(axis=1))
+        Q_new = Q + (np.einsum("ij,ij->i", mu_u, mu_u) - np.einsum("ij,ij->i", old_u, old_u))
+        mu[:, cols] = mu_u                              # in place: only the batch's columns
+        s[:], c[:], R[:] = s_new, c_new, R_new
+        small = np.flatnonzero(s_new < _RESCALE_BELOW)
+        if small.size:
+            self._rescale(lam, small)
+            Q_new = Q_new.copy()
+            for k in small:
+                Q_new[k] = float(np.dot(mu[k], mu[k]))
+        new_lam = NatParams._wrap(lam._layout, lam._flat)   # a new λ object over the same storage
+        out.update(lam=new_lam, aux={"stored_sqsum": Q_new, "global_elbo": G, "global_elbo_step": G_step})
+        return out
+
     # ---------------------------------------------------------- local step
-    def _expectations(self, lam: NatParams) -> dict:
+    def _expectations(self, lam: NatParams, cols=None) -> dict:
         """E[log β], its per-word max m_w and exp(E[log β] − m_w); cached for the last λ.
 
         ``exp_beta_ext`` (K, V+1) holds exp(E[log β] − m) with a column of ones
         appended (the local step's padding word); ``exp_beta`` is a view of it.
+        With ``cols`` (sorted word ids) only those columns are computed (not
+        cached): every value is the full computation's, bit for bit, since each
+        is a function of λ_kw, Σ_v λ_kv and its own column.
         """
-        cache = self._cache
-        if cache is not None and cache[0] is lam:
-            return cache[1]
-        L = lam["topic_word"]
+        if cols is None:
+            cache = self._cache
+            if cache is not None and cache[0] is lam:
+                return cache[1]
+            L = self.lam_matrix(lam)
+        else:
+            L = self._columns(lam, cols)
         K, V = L.shape
-        elog = digamma(L) - digamma(L.sum(axis=1))[:, None]
+        elog = digamma(L)
+        elog -= digamma(self._rowsums(lam))[:, None]
         m = elog.max(axis=0)
         ext = np.empty((K, V + 1))
         eb = ext[:, :V]
@@ -411,8 +591,49 @@ class LDA:
         np.exp(eb, out=eb)
         ext[:, V] = 1.0
         ex = {"elog_beta": elog, "m": m, "exp_beta": eb, "exp_beta_ext": ext, "exp_beta_t": None}
-        self._cache = (lam, ex)
+        if cols is None:
+            self._cache = (lam, ex)
         return ex
+
+    # ------------------------------------------------------- λ's two forms
+    @staticmethod
+    def is_scaled(lam: NatParams) -> bool:
+        """True when ``lam`` holds λ in the scaled form (module docs, "Sparse global step")."""
+        return "topic_scale" in lam
+
+    def lam_matrix(self, lam: NatParams) -> np.ndarray:
+        """λ (K, V) itself: ``lam["topic_word"]``, or s_k·μ_kw + c_k for the scaled form
+        (then a new array: a dense K×V pass)."""
+        if not self.is_scaled(lam):
+            return lam["topic_word"]
+        out = lam["topic_word"] * lam["topic_scale"][:, None]
+        out += lam["topic_offset"][:, None]
+        return out
+
+    def dense_params(self, lam: NatParams) -> NatParams:
+        """λ as a plain ``NatParams(topic_word=λ)`` (the form every release before wrote)."""
+        return lam if not self.is_scaled(lam) else NatParams(topic_word=self.lam_matrix(lam))
+
+    def _columns(self, lam: NatParams, cols) -> np.ndarray:
+        """λ[:, cols] (K, len(cols)): a new array (``cols`` an index array or a slice)."""
+        mu = lam["topic_word"]
+        if not self.is_scaled(lam):
+            return mu[:, cols] if isinstance(cols, np.ndarray) else mu[:, cols].copy()
+        out = mu[:, cols] * lam["topic_scale"][:, None]
+        out += lam["topic_offset"][:, None]
+        return out
+
+    def _rowsums(self, lam: NatParams) -> np.ndarray:
+        """Σ_v λ_kv (K,): s_k·Σ_v μ_kv + V·c_k from the stored sums (scaled form), else a
+        sum over λ (cached for the last λ)."""
+        if self.is_scaled(lam):
+            return lam["topic_scale"] * lam["topic_stored_sum"] + self.n_features * lam["topic_offset"]
+        cache = self._rowsum_cache
+        if cache is not None and cache[0] is lam:
+            return cache[1]
+        T = lam["topic_word"].sum(axis=1)
+        self._rowsum_cache = (lam, T)
+        return T
 
     def _elog_theta(self, gamma):
         return digamma(gamma) - digamma(gamma.sum(axis=1))[:, None]
@@ -735,65 +956,98 @@ class LDA:
     _local_path = None
 
     def local_step(self, lam: NatParams, x) -> LDALocal:
-        """γ, φ of every document given λ (module docs), with the per-document ELBO."""
+        """γ, φ of every document given λ (module docs), with the per-document ELBO.
+
+        Reads λ only in the batch's words (and the topics' row sums), except on
+        the dense path (V·K small), so its cost does not grow with V.
+        """
         X = self.check_batch(x)
-        ex = self._expectations(lam)
+        dense = not self.accelerate and not (COMPILED and self._local_path in (None, "compiled")) \
+            and self._use_dense(X)
+        cols, Xc = None, X
+        if not dense:
+            cols, inv = np.unique(X.indices, return_inverse=True)
+            if cols.size == self.n_features:
+                cols = None
+            else:
+                Xc = sp.csr_matrix((X.data, inv.astype(X.indices.dtype, copy=False), X.indptr),
+                                   shape=(X.shape[0], cols.size))
+        ex = self._expectations(lam, cols)
         if self.accelerate:
-            gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], X))
+            gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], Xc))
             Z = zlog = None
         elif COMPILED and self._local_path in (None, "compiled"):
-            gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, X)
-        elif self._use_dense(X):
+            gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, Xc)
+        elif dense:
             gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
             Z = zlog = None
         else:
-            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(ex["exp_beta_ext"], X))
-        return self._finish(ex, X, gamma, n_iter, Z, zlog)
+            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(ex["exp_beta_ext"], Xc))
+        return self._finish(ex, X, gamma, n_iter, Z, zlog, cols, Xc)
 
-    def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None) -> LDALocal:
+    def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None, cols=None, Xc=None) -> LDALocal:
         """φ at the final γ: ratios n_dw/Z'_dw, shifted exp E[log θ], and L_d.
 
         ``Z``, ``zlog``: None (Z computed here) or as returned by :meth:`_fit_gamma`.
+        ``cols``, ``Xc``: the batch's word ids and the batch renumbered into them
+        when ``ex`` holds only those columns (see :class:`LDALocal`).
         """
+        Xc = X if Xc is None else Xc
         n, K = gamma.shape
         elog_t = self._elog_theta(gamma)
         c = elog_t.max(axis=1)
         Et = np.exp(elog_t - c[:, None])
         rows = np.repeat(np.arange(n), np.diff(X.indptr))
         if Z is None:
-            Z = np.einsum("ij,ji->i", Et[rows], ex["exp_beta"][:, X.indices])
+            Z = np.einsum("ij,ji->i", Et[rows], ex["exp_beta"][:, Xc.indices])
         else:
             Z = Z * np.exp(zlog)[rows]
         ratio = X.data / Z
-        word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][X.indices]), minlength=n)
+        word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][Xc.indices]), minlength=n)
         Nd = np.bincount(rows, weights=X.data, minlength=n)
         log_norm = (word_ll + Nd * c + self._alpha_const - gammaln(gamma.sum(axis=1))
                     + gammaln(gamma).sum(axis=1) + ((self._alpha - gamma) * elog_t).sum(axis=1))
         return LDALocal(x=X, gamma=gamma, exp_theta=Et, ratio=ratio, exp_beta=ex["exp_beta"],
-                        log_norm=log_norm, n_iter=n_iter)
+                        log_norm=log_norm, n_iter=n_iter, cols=cols, xc=Xc)
 
     # ------------------------------------------------- sufficient statistics
     def _ratio_matrix(self, local: LDALocal, ratio=None) -> sp.csr_matrix:
-        X = local.x
+        X = local.x if local.xc is None else local.xc
         return sp.csr_matrix((local.ratio if ratio is None else ratio, X.indices, X.indptr),
                              shape=X.shape)
 
-    def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
-        """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
+    def _full(self, local: LDALocal, S: np.ndarray) -> np.ndarray:
+        """Statistics over the batch's columns ``local.cols`` placed in a (K, V) array."""
+        if local.cols is None:
+            return S
+        out = np.zeros((self.n_components, self.n_features))
+        out[:, local.cols] = S
+        return out
+
+    def _suffstats_cols(self, local: LDALocal, weights=None) -> np.ndarray:
+        """Σ_d w_d n_dw φ_dwk in the columns of ``local.exp_beta`` (the batch's words)."""
         Et = local.exp_theta if weights is None else local.exp_theta * np.asarray(weights)[:, None]
         S = (self._ratio_matrix(local).T @ Et).T
         S *= local.exp_beta
-        return NatParams(topic_word=S)
+        return S
 
-    def suffstats_pair(self, local: LDALocal, x, weights):
-        """(weighted, unweighted) statistics with one sparse product."""
+    def _suffstats_pair_cols(self, local: LDALocal, weights):
         K = self.n_components
         Et = local.exp_theta
         M = np.concatenate([Et * np.asarray(weights)[:, None], Et], axis=1)
         S = (self._ratio_matrix(local).T @ M).T
         S[:K] *= local.exp_beta
         S[K:] *= local.exp_beta
-        return NatParams(topic_word=S[:K]), NatParams(topic_word=S[K:])
+        return S[:K], S[K:]
+
+    def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
+        """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
+        return NatParams(topic_word=self._full(local, self._suffstats_cols(local, weights)))
+
+    def suffstats_pair(self, local: LDALocal, x, weights):
+        """(weighted, unweighted) statistics with one sparse product."""
+        Sw, S = self._suffstats_pair_cols(local, weights)
+        return NatParams(topic_word=self._full(local, Sw)), NatParams(topic_word=self._full(local, S))
 
     def suffstats_sqnorm(self, local: LDALocal, x=None) -> np.ndarray:
         """Σ_{k,w} (n_dw φ_dwk)² per document."""
@@ -805,41 +1059,65 @@ class LDA:
     def local_elbo(self, local: LDALocal) -> np.ndarray:
         return local.log_norm
 
-    def global_elbo(self, lam: NatParams) -> float:
-        """−Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)), all constants included."""
-        L = lam["topic_word"]
-        elog = self._expectations(lam)["elog_beta"]
-        K = self.n_components
-        return float(K * self._eta_const - gammaln(L.sum(axis=1)).sum() + gammaln(L).sum()
-                     + ((self._eta - L) * elog).sum())
+    def global_elbo(self, lam: NatParams, aux=None) -> float:
+        """−Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)), all constants included.
+
+        One dense pass over λ in column blocks of ``_CHUNK`` elements (no K×V
+        temporaries): G = K·c_η + Σ_k [−log Γ(T_k) − ψ(T_k)(Vη − T_k)]
+        + Σ_kw [log Γ(λ_kw) + (η − λ_kw) ψ(λ_kw)], T_k = Σ_w λ_kw.
+        """
+        K, V = self.n_components, self.n_features
+        eta = self._eta
+        T = np.zeros(K)
+        acc = 0.0
+        for lo, hi in self._chunks():
+            Lc = self._columns(lam, slice(lo, hi))
+            T += Lc.sum(axis=1)
+            f = digamma(Lc)
+            f *= eta - Lc
+            f += gammaln(Lc)
+            acc += float(f.sum())
+        return float(K * self._eta_const - gammaln(T).sum() - (digamma(T) * (V * eta - T)).sum() + acc)
+
+    def _chunks(self):
+        """Column ranges of about ``_CHUNK`` elements of a (K, V) array."""
+        V = self.n_features
+        step = max(1, _CHUNK // self.n_components)
+        return [(lo, min(V, lo + step)) for lo in range(0, V, step)]
 
     # -------------------------------------------------------------- domain
     def in_domain(self, lam: NatParams) -> bool:
         """True when every λ_kw is finite and > 0."""
-        L = lam["topic_word"]
-        return bool(lam.all_finite() and L.min() > 0)
+        if not lam.all_finite():
+            return False
+        if not self.is_scaled(lam):
+            return bool(lam["topic_word"].min() > 0)
+        s, c = lam["topic_scale"], lam["topic_offset"]
+        if not (s > 0).all():
+            return False
+        return bool((s * lam["topic_word"].min(axis=1) + c).min() > 0)
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
-        lim = segment_limit_positive(lam["topic_word"], target["topic_word"]).min(axis=1)
+        lim = segment_limit_positive(self.lam_matrix(lam), self.lam_matrix(target)).min(axis=1)
         return [(("topic_word",), lim)]
 
     # ------------------------------------------------------------- scoring
-    def topics(self, lam: NatParams) -> np.ndarray:
+    def topics(self, lam: NatParams, aux=None) -> np.ndarray:
         """E_q[β] (K, V): each topic's word distribution."""
-        L = lam["topic_word"]
-        return L / L.sum(axis=1, keepdims=True)
+        L = self.lam_matrix(lam)
+        return L / self._rowsums(lam)[:, None]
 
-    def topic_proportions(self, lam: NatParams, x) -> np.ndarray:
+    def topic_proportions(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """E_q[θ_d] = γ_d / Σγ_d (n, K) for new documents (scikit-learn's ``transform``)."""
         g = self.local_step(lam, x).gamma
         return g / g.sum(axis=1, keepdims=True)
 
-    def responsibilities(self, lam: NatParams, x) -> np.ndarray:
+    def responsibilities(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """Topic proportions E_q[θ_d] (the scoring interface's name)."""
         return self.topic_proportions(lam, x)
 
-    def score_records(self, lam: NatParams, x) -> list[dict]:
+    def score_records(self, lam: NatParams, x, aux=None) -> list[dict]:
         """JSON-ready scores per document (``streamsvi score``): the dominant topic,
         the topic proportions E_q[θ_d] and the document's bound L_d."""
         theta = self.topic_proportions(lam, x)
@@ -847,11 +1125,11 @@ class LDA:
         return [{"topic": int(t.argmax()), "topic_proportions": [round(float(v), 12) for v in t],
                  "log_bound": float(b)} for t, b in zip(theta, bound)]
 
-    def predict(self, lam: NatParams, x) -> np.ndarray:
+    def predict(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """The dominant topic of each document."""
         return self.topic_proportions(lam, x).argmax(axis=1)
 
-    def predictive_logpdf(self, lam: NatParams, x) -> np.ndarray:
+    def predictive_logpdf(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """L_d per document: the local-step lower bound on log p(w_d | α, data).
 
         The words of a document are scored as a sequence (no multinomial
@@ -860,7 +1138,7 @@ class LDA:
         """
         return self.local_step(lam, x).log_norm
 
-    def heldout_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None):
+    def heldout_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None):
         """(Σ_d L_d + c·G, Σ_d N_d) for the documents ``x``; see the module docs for c."""
         X = self.check_batch(x)
         docs = float(np.sum(self.local_step(lam, X).log_norm))
@@ -878,13 +1156,13 @@ class LDA:
             raise ValueError(f"topic_kl must be 'none', 'full' or 'apportioned', got {topic_kl!r}")
         return docs + (c * self.global_elbo(lam) if c else 0.0), words
 
-    def perword_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+    def perword_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None) -> float:
         """Held-out bound per word; see the module docs."""
         b, w = self.heldout_bound(lam, x, topic_kl, n_docs)
         if w <= 0:
             raise ValueError("the documents hold no words")
         return b / w
 
-    def perplexity(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+    def perplexity(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None) -> float:
         """exp(−perword_bound): lower is better."""
         return math.exp(-self.perword_bound(lam, x, topic_kl, n_docs))

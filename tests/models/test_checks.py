@@ -6,7 +6,9 @@ registered in ``streamsvi.models.MODELS`` without a case fails
 
 Row-wise models (PMF: ``init_state``/``svi_step``, engine docs) keep an id→row
 map in ``state.aux``; their primitives take it as ``aux=``. Three checks apply
-to them in an adapted form, because the mathematics differs, not the code:
+to them in an adapted form, because the mathematics differs, not the code
+(LDA also has ``svi_step``, to write only a batch's columns, but its λ is one
+block with one N/|S|: every check applies to it unchanged):
 
 * ρ = 1 on the full batch is one CAVI sweep: for a model whose global
   parameters are several conjugate blocks that condition on each other
@@ -28,6 +30,13 @@ from tests.conftest import MODEL_CASES, registered_model_names
 
 def _rowwise(model) -> bool:
     return hasattr(model, "svi_step")
+
+
+def _per_row(model) -> bool:
+    """Row-wise models whose rows are conditionally conjugate blocks with their own N_i/|S_i|
+    (PMF). LDA applies its own (sparse) step too, but its λ is one block with one scale, so
+    every check applies to it as written."""
+    return _rowwise(model) and hasattr(model, "blocks")
 
 
 def _aux_equal(a, b) -> bool:
@@ -59,7 +68,7 @@ def test_rho_one_on_full_batch_is_one_cavi_sweep(model_case):
     engine = SVI(model, n_total=len(X), schedule=Constant(1.0))
     state = engine.init(X, seed=4)
     new_state, info = engine.update(state, X)
-    if _rowwise(model):
+    if _per_row(model):
         lam, aux = state.lam, state.aux
         for block in model.blocks:         # block coordinate ascent (module docs)
             swept = model.prior_like(lam) + model.suffstats(model.local_step(lam, X, aux=aux), X)
@@ -107,7 +116,7 @@ def test_same_seed_same_data_is_bit_identical(model_case):
 def test_merging_half_batch_statistics_equals_one_batch(model_case):
     model, X = model_case
     kw = {}
-    if _rowwise(model):
+    if _per_row(model):
         lam, aux = model.init_state(np.random.default_rng(0), X, len(X))
         kw = {"aux": aux}
     else:
@@ -155,7 +164,7 @@ def test_lambda_stays_in_domain_under_strong_annealing(model_case):
 
 def test_gradient_variance_matches_brute_force(model_case):
     model, X = model_case
-    if _rowwise(model):
+    if _per_row(model):
         pytest.skip("per-row scaling N_i/|S_i|: checked in the model's tests (module docs)")
     N, M = 5000.0, 25
     engine = SVI(model, n_total=N, effective_batch_size=M)
@@ -194,7 +203,7 @@ def test_svi_plus_variance_property(model_case):
     be rejected.
     """
     model, X = model_case
-    if _rowwise(model):
+    if _per_row(model):
         pytest.skip("per-row scaling N_i/|S_i|: the closed form is checked in the model's tests")
     lam = model.init_params(np.random.default_rng(0), X, len(X))
     S, M, T = 200, 50, 2000

@@ -9,7 +9,7 @@ from scipy import stats
 from scipy.special import digamma, gammaln, logsumexp
 
 from streamsvi.datasets import make_lda_corpus
-from streamsvi.inference import SVI, RobbinsMonro, batch_vi
+from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi
 from streamsvi.models import LDA, NatParams, model_from_dict, model_to_dict
 from streamsvi.models import lda as lda_module
 
@@ -409,3 +409,132 @@ def test_accelerated_local_step_reaches_the_same_fixed_point():
     half = acc_model.local_step(lam, X[1::2])
     np.testing.assert_allclose(half.gamma, acc.gamma[1::2], rtol=1e-12)
     np.testing.assert_array_equal(half.n_iter, acc.n_iter[1::2])
+
+
+# ------------------------------------------------------------ the sparse global step
+class _DenseLDA:
+    """The same LDA driven through the engine's dense update (no ``svi_step``): the reference."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        if name in ("svi_step", "init_state", "check_state"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
+def _sparse_and_dense(model, X, steps, batch, **engine_kw):
+    """Run the sparse (svi_step) and the dense engine path side by side on the same batches."""
+    sparse, dense = SVI(model, **engine_kw), SVI(_DenseLDA(model), **engine_kw)
+    a, b = sparse.init(X, seed=7), dense.init(X, seed=7)
+    assert model.is_scaled(a.lam) and not model.is_scaled(b.lam)
+    np.testing.assert_array_equal(model.lam_matrix(a.lam), b.lam["topic_word"])
+    rng = np.random.default_rng(11)
+    out = []
+    for _ in range(steps):
+        xb = X[np.sort(rng.choice(X.shape[0], batch, replace=False))]
+        a, ia = sparse.update(a, xb)
+        b, ib = dense.update(b, xb)
+        # (the sparse states share one stored matrix: read what is needed now)
+        out.append((model.lam_matrix(a.lam), b.lam["topic_word"], ia, ib, xb,
+                    (model._rowsums(a.lam).copy(), float(a.lam["topic_scale"].min()))))
+    return out
+
+
+@pytest.mark.parametrize("case", ["svi", "svi+", "svi+ clipped", "svi+ clipped, rho > tau"])
+def test_sparse_step_equals_the_dense_update(case):
+    """λ after each of 12 updates equals the engine's dense update to 1e-10 (relative), and
+    so do the metrics; the batch of 15 short documents touches a fraction of the 600 words."""
+    X = _corpus(n=200, K=4, V=600, length=12, seed=4)
+    model = LDA(4, 600, doc_topic_prior=0.3, topic_word_prior=0.05)
+    kw = {"svi": dict(schedule=RobbinsMonro(tau0=1.0, kappa=0.7)),
+          "svi+": dict(schedule=RobbinsMonro(tau0=1.0, kappa=0.7), effective_batch_size=10),
+          "svi+ clipped": dict(schedule=Constant(0.9), effective_batch_size=2),
+          "svi+ clipped, rho > tau": dict(schedule=Constant(0.95), effective_batch_size=2,
+                                          boundary_fraction=0.5)}[case]
+    runs = _sparse_and_dense(model, X, 12, 15, n_total=200, **kw)
+    clipped = 0
+    for step, (ls, ld, ia, ib, xb, (rowsums, _)) in enumerate(runs, 1):
+        touched = np.unique(xb.indices)
+        assert touched.size < 600 // 2
+        np.testing.assert_allclose(ls, ld, rtol=1e-10, err_msg=f"step {step}")
+        assert ls.min() > 0
+        assert ia.elbo == pytest.approx(ib.elbo, rel=1e-10)
+        assert ia.grad_norm == pytest.approx(ib.grad_norm, rel=1e-8)
+        assert ia.grad_variance == pytest.approx(ib.grad_variance, rel=1e-8)
+        assert (ia.domain_clipped, ia.domain_blocks) == (ib.domain_clipped, ib.domain_blocks)
+        clipped += ia.domain_clipped
+        # the stored row sums kept incrementally equal the sums of λ
+        np.testing.assert_allclose(rowsums, ld.sum(axis=1), rtol=1e-10)
+    if "clipped" in case:
+        assert clipped > 0
+
+
+def test_sparse_step_writes_only_the_batch_words():
+    X = _corpus(n=100, K=4, V=500, length=10, seed=5)
+    model = LDA(4, 500)
+    engine = SVI(model, n_total=100)
+    state = engine.init(X, seed=0)
+    before = state.lam["topic_word"].copy()
+    xb = X[:8]
+    new, _ = engine.update(state, xb)
+    touched = np.zeros(500, dtype=bool)
+    touched[np.unique(xb.indices)] = True
+    mu = new.lam["topic_word"]
+    np.testing.assert_array_equal(mu[:, ~touched], before[:, ~touched])   # untouched: only s, c moved
+    assert not np.array_equal(mu[:, touched], before[:, touched])
+    assert (new.lam["topic_scale"] < 1).all() and (new.lam["topic_offset"] > 0).all()
+
+
+def test_rescaling_the_stored_rows_keeps_the_update_exact(monkeypatch):
+    """With ρ = 0.6 the scale falls below the (raised) threshold every few updates; the fold
+    into the stored rows changes nothing beyond rounding."""
+    monkeypatch.setattr(lda_module, "_RESCALE_BELOW", 1e-2)
+    X = _corpus(n=120, K=3, V=300, length=10, seed=6)
+    model = LDA(3, 300)
+    runs = _sparse_and_dense(model, X, 15, 10, n_total=120, schedule=Constant(0.6))
+    scales = [r[5][1] for r in runs]
+    assert min(scales) >= 1e-2 and any(s == 1.0 for s in scales)      # it did fold
+    for ls, ld, *_ in runs:
+        np.testing.assert_allclose(ls, ld, rtol=1e-10)
+
+
+def test_the_global_elbo_term_is_refreshed_every_few_updates(monkeypatch):
+    """K·V / _ELBO_ELEMENTS = 4: the global term is exact at steps 1, 4, 8, …, and between
+    them it is the one last computed (its step is in aux)."""
+    monkeypatch.setattr(lda_module, "_ELBO_ELEMENTS", 300)
+    X = _corpus(n=100, K=4, V=300, length=10, seed=8)
+    model = LDA(4, 300)
+    engine = SVI(model, n_total=100)
+    state = engine.init(X, seed=1)
+    for step in range(1, 10):
+        old = model.lam_matrix(state.lam)
+        xb = X[(step * 10) % 90:(step * 10) % 90 + 10]
+        local = model.local_step(NatParams(topic_word=old), xb)
+        state, info = engine.update(state, xb)
+        exact_global = model.global_elbo(NatParams(topic_word=old))
+        reported_global = info.elbo - 10.0 * float(np.sum(local.log_norm))
+        if step == 1 or step % 4 == 0:
+            assert reported_global == pytest.approx(exact_global, rel=1e-10)
+            assert state.aux["global_elbo_step"] == step - 1
+        else:
+            assert state.aux["global_elbo_step"] == (4 * (step // 4) - 1 if step > 4 else 0)
+            assert reported_global == pytest.approx(state.aux["global_elbo"], rel=1e-12)
+            assert reported_global != pytest.approx(exact_global, rel=1e-10)
+
+
+def test_a_plain_lambda_resumes_in_the_scaled_form():
+    """A state whose λ is plain (a snapshot of an earlier release, or after ρ = 1) continues
+    with the sparse step, from exactly that λ."""
+    X = _corpus(n=100, K=4, V=300, length=10, seed=9)
+    model = LDA(4, 300)
+    lam = model.init_params(np.random.default_rng(0), X, 100)
+    engine = SVI(model, n_total=100)
+    dense = SVI(_DenseLDA(model), n_total=100)
+    a, ia = engine.update(engine.state_from_params(lam), X[:10])
+    b, ib = dense.update(dense.state_from_params(lam), X[:10])
+    assert model.is_scaled(a.lam)
+    np.testing.assert_allclose(model.lam_matrix(a.lam), b.lam["topic_word"], rtol=1e-12)
+    assert ia.elbo == pytest.approx(ib.elbo, rel=1e-12)
+    assert model.lam_matrix(lam).base is not a.lam["topic_word"].base    # the plain λ was not written
