@@ -538,3 +538,25 @@ def test_a_plain_lambda_resumes_in_the_scaled_form():
     np.testing.assert_allclose(model.lam_matrix(a.lam), b.lam["topic_word"], rtol=1e-12)
     assert ia.elbo == pytest.approx(ib.elbo, rel=1e-12)
     assert model.lam_matrix(lam).base is not a.lam["topic_word"].base    # the plain λ was not written
+
+
+def test_a_snapshot_presents_lambda_itself(tmp_path):
+    """The snapshot stores λ scaled (μ, s, c); a loaded model's ``lam`` is λ, its scores equal
+    the training state's, and resuming continues bit for bit."""
+    import streamsvi
+    from streamsvi.checkpoint import CheckpointStore
+
+    X = _corpus(n=60, V=200, length=10, seed=12)
+    model = LDA(4, 200)
+    engine = SVI(model, n_total=60, effective_batch_size=10)
+    state, _ = engine.fit(engine.init(X, seed=0), X, n_steps=6, batch_size=20)
+    assert model.is_scaled(state.lam) and (state.lam["topic_scale"] < 1).all()
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    fitted = streamsvi.load(tmp_path)
+    assert set(fitted.lam) == {"topic_word"}
+    np.testing.assert_array_equal(fitted.lam["topic_word"], model.lam_matrix(state.lam))
+    assert fitted.perplexity(X) == pytest.approx(model.perplexity(state.lam, X), rel=1e-12)
+    resumed = CheckpointStore(tmp_path).latest()
+    a, _ = engine.fit(state, X, n_steps=3, batch_size=20)
+    b, _ = resumed.engine.fit(resumed.state, X, n_steps=3, batch_size=20)
+    assert a.lam.array_equal(b.lam)
