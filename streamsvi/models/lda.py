@@ -331,6 +331,7 @@ class LDA:
         self._prior = NatParams(topic_word=np.full((K, V), self._eta))
         self._cache = None
         self._rowsum_cache = None
+        self._last_rows = None
 
     # ------------------------------------------------------------ settings
     def get_params(self) -> dict:
@@ -391,10 +392,14 @@ class LDA:
         random documents d_k of ``x`` (with replacement if |x| < K), where
         W = (n_total/|x|) Σ_d N_d estimates the corpus' word count.
         """
+        return NatParams(topic_word=self._init_matrix(rng, x, n_total))
+
+    def _init_matrix(self, rng, x, n_total) -> np.ndarray:
+        """The initial λ (K, V) of :meth:`init_params` as a plain array."""
         X = self.check_batch(x)
         K, V = self.n_components, self.n_features
         if self.init == "gamma":
-            return NatParams(topic_word=rng.gamma(100.0, 0.01, (K, V)))
+            return rng.gamma(100.0, 0.01, (K, V))
         n = X.shape[0]
         Nd = np.asarray(X.sum(axis=1)).ravel()
         nonempty = np.flatnonzero(Nd > 0)
@@ -403,24 +408,35 @@ class LDA:
         pick = rng.choice(nonempty, size=K, replace=nonempty.size < K)
         W = float(n_total) / n * Nd.sum()
         seeds = X[pick].toarray() / Nd[pick][:, None]
-        return NatParams(topic_word=self._eta + (W / K) * seeds)
+        return self._eta + (W / K) * seeds
 
     # ------------------------------------------------- the sparse global step
     def _scaled(self, L: np.ndarray) -> NatParams:
-        """λ = L in the scaled form: μ = L, s = 1, c = 0, Σ_w μ_kw."""
-        K = self.n_components
-        return NatParams(topic_word=L, topic_scale=np.ones(K), topic_offset=np.zeros(K),
-                         topic_stored_sum=L.sum(axis=1))
+        """λ = L (K, V) in the scaled form: μᵀ = Lᵀ (V, K), s = 1, c = 0, Σ_w μ_kw.
+
+        One buffer, filled with one transposing copy of L (in column blocks)."""
+        K, V = L.shape
+        n = K * V
+        layout = (("word_topic", (V, K), 0, n), ("topic_scale", (K,), n, n + K),
+                  ("topic_offset", (K,), n + K, n + 2 * K), ("topic_stored_sum", (K,), n + 2 * K, n + 3 * K))
+        flat = np.empty(n + 3 * K)
+        muT = flat[:n].reshape(V, K)
+        for lo, hi in self._chunks():
+            muT[lo:hi] = L[:, lo:hi].T
+        flat[n:n + K] = 1.0
+        flat[n + K:n + 2 * K] = 0.0
+        flat[n + 2 * K:] = L.sum(axis=1)
+        return NatParams._wrap(layout, flat)
 
     def init_state(self, rng, x, n_total):
         """(λ, aux) for :meth:`SVI.init`: λ from :meth:`init_params` in the scaled form
         (module docs, "Sparse global step"; the same values) and aux's stored sums."""
-        lam = self._scaled(self.init_params(rng, x, n_total)["topic_word"])
+        lam = self._scaled(self._init_matrix(rng, x, n_total))
         return lam, self._aux_for(lam)
 
     def _aux_for(self, lam: NatParams, elbo=None, elbo_step=-1) -> dict:
-        mu = lam["topic_word"]
-        return {"stored_sqsum": np.einsum("ij,ij->i", mu, mu), "global_elbo": elbo,
+        mu = lam["word_topic"]
+        return {"stored_sqsum": np.einsum("ij,ij->j", mu, mu), "global_elbo": elbo,
                 "global_elbo_step": int(elbo_step)}
 
     def check_state(self, lam: NatParams, aux) -> None:
@@ -429,7 +445,8 @@ class LDA:
         names = set(lam)
         want = {"topic_word": (K, V)}
         if names != {"topic_word"}:
-            want.update(topic_scale=(K,), topic_offset=(K,), topic_stored_sum=(K,))
+            want = {"word_topic": (V, K), "topic_scale": (K,), "topic_offset": (K,),
+                    "topic_stored_sum": (K,)}
         if names != set(want):
             raise ValueError(f"state parameters {sorted(names)} do not match an LDA state "
                              f"(['topic_word'] or {sorted(want)})")
@@ -444,13 +461,14 @@ class LDA:
                 raise ValueError(f"aux stored_sqsum must have {K} entries, got shape {np.shape(q)}")
 
     def _rescale(self, lam: NatParams, rows) -> None:
-        """Fold s_k, c_k into the stored rows ``rows`` in place (μ_k ← s_k μ_k + c_k)."""
-        mu, s, c, R = lam["topic_word"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+        """Fold s_k, c_k into the stored topics ``rows`` in place (μ_k ← s_k μ_k + c_k)."""
+        mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
         for k in rows:
-            mu[k] *= s[k]
-            mu[k] += c[k]
+            col = mu[:, k]
+            col *= s[k]
+            col += c[k]
             s[k], c[k] = 1.0, 0.0
-            R[k] = mu[k].sum()
+            R[k] = col.sum()
 
     def svi_step(self, lam, aux, x, *, weights, n_total, schedule, step, boundary_fraction,
                  effective_batch_size, **context) -> dict:
@@ -478,24 +496,30 @@ class LDA:
             Sw = Su = self._suffstats_cols(local)
         else:
             Sw, Su = self._suffstats_pair_cols(local, weights)
-        lam_u = self._columns(lam, cols)
-        tgt_u = Sw * scale
+        # word-major (|u|, K) throughout: the stored μᵀ's rows of the batch's words are contiguous
+        SwT, SuT = Sw.T, Su.T
+        last, self._last_rows = self._last_rows, None
+        if last is not None and last[0] is lam and last[1] is cols:
+            lam_u = last[2]                            # as the local step computed them
+        else:
+            lam_u = self._rows(lam, cols)
+        tgt_u = SwT * scale
         tgt_u += eta
         rho = float(schedule(step))
         tau = float(boundary_fraction)
-        mu, s, c, R = lam["topic_word"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+        mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
 
         # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
         rho_k = np.full(K, rho)
         clipped = blocks = 0
         if weights is not None and float(np.min(weights)) < 0:
             r = rho / tau
-            lim = segment_limit_positive(lam_u, tgt_u).min(axis=1)
+            lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
             if r > 1.0 and cols.size < V:
                 # an untouched λ_kw moves towards η; beyond s = 1 it can cross 0 (at s = λ/(λ − η))
                 keep = np.ones(V, dtype=bool)
                 keep[cols] = False
-                top = np.array([mu[k, keep].max() for k in range(K)]) * s + c
+                top = np.max(mu, axis=0, where=keep[:, None], initial=-np.inf) * s + c
                 lim = np.minimum(lim, segment_limit_positive(top, np.full(K, eta)))
             if (lim <= r).any():
                 rho_k = np.minimum(rho, tau * lim)
@@ -512,12 +536,16 @@ class LDA:
         Q = aux["stored_sqsum"]
         d = c - eta                                   # Σ_w (λ_kw − η)² = s²Q + 2s(c−η)R + V(c−η)²
         full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
-        du = lam_u - eta
-        untouched = np.maximum(full_sq - np.einsum("ij,ij->i", du, du), 0.0)
-        g = tgt_u - lam_u
-        grad_norm = math.sqrt(float(np.einsum("ij,ij->", g, g) + untouched.sum()))
+        # Σ_{w∈u} (λ_kw − η)², and ‖λ̂ − λ‖² on the batch's words, without temporaries
+        ll = np.einsum("ij,ij->j", lam_u, lam_u)
+        lsum = lam_u.sum(axis=0)
+        touched = ll - 2.0 * eta * lsum + cols.size * eta * eta
+        untouched = np.maximum(full_sq - touched, 0.0)
+        g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u) - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u)
+                            + ll.sum()))
+        grad_norm = math.sqrt(g2 + float(untouched.sum()))
         if S > 1:
-            mean_sq = float(np.einsum("ij,ij->", Su, Su)) / (S * S)
+            mean_sq = float(np.einsum("ij,ij->", SuT, SuT)) / (S * S)
             tr_cov = max(0.0, (float(np.sum(self.suffstats_sqnorm(local))) - S * mean_sq) / (S - 1))
             grad_var = N * N * tr_cov / float(effective_batch_size)
         else:
@@ -542,24 +570,25 @@ class LDA:
         keep_k = 1.0 - rho_k
         s_new = keep_k * s
         c_new = keep_k * c + rho_k * eta
-        new_u = lam_u * keep_k[:, None]
-        new_u += rho_k[:, None] * tgt_u
-        mu_u = new_u - c_new[:, None]
-        mu_u /= s_new[:, None]
+        mu_u = lam_u * keep_k                          # λ' on the batch's words ...
+        tgt_u *= rho_k
+        mu_u += tgt_u
+        mu_u -= c_new                                  # ... as stored: (λ' − c')/s'
+        mu_u /= s_new
         if not (np.isfinite(mu_u).all() and np.isfinite(s_new).all() and np.isfinite(c_new).all()
                 and (s_new > 0).all()):
             raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
-        old_u = mu[:, cols]
-        R_new = R + (mu_u.sum(axis=1) - old_u.sum(axis=1))
-        Q_new = Q + (np.einsum("ij,ij->i", mu_u, mu_u) - np.einsum("ij,ij->i", old_u, old_u))
-        mu[:, cols] = mu_u                              # in place: only the batch's columns
+        old_u = mu[cols]
+        R_new = R + (mu_u.sum(axis=0) - old_u.sum(axis=0))
+        Q_new = Q + (np.einsum("ij,ij->j", mu_u, mu_u) - np.einsum("ij,ij->j", old_u, old_u))
+        mu[cols] = mu_u                                 # in place: only the batch's words
         s[:], c[:], R[:] = s_new, c_new, R_new
         small = np.flatnonzero(s_new < _RESCALE_BELOW)
         if small.size:
             self._rescale(lam, small)
             Q_new = Q_new.copy()
             for k in small:
-                Q_new[k] = float(np.dot(mu[k], mu[k]))
+                Q_new[k] = float(np.dot(mu[:, k], mu[:, k]))
         new_lam = NatParams._wrap(lam._layout, lam._flat)   # a new λ object over the same storage
         out.update(lam=new_lam, aux={"stored_sqsum": Q_new, "global_elbo": G, "global_elbo_step": G_step})
         return out
@@ -569,18 +598,27 @@ class LDA:
         """E[log β], its per-word max m_w and exp(E[log β] − m_w); cached for the last λ.
 
         ``exp_beta_ext`` (K, V+1) holds exp(E[log β] − m) with a column of ones
-        appended (the local step's padding word); ``exp_beta`` is a view of it.
-        With ``cols`` (sorted word ids) only those columns are computed (not
-        cached): every value is the full computation's, bit for bit, since each
-        is a function of λ_kw, Σ_v λ_kv and its own column.
+        appended (the local step's padding word); ``exp_beta`` is a view of it;
+        ``exp_beta_t`` (V, K) its transpose (the compiled kernel's layout).
+        With ``cols`` (sorted word ids) only those columns are computed, word-major
+        (``exp_beta_t`` first, ``exp_beta`` its transposed view, ``exp_beta_ext``
+        built when a numpy kernel asks for it), and nothing is cached. Every value
+        is a function of λ_kw, Σ_v λ_kv and its own column only.
         """
-        if cols is None:
-            cache = self._cache
-            if cache is not None and cache[0] is lam:
-                return cache[1]
-            L = self.lam_matrix(lam)
-        else:
-            L = self._columns(lam, cols)
+        if cols is not None:
+            LT = self._rows(lam, cols)
+            self._last_rows = (lam, cols, LT)           # svi_step reuses them
+            elog = digamma(LT)
+            elog -= digamma(self._rowsums(lam))
+            m = elog.max(axis=1)
+            ebt = np.subtract(elog, m[:, None])
+            np.exp(ebt, out=ebt)
+            return {"elog_beta": elog.T, "m": m, "exp_beta": ebt.T, "exp_beta_ext": None,
+                    "exp_beta_t": ebt}
+        cache = self._cache
+        if cache is not None and cache[0] is lam:
+            return cache[1]
+        L = self.lam_matrix(lam)
         K, V = L.shape
         elog = digamma(L)
         elog -= digamma(self._rowsums(lam))[:, None]
@@ -591,36 +629,46 @@ class LDA:
         np.exp(eb, out=eb)
         ext[:, V] = 1.0
         ex = {"elog_beta": elog, "m": m, "exp_beta": eb, "exp_beta_ext": ext, "exp_beta_t": None}
-        if cols is None:
-            self._cache = (lam, ex)
+        self._cache = (lam, ex)
         return ex
+
+    @staticmethod
+    def _ext(ex) -> np.ndarray:
+        """``ex["exp_beta_ext"]``, built from ``exp_beta`` if it is not there yet."""
+        if ex["exp_beta_ext"] is None:
+            K, n = ex["exp_beta"].shape
+            ext = np.empty((K, n + 1))
+            ext[:, :n] = ex["exp_beta"]
+            ext[:, n] = 1.0
+            ex["exp_beta_ext"] = ext
+        return ex["exp_beta_ext"]
 
     # ------------------------------------------------------- λ's two forms
     @staticmethod
     def is_scaled(lam: NatParams) -> bool:
         """True when ``lam`` holds λ in the scaled form (module docs, "Sparse global step")."""
-        return "topic_scale" in lam
+        return "word_topic" in lam
 
     def lam_matrix(self, lam: NatParams) -> np.ndarray:
         """λ (K, V) itself: ``lam["topic_word"]``, or s_k·μ_kw + c_k for the scaled form
         (then a new array: a dense K×V pass)."""
         if not self.is_scaled(lam):
             return lam["topic_word"]
-        out = lam["topic_word"] * lam["topic_scale"][:, None]
-        out += lam["topic_offset"][:, None]
+        out = np.empty((self.n_components, self.n_features))
+        for lo, hi in self._chunks():
+            out[:, lo:hi] = self._rows(lam, slice(lo, hi)).T
         return out
 
     def dense_params(self, lam: NatParams) -> NatParams:
         """λ as a plain ``NatParams(topic_word=λ)`` (the form every release before wrote)."""
         return lam if not self.is_scaled(lam) else NatParams(topic_word=self.lam_matrix(lam))
 
-    def _columns(self, lam: NatParams, cols) -> np.ndarray:
-        """λ[:, cols] (K, len(cols)): a new array (``cols`` an index array or a slice)."""
-        mu = lam["topic_word"]
+    def _rows(self, lam: NatParams, cols) -> np.ndarray:
+        """λ[:, cols]ᵀ (len(cols), K), word-major: a new array (``cols`` an index array or a slice)."""
         if not self.is_scaled(lam):
-            return mu[:, cols] if isinstance(cols, np.ndarray) else mu[:, cols].copy()
-        out = mu[:, cols] * lam["topic_scale"][:, None]
-        out += lam["topic_offset"][:, None]
+            return np.ascontiguousarray(lam["topic_word"][:, cols].T)
+        out = lam["word_topic"][cols] * lam["topic_scale"]
+        out += lam["topic_offset"]
         return out
 
     def _rowsums(self, lam: NatParams) -> np.ndarray:
@@ -974,7 +1022,7 @@ class LDA:
                                    shape=(X.shape[0], cols.size))
         ex = self._expectations(lam, cols)
         if self.accelerate:
-            gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], Xc))
+            gamma, n_iter = self._fit_gamma_squarem(_Words(self._ext(ex), Xc))
             Z = zlog = None
         elif COMPILED and self._local_path in (None, "compiled"):
             gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, Xc)
@@ -982,7 +1030,7 @@ class LDA:
             gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
             Z = zlog = None
         else:
-            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(ex["exp_beta_ext"], Xc))
+            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(self._ext(ex), Xc))
         return self._finish(ex, X, gamma, n_iter, Z, zlog, cols, Xc)
 
     def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None, cols=None, Xc=None) -> LDALocal:
@@ -1071,8 +1119,8 @@ class LDA:
         T = np.zeros(K)
         acc = 0.0
         for lo, hi in self._chunks():
-            Lc = self._columns(lam, slice(lo, hi))
-            T += Lc.sum(axis=1)
+            Lc = self._rows(lam, slice(lo, hi))
+            T += Lc.sum(axis=0)
             f = digamma(Lc)
             f *= eta - Lc
             f += gammaln(Lc)
@@ -1095,7 +1143,7 @@ class LDA:
         s, c = lam["topic_scale"], lam["topic_offset"]
         if not (s > 0).all():
             return False
-        return bool((s * lam["topic_word"].min(axis=1) + c).min() > 0)
+        return bool((s * lam["word_topic"].min(axis=0) + c).min() > 0)
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
