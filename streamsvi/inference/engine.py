@@ -76,7 +76,10 @@ class EngineState:
     """Everything an update changes: step t, λ, the random stream, records seen.
 
     Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
-    numpy PCG64 state as a JSON-serialisable dict.
+    numpy PCG64 state as a JSON-serialisable dict. One exception: LDA writes
+    its stored topic matrix in place (only the batch's words; see its module
+    docs), so an LDA state passed to ``update`` must not be used afterwards
+    (it is unchanged when ``update`` raises).
 
     ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
     models" in the module docs; PMF keeps its id→row maps and per-row counts

@@ -449,27 +449,41 @@ class LDA:
         return self._eta + (W / K) * seeds
 
     # ------------------------------------------------- the sparse global step
-    def _scaled(self, L: np.ndarray) -> NatParams:
+    def _scaled(self, L: np.ndarray | None, rng=None) -> NatParams:
         """λ = L (K, V) in the scaled form: μᵀ = Lᵀ (V, K), s = 1, c = 0, Σ_w μ_kw.
 
-        One buffer, filled with one transposing copy of L (in column blocks)."""
-        K, V = L.shape
+        One buffer, filled with one transposing copy of L (in column blocks); with
+        ``L=None``, ``init="gamma"``'s draws from ``rng`` go straight into it one
+        topic at a time (the same values as :meth:`init_params`: the same stream,
+        in the same order), so no K × V temporary is made."""
+        K, V = self.n_components, self.n_features
         n = K * V
         layout = (("word_topic", (V, K), 0, n), ("topic_scale", (K,), n, n + K),
                   ("topic_offset", (K,), n + K, n + 2 * K), ("topic_stored_sum", (K,), n + 2 * K, n + 3 * K))
         flat = np.empty(n + 3 * K)
         muT = flat[:n].reshape(V, K)
-        for lo, hi in self._chunks():
-            muT[lo:hi] = L[:, lo:hi].T
+        sums = flat[n + 2 * K:]
+        if L is None:
+            for k in range(K):
+                row = rng.gamma(100.0, 0.01, V)
+                muT[:, k] = row
+                sums[k] = row.sum()
+        else:
+            for lo, hi in self._chunks():
+                muT[lo:hi] = L[:, lo:hi].T
+            sums[:] = L.sum(axis=1)
         flat[n:n + K] = 1.0
         flat[n + K:n + 2 * K] = 0.0
-        flat[n + 2 * K:] = L.sum(axis=1)
         return NatParams._wrap(layout, flat)
 
     def init_state(self, rng, x, n_total):
         """(λ, aux) for :meth:`SVI.init`: λ from :meth:`init_params` in the scaled form
         (module docs, "Sparse global step"; the same values) and aux's stored sums."""
-        lam = self._scaled(self._init_matrix(rng, x, n_total))
+        if self.init == "gamma":
+            self.check_batch(x)
+            lam = self._scaled(None, rng)
+        else:
+            lam = self._scaled(self._init_matrix(rng, x, n_total))
         return lam, self._aux_for(lam)
 
     def _aux_for(self, lam: NatParams, elbo=None, elbo_step=-1) -> dict:
