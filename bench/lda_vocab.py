@@ -127,7 +127,8 @@ def worker(method, V, seed):
             state, _ = engine.update(state, xb)
         secs = time.perf_counter() - t
         peak = _rss_mib()
-        lam = NatParams(topic_word=model.lam_matrix(state.lam))
+        as_matrix = getattr(model, "lam_matrix", None)     # (releases before it: λ is lam itself)
+        lam = NatParams(topic_word=as_matrix(state.lam) if as_matrix else state.lam["topic_word"])
         del state
     elif method == "scikit-learn":
         from sklearn.decomposition import LatentDirichletAllocation
