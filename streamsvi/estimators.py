@@ -30,6 +30,7 @@ import numpy as np
 from river import base, stats
 
 from .inference import SVI, EngineState, RobbinsMonro
+from .inference.annealing import SVIPlus, annealer_from_dict
 from .models import BayesianGMM
 
 
@@ -40,6 +41,23 @@ def _check_batch_sizes(batch_size, effective_batch_size) -> None:
     if effective_batch_size is not None and not 0 < effective_batch_size <= batch_size:
         raise ValueError(f"effective_batch_size must be in (0, batch_size={batch_size}], "
                          f"got {effective_batch_size}")
+
+def _annealer_of(annealing, batch_size, effective_batch_size):
+    """The ``annealing`` setting (None, a dict with ``kind`` or an Annealer) as an Annealer or None.
+
+    ``ValueError`` for a bad setting, for both ``annealing`` and
+    ``effective_batch_size``, and for a constant SVI+ M0 above ``batch_size``.
+    """
+    if annealing is None:
+        return None
+    if effective_batch_size is not None:
+        raise ValueError("set annealing or effective_batch_size, not both "
+                         "(effective_batch_size=M is annealing={'kind': 'svi+', 'M0': M})")
+    ann = annealer_from_dict(annealing)
+    if isinstance(ann, SVIPlus) and ann.schedule == "constant" and ann.M0 is not None:
+        _check_batch_sizes(batch_size, ann.M0)
+    return ann
+
 
 class GaussianMixture(base.Clusterer):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
@@ -67,6 +85,11 @@ class GaussianMixture(base.Clusterer):
         first record.
     seed
         Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer (:mod:`streamsvi.inference.annealing`) or its dict form,
+        e.g. ``{"kind": "deterministic", "T0": 5.0}``, ``{"kind": "stochastic"}``
+        or ``{"kind": "svi+", "M0": 8, "schedule": "linear", "increment": 1}``.
+        None: SVI, or SVI+ with ``effective_batch_size`` (not both).
     """
 
     def __init__(self, n_components: int = 3, batch_size: int = 32,
@@ -74,7 +97,7 @@ class GaussianMixture(base.Clusterer):
                  tau0: float = 1.0, kappa: float = 0.7, weight_concentration: float = 1.0,
                  mean_precision: float = 1.0, degrees_of_freedom: float | None = None,
                  scale: float = 1.0, init: str = "kmeans", features: tuple | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, annealing=None):
         self.n_components = n_components
         self.batch_size = batch_size
         self.effective_batch_size = effective_batch_size
@@ -88,7 +111,9 @@ class GaussianMixture(base.Clusterer):
         self.init = init
         self.features = features
         self.seed = seed
+        self.annealing = annealing
         _check_batch_sizes(batch_size, effective_batch_size)
+        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
         self._engine = None
         self._state = None
@@ -101,6 +126,9 @@ class GaussianMixture(base.Clusterer):
     def _unit_test_params(cls):
         yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
         yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
+        yield {"n_components": 2, "batch_size": 8, "seed": 2,
+               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+        yield {"n_components": 2, "batch_size": 8, "seed": 3, "annealing": {"kind": "stochastic", "rho0": 0.5}}
 
     # -------------------------------------------------------------- set-up
     def _build(self):
@@ -111,7 +139,8 @@ class GaussianMixture(base.Clusterer):
                             init=self.init)
         self._engine = SVI(model, n_total=self.n_total,
                            schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                           effective_batch_size=self.effective_batch_size, short_batches="svi")
+                           effective_batch_size=self.effective_batch_size, short_batches="svi",
+                           annealer=self._annealer)
         self._means = {f: stats.Mean() for f in self._features}
 
     @classmethod
@@ -140,6 +169,9 @@ class GaussianMixture(base.Clusterer):
         if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
             raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
         M = eng["effective_batch_size"]
+        annealing = eng.get("annealer")
+        if annealing is not None and annealing.get("kind") == "svi+" and annealing.get("M0") is not None:
+            M = annealing["M0"]      # for the default batch_size and its check below
         daemon_S = (fitted.config.get("inference") or {}).get("batch_size")
         if batch_size is None:
             batch_size = daemon_S if daemon_S is not None else max(32, int(np.ceil(M or 0)))
@@ -153,7 +185,8 @@ class GaussianMixture(base.Clusterer):
                 + " or leave it out to use the daemon's")
         sched = eng["schedule"]
         est = cls(n_components=p["n_components"], batch_size=batch_size,
-                  effective_batch_size=M, n_total=eng["n_total"],
+                  effective_batch_size=M if annealing is None else None, n_total=eng["n_total"],
+                  annealing=annealing,
                   tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
@@ -265,6 +298,9 @@ class TopicModel(base.MiniBatchTransformer):
         As :class:`streamsvi.models.LDA`.
     seed
         Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer or its dict form (as :class:`GaussianMixture`); None: SVI,
+        or SVI+ with ``effective_batch_size`` (not both).
 
     Examples
     --------
@@ -289,7 +325,7 @@ class TopicModel(base.MiniBatchTransformer):
                  n_total: float = 10_000.0, tau0: float = 10.0, kappa: float = 0.7,
                  doc_topic_prior: float | None = None, topic_word_prior: float | None = None,
                  max_doc_update_iter: int = 100, mean_change_tol: float = 1e-3,
-                 seed: int | None = None):
+                 seed: int | None = None, annealing=None):
         from .models import LDA
 
         self.n_components = n_components
@@ -305,7 +341,9 @@ class TopicModel(base.MiniBatchTransformer):
         self.max_doc_update_iter = max_doc_update_iter
         self.mean_change_tol = mean_change_tol
         self.seed = seed
+        self.annealing = annealing
         _check_batch_sizes(batch_size, effective_batch_size)
+        annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         if vocabulary is not None and len(vocabulary) > n_features:
             raise ValueError(f"vocabulary has {len(vocabulary)} words, more than n_features={n_features}")
         self._vocab = {w: i for i, w in enumerate(vocabulary)} if vocabulary is not None else None
@@ -313,13 +351,16 @@ class TopicModel(base.MiniBatchTransformer):
                     topic_word_prior=topic_word_prior, max_doc_update_iter=max_doc_update_iter,
                     mean_change_tol=mean_change_tol)
         self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
-                           effective_batch_size=effective_batch_size, short_batches="svi")
+                           effective_batch_size=effective_batch_size, short_batches="svi",
+                           annealer=annealer)
         self._state = None
         self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
 
     @classmethod
     def _unit_test_params(cls):
         yield {"n_components": 3, "n_features": 32, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 2, "n_features": 16, "batch_size": 8, "n_total": 200.0, "seed": 1,
+               "annealing": {"kind": "deterministic", "T0": 2.0, "n_steps": 4}}
 
     def _row(self, x: dict):
         ids, counts = [], []
@@ -409,8 +450,9 @@ class MatrixFactorization(_Ranker):
 
     Parameters
     ----------
-    n_factors, sigma2, prior_var, biases, offset, init_scale
-        The :class:`~streamsvi.models.PMF` settings.
+    n_factors, sigma2, prior_var, bias_var, biases, offset, init_scale, row_clock, sweep
+        The :class:`~streamsvi.models.PMF` settings; the defaults are ``configs/pmf.toml``'s
+        (``offset="auto"``: μ0 is the running mean of the ratings learned so far).
     batch_size
         |S|: ratings per update.
     effective_batch_size
@@ -424,6 +466,10 @@ class MatrixFactorization(_Ranker):
         ρ_i = (τ0 + t_i)^(−κ), t_i the updates of row i so far.
     seed
         Seed of the engine's random stream (initial means, SVI+ noise).
+    annealing
+        None, ``{"kind": "none"}`` or SVI+ (``{"kind": "svi+", "M0": M, ...}``
+        or an ``SVIPlus``); PMF has no local latent assignments, so
+        ``deterministic`` and ``stochastic`` are refused (``ValueError``).
 
     Examples
     --------
@@ -439,15 +485,19 @@ class MatrixFactorization(_Ranker):
     []
     """
 
-    def __init__(self, n_factors: int = 10, sigma2: float = 1.0, prior_var: float = 1.0,
-                 biases: bool = True, offset: float = 0.0, init_scale: float = 0.1,
+    def __init__(self, n_factors: int = 5, sigma2: float = 0.8, prior_var: float = 0.3,
+                 biases: bool = True, offset: float | str = "auto", init_scale: float = 0.1,
                  batch_size: int = 1000, effective_batch_size: float | None = None,
                  n_total: float = 100_000.0, row_counts: str = "seen", tau0: float = 0.0,
-                 kappa: float = 1.0, seed: int | None = None):
+                 kappa: float = 1.0, seed: int | None = None, bias_var: float | None = 0.3,
+                 row_clock: str = "ratings", sweep: str = "items_first", annealing=None):
         super().__init__(seed=seed)
         self.n_factors = n_factors
         self.sigma2 = sigma2
         self.prior_var = prior_var
+        self.bias_var = bias_var
+        self.row_clock = row_clock
+        self.sweep = sweep
         self.biases = biases
         self.offset = offset
         self.init_scale = init_scale
@@ -457,9 +507,11 @@ class MatrixFactorization(_Ranker):
         self.row_counts = row_counts
         self.tau0 = tau0
         self.kappa = kappa
+        self.annealing = annealing
         if isinstance(batch_size, bool):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
         _check_batch_sizes(batch_size, effective_batch_size)
+        _annealer_of(annealing, batch_size, effective_batch_size)
         self._engine = self._make_engine()
         self._state = None
         self._buffer: list = []
@@ -470,9 +522,11 @@ class MatrixFactorization(_Ranker):
 
         model = PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
                     biases=self.biases, offset=self.offset, init_scale=self.init_scale,
-                    row_counts=self.row_counts)
+                    row_counts=self.row_counts, bias_var=self.bias_var, row_clock=self.row_clock,
+                    sweep=self.sweep)
         return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                   effective_batch_size=self.effective_batch_size, short_batches="svi")
+                   effective_batch_size=self.effective_batch_size, short_batches="svi",
+                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
 
     # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
     # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
@@ -488,6 +542,8 @@ class MatrixFactorization(_Ranker):
     @classmethod
     def _unit_test_params(cls):
         yield {"n_factors": 2, "batch_size": 8, "seed": 0}
+        yield {"n_factors": 2, "batch_size": 8, "seed": 1,
+               "annealing": {"kind": "svi+", "M0": 2.0, "schedule": "linear", "increment": 1.0}}
 
     @property
     def model(self):
@@ -521,9 +577,14 @@ class MatrixFactorization(_Ranker):
     def _predict(self, users, items):
         if self._state is None:
             n = len(users)
-            return (np.full(n, float(self.offset)),
+            if self.offset == "auto":        # the running mean of what is buffered so far (0 before any)
+                mu0 = float(np.mean([y for _, _, y in self._buffer])) if self._buffer else 0.0
+            else:
+                mu0 = float(self.offset)
+            bv = self.prior_var if self.bias_var is None else self.bias_var
+            return (np.full(n, mu0),
                     np.full(n, self.sigma2 + self.prior_var ** 2 * self.n_factors
-                            + (2 * self.prior_var if self.biases else 0.0)))
+                            + (2 * bv if self.biases else 0.0)))
         return self.model.predict_rating(self._state.lam, users, items, aux=self._state.aux)
 
     def predict_one(self, user, item, x=None) -> float:
@@ -546,3 +607,191 @@ class MatrixFactorization(_Ranker):
         if self._state is None:
             return []
         return self.model.recommend(self._state.lam, user, k=k, exclude=exclude, aux=self._state.aux)
+
+
+# ----------------------------------------------------------- logistic regression
+class LogisticRegression(base.MiniBatchClassifier):
+    """Bayesian logistic regression learned online by stochastic ELBO gradients (a river classifier).
+
+    The model is :class:`streamsvi.models.BayesianLogisticRegression` (q(w)
+    mean-field Gaussian), the engine :class:`streamsvi.inference.GradientVI`
+    with local expectation gradients (seed 001) by default. ``learn_one``
+    buffers records and applies one update each time ``batch_size`` of them
+    are in (``learn_many``: same batching, same result);
+    ``predict_proba_one`` / ``predict_proba_many`` give the posterior
+    predictive p(y | x, data) by the probit approximation, not the plug-in
+    σ(xᵀμ).
+
+    Binary: labels are bools (or 0 / 1); ``predict_proba_one`` returns
+    ``{False: 1 − p, True: p}``. Features are fixed by ``features`` or the
+    sorted keys of the first record; a missing feature is imputed with its
+    running mean, an unknown one ignored. With ``standardize`` (default) each
+    feature is centred and scaled by its running mean and standard deviation
+    (river ``stats.Var``) as it arrives, so the defaults work on raw features.
+
+    Parameters
+    ----------
+    batch_size
+        |S|: records per update.
+    n_total
+        N, or the population size α of an unbounded stream: how many records
+        the posterior stands for.
+    prior_var
+        Variance of the Gaussian prior of each weight.
+    estimator
+        ``"legrad"``, ``"regrad"`` or ``"ldgrad"``.
+    optimizer, learning_rate, tau0, kappa
+        The step (:class:`streamsvi.inference.GradientVI`): natural-gradient
+        Robbins–Monro steps ρ_t = (τ0 + t)^(−κ) by default.
+    standardize
+        Scale features by their running statistics.
+    features
+        Feature names in order (a tuple); None takes the sorted keys of the first record.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+
+    Examples
+    --------
+    >>> from river import datasets, metrics
+    >>> model = LogisticRegression(seed=0)
+    >>> acc = metrics.Accuracy()
+    >>> for x, y in datasets.Phishing():
+    ...     acc.update(y, model.predict_one(x))
+    ...     model.learn_one(x, y)
+    >>> acc.get() > 0.85
+    True
+    """
+
+    def __init__(self, batch_size: int = 16, n_total: float = 10_000.0, prior_var: float = 1.0,
+                 estimator: str = "legrad", optimizer: str = "natural", learning_rate: float = 1.0,
+                 tau0: float = 1.0, kappa: float = 0.7, standardize: bool = True,
+                 features: tuple | None = None, seed: int | None = None):
+        self.batch_size = batch_size
+        self.n_total = n_total
+        self.prior_var = prior_var
+        self.estimator = estimator
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.standardize = standardize
+        self.features = features
+        self.seed = seed
+        _check_batch_sizes(batch_size, None)
+        from .inference.gradients import ESTIMATORS, OPTIMIZERS
+
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(ESTIMATORS)}, got {estimator!r}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+        self._features = list(features) if features is not None else None
+        self._engine = None
+        self._state = None
+        self._buffer: list[np.ndarray] = []
+        self._stats: dict = {}
+        if self._features is not None:
+            self._build()
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"batch_size": 8, "seed": 0}
+        yield {"batch_size": 4, "estimator": "regrad", "optimizer": "adam", "learning_rate": 0.05, "seed": 1}
+
+    @property
+    def _multiclass(self):
+        return False
+
+    @property
+    def _is_stochastic(self):
+        return True
+
+    def _build(self):
+        from .inference.gradients import GradientVI
+        from .models.logistic import BayesianLogisticRegression
+
+        model = BayesianLogisticRegression(n_features=len(self._features), prior_var=self.prior_var)
+        self._engine = GradientVI(model, n_total=self.n_total, estimator=self.estimator,
+                                  optimizer=self.optimizer, learning_rate=self.learning_rate,
+                                  schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa))
+        self._stats = {f: stats.Var() for f in self._features}
+
+    def _row(self, x: dict, learn: bool) -> np.ndarray:
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        row = np.empty(len(self._features))
+        for i, f in enumerate(self._features):
+            v, st = x.get(f), self._stats[f]
+            if v is not None:
+                v = float(v)
+                if learn and np.isfinite(v):
+                    st.update(v)
+            mean = st.mean.get()
+            if v is None or not np.isfinite(v):
+                v = mean
+            if self.standardize:
+                sd = float(np.sqrt(st.get())) if st.mean.n > 1 else 0.0
+                v = (v - mean) / sd if sd > 0 else v - mean
+            row[i] = v
+        return row
+
+    @staticmethod
+    def _label(y) -> float:
+        if isinstance(y, (bool, np.bool_)) or y in (0, 1):
+            return float(bool(y))
+        raise ValueError(f"LogisticRegression is binary: labels must be bools (or 0 / 1), got {y!r}")
+
+    def _flush(self):
+        X = np.vstack(self._buffer)
+        self._buffer = []
+        if self._state is None:
+            self._state = self._engine.init(X, seed=self.seed if self.seed is not None
+                                            else int(np.random.SeedSequence().entropy % (2**63)))
+        self._state, self.last_info_ = self._engine.update(self._state, X)
+
+    def learn_one(self, x: dict, y) -> None:
+        label = self._label(y)
+        self._buffer.append(np.append(self._row(x, learn=True), label))
+        if len(self._buffer) >= self.batch_size:
+            self._flush()
+
+    def learn_many(self, X, y) -> None:
+        """Learn from a DataFrame and a Series of labels; same batching as learn_one."""
+        for x, yi in zip(X.to_dict(orient="records"), y.tolist()):
+            self.learn_one(x, yi)
+
+    def _p1(self, rows: np.ndarray) -> np.ndarray:
+        if self._state is None:
+            return np.full(rows.shape[0], 0.5)
+        return self._engine.model.predict_proba(self._state.lam, rows)
+
+    def predict_proba_one(self, x: dict) -> dict:
+        if self._features is None:
+            return {False: 0.5, True: 0.5}
+        p = float(self._p1(self._row(x, learn=False)[None, :])[0])
+        return {False: 1.0 - p, True: p}
+
+    def predict_proba_many(self, X):
+        """A DataFrame with columns False and True."""
+        import pandas as pd
+
+        if self._features is None:
+            p = np.full(len(X), 0.5)
+        else:
+            p = self._p1(np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")]))
+        return pd.DataFrame({False: 1.0 - p, True: p}, index=X.index)
+
+    def predict_many(self, X):
+        import pandas as pd
+
+        proba = self.predict_proba_many(X)
+        return pd.Series(proba[True].to_numpy() > 0.5, index=X.index)
+
+    @property
+    def weights(self) -> dict | None:
+        """Posterior mean and standard deviation of each feature's weight (standardised units)."""
+        if self._state is None:
+            return None
+        m, s = self._state.lam["mean"], np.exp(self._state.lam["log_std"])
+        names = [*self._features, "intercept"]
+        return {f: (float(a), float(b)) for f, a, b in zip(names, m, s)}

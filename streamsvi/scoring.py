@@ -348,6 +348,10 @@ class LineScorer:
         else:
             self.codec = self.kind.make_codec("json", fitted.model, {"fields": fields} if fields else {})
         self.validator = self.kind.make_validator(fitted.model, dict(fitted.config.get("validation") or {}))
+        own = getattr(self.kind, "scoring_codec_validator", None)   # a kind that scores differently
+        if own is not None and fmt == "jsonl":                      # (labelled: the label is optional)
+            self.codec, self.validator = own(fitted.model, fields,
+                                             dict(fitted.config.get("validation") or {}))
 
     def __call__(self, lines) -> list[dict]:
         from .io.codecs import DecodeError

@@ -207,3 +207,40 @@ def test_movielens100k_real_file():
     assert len(x) == 100_000 and len(set(x.user)) == 943 and len(set(x.item)) == 1682
     assert set(np.unique(x.rating)) == {1.0, 2.0, 3.0, 4.0, 5.0}
     assert x.to_records()[0] == {"user": "196", "item": "242", "rating": 3.0}   # first line of u.data
+
+
+def test_read_idx_and_fashion_mnist_files(tmp_path):
+    """IDX files as written by the MNIST tools: big-endian header, gzip; a bad one is refused."""
+    import gzip
+
+    imgs = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    head = bytes([0, 0, 8, 3]) + b"".join(n.to_bytes(4, "big") for n in imgs.shape)
+    (tmp_path / "i.gz").write_bytes(gzip.compress(head + imgs.tobytes()))
+    (tmp_path / "l.gz").write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + (2).to_bytes(4, "big") + bytes([7, 1])))
+    np.testing.assert_array_equal(datasets.read_idx(tmp_path / "i.gz"), imgs)
+    X, y = datasets.load_fashion_mnist(images=tmp_path / "i.gz", labels=tmp_path / "l.gz")
+    assert X.shape == (2, 12) and X.dtype == float and y.tolist() == [7, 1]
+    (tmp_path / "bad").write_bytes(b"\x00\x00\x0d\x01" + (2).to_bytes(4, "big") + b"\x00" * 8)
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX file"):
+        datasets.read_idx(tmp_path / "bad")
+    with pytest.raises(ValueError, match="header says \\(2, 3, 4\\), file holds 23"):
+        (tmp_path / "short").write_bytes(head + imgs.tobytes()[:-1])
+        datasets.read_idx(tmp_path / "short")
+    with pytest.raises(FileNotFoundError, match="Fashion-MNIST file .* does not exist"):
+        datasets.load_fashion_mnist(images=tmp_path / "missing.gz")
+
+
+def test_load_ratings_csv_and_its_errors(tmp_path):
+    p = tmp_path / "ratings.csv"
+    p.write_text("userId,movieId,rating,timestamp\n1,31,2.5,1260759144\n1,1029,3.0,1260759179\n7,31,0.5,5\n")
+    x, ts = datasets.load_ratings_csv(p)
+    assert x.user.tolist() == ["1", "1", "7"] and x.item.tolist() == ["31", "1029", "31"]
+    assert x.rating.tolist() == [2.5, 3.0, 0.5] and ts.tolist() == [1260759144.0, 1260759179.0, 5.0]
+    x, ts = datasets.load_ratings_csv("movieId,userId,rating\n5,9,4\n")      # columns found by name
+    assert (x.user.tolist(), x.item.tolist(), ts) == (["9"], ["5"], None)
+    with pytest.raises(ValueError, match="lacks userId, movieId and rating"):
+        datasets.load_ratings_csv("user,item,stars\n1,2,3\n")
+    with pytest.raises(ValueError, match="line 2"):
+        datasets.load_ratings_csv("userId,movieId,rating\n1,2,three\n")
+    with pytest.raises(FileNotFoundError, match="ml-latest-small"):
+        datasets.load_movielens_latest_small(tmp_path / "missing.csv")

@@ -208,3 +208,82 @@ def test_from_snapshot_keeps_an_effective_fraction(tmp_path):
     est = GaussianMixture.from_snapshot(ck)
     assert est.batch_size == 200 and est.effective_batch_size == 50 and est.features == ("x0", "x1")
     assert GaussianMixture.from_snapshot(ck, batch_size=40).effective_batch_size == 10
+
+
+# ------------------------------------------------------------------ annealing
+def test_faces_take_an_annealer_or_its_dict():
+    """``annealing=`` (dict or Annealer) gives the engine's annealer; the face's updates are
+    the engine's own (same seed, same batches, same λ)."""
+    from streamsvi.inference.annealing import Deterministic
+
+    X, _ = make_blobs(200, seed=2)
+    ests = [GaussianMixture(n_components=3, batch_size=20, n_total=200, seed=5, annealing=a)
+            for a in ({"kind": "deterministic", "T0": 4.0, "n_steps": 20}, Deterministic(T0=4.0, n_steps=20))]
+    plain = GaussianMixture(n_components=3, batch_size=20, n_total=200, seed=5)
+    for est in ests + [plain]:
+        est.learn_many(pd.DataFrame(X, columns=["a", "b"]))
+    assert ests[0]._engine.annealer == Deterministic(T0=4.0, n_steps=20)
+    assert ests[0]._state.lam.array_equal(ests[1]._state.lam)
+    assert not ests[0]._state.lam.array_equal(plain._state.lam)    # T > 1 changed the updates
+
+
+def test_faces_refuse_undefined_annealing():
+    from streamsvi.estimators import MatrixFactorization
+
+    with pytest.raises(ValueError, match="annealing kind 'stochastic' is not defined for model 'pmf'"):
+        MatrixFactorization(annealing={"kind": "stochastic"})
+    with pytest.raises(ValueError, match="not both"):
+        GaussianMixture(effective_batch_size=4, annealing={"kind": "svi+", "M0": 4})
+    with pytest.raises(ValueError, match="unknown setting"):
+        TopicModel(annealing={"kind": "deterministic", "temperature": 5})
+    with pytest.raises(ValueError, match="effective_batch_size must be in \\(0, batch_size=32\\]"):
+        GaussianMixture(batch_size=32, annealing={"kind": "svi+", "M0": 64})
+
+
+# ------------------------------------------------------------ LogisticRegression
+from streamsvi.estimators import LogisticRegression  # noqa: E402
+
+
+@pytest.mark.parametrize("params", list(LogisticRegression._unit_test_params()))
+def test_logistic_river_check_estimator(params):
+    """river's whole check suite for a binary MiniBatchClassifier (its own data sets)."""
+    checks.check_estimator(LogisticRegression(**params))
+
+
+def _phishing_progressive(model):
+    from river import datasets, metrics
+
+    acc, loss = metrics.Accuracy(), metrics.LogLoss()
+    for x, y in datasets.Phishing():
+        p = model.predict_proba_one(x)
+        acc.update(y, max(p, key=p.get))
+        loss.update(y, p)
+        model.learn_one(x, y)
+    return acc.get(), loss.get()
+
+
+def test_logistic_defaults_work_on_a_plain_stream_of_dicts():
+    """Defaults, raw features (Phishing, bundled with river), progressive validation: as
+    accurate as river's LogisticRegression behind a StandardScaler, better log-loss."""
+    from river import linear_model, preprocessing
+
+    ours = _phishing_progressive(LogisticRegression(seed=0))
+    river_scaled = _phishing_progressive(preprocessing.StandardScaler() | linear_model.LogisticRegression())
+    assert ours[0] > 0.85 and ours[0] >= river_scaled[0] - 0.01
+    assert ours[1] < river_scaled[1]
+
+
+def test_logistic_learn_many_matches_learn_one():
+    from river import datasets
+
+    data = list(datasets.Phishing().take(300))
+    a, b = LogisticRegression(batch_size=10, seed=3), LogisticRegression(batch_size=10, seed=3)
+    for x, y in data:
+        a.learn_one(x, y)
+    b.learn_many(pd.DataFrame([x for x, _ in data]), pd.Series([y for _, y in data]))
+    assert a._state.lam.array_equal(b._state.lam)
+    X = pd.DataFrame([x for x, _ in data[:20]])
+    many = b.predict_proba_many(X)
+    np.testing.assert_allclose(many[True].to_numpy(), [a.predict_proba_one(x)[True] for x, _ in data[:20]])
+    with pytest.raises(ValueError, match="binary"):
+        a.learn_one(data[0][0], "spam")

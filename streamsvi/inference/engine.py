@@ -46,6 +46,14 @@ the same path to write only the columns of the words a batch holds (its
 module docs, "Sparse global step"); its step equals the dense update above.
 Every other model never reaches that path.
 
+Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
+``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
+(detAVI: local step at temperature T_t and the target tempered by
+``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
+``model.random_init`` at weight ρ_t, drawn from the state's random stream).
+The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``.
+
 Examples
 --------
 >>> import numpy as np
@@ -68,6 +76,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from ..models.base import NatParams
+from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
 from .schedules import Constant, RobbinsMonro, Schedule
 
 
@@ -104,8 +113,11 @@ class EngineState:
 class Target:
     """The stochastic natural-gradient target of one minibatch (see ``SVI.stochastic_target``).
 
-    ``target`` is λ̂_t; ``stats`` the unweighted Σ_n E_q[t(θ_n)]; ``weights``
-    the SVI+ w_n (None for SVI); ``rng_state`` the random stream after drawing them.
+    ``target`` is λ̂_t (annealed: tempered at ``temperature``, mixed with a
+    random restart at weight ``restart_weight``); ``stats`` the unweighted
+    Σ_n E_q[t(θ_n)] (of the tempered local factors when T ≠ 1); ``weights``
+    the SVI+ w_n (None for SVI); ``rng_state`` the random stream after drawing
+    them (and η_t).
     """
 
     target: NatParams
@@ -116,6 +128,8 @@ class Target:
     effective_batch_size: float
     noise_var: float
     rng_state: dict
+    temperature: float = 1.0
+    restart_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,14 @@ class UpdateInfo:
         Blocks checked (0 when every weight was ≥ 0).
     min_weight : float
         Smallest SVI+ weight w_n in the batch (1.0 for SVI).
+    annealing_level : float
+        The annealer's level at this step: the noise std √(|S_t|/M_t − 1)
+        (svi+), the temperature T_t (deterministic), the restart weight ρ_t
+        (stochastic), 0 (none).
+    temperature : float
+        T_t (1.0 unless deterministic annealing).
+    restart_weight : float
+        ρ_t of the random restart (0.0 unless stochastic annealing).
     gradient : NatParams
         ĝ_t = λ̂_t − λ itself (not in ``to_dict``).
     """
@@ -167,6 +189,9 @@ class UpdateInfo:
     domain_clipped: int = 0
     domain_blocks: int = 0
     min_weight: float = 1.0
+    annealing_level: float = 0.0
+    temperature: float = 1.0
+    restart_weight: float = 0.0
     gradient: NatParams | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -207,6 +232,29 @@ class SVI:
         What a batch smaller than M means: an error (default), or a plain SVI
         step with M = |S_t| for that batch (the daemon's choice: a stream
         delivers a short batch when ``max_wait_seconds`` expires).
+    annealer : Annealer, dict or None
+        How the target is annealed (:mod:`~streamsvi.inference.annealing`):
+        ``NoAnnealing``, ``SVIPlus``, ``Deterministic`` or ``Stochastic``, or
+        its ``to_dict()`` form. None: ``SVIPlus(effective_batch_size)`` (or
+        ``SVIPlus(fraction=effective_fraction)``) when one is set, else no
+        annealing. Setting ``annealer`` together with ``effective_batch_size``
+        or ``effective_fraction`` is an error.
+
+    Combinations (docs/design.md, "Annealing"). Every annealer works with any
+    batch size and any ρ schedule: batch VI (S_t = all, ρ = 1) gives the
+    papers' algorithms exactly, minibatches their SVI forms:
+
+    * ``svi+``: seed 000's Algorithm 1, for every model (row-wise ones too).
+    * ``deterministic``: tempered local step and tempered target
+      λ̂_T = temper(η + (N/|S_t|) Σ_n E_q_T[t(θ_n)], T_t), then the usual step
+      λ ← (1 − ρ_t) λ + ρ_t λ̂_T (the stochastic form of Abrol et al. 2014).
+    * ``stochastic``: λ ← (1 − ρ_t) λ + ρ_t [(1 − ρ^a_t) λ̂ + ρ^a_t η_t];
+      with ρ_t = 1 this is seed 002's eq. 12.
+
+    Refused with ``ValueError``: ``deterministic`` and ``stochastic`` for
+    row-wise models (PMF), which have no local latent assignments to temper
+    or restart, and any annealer together with ``effective_batch_size`` /
+    ``effective_fraction`` (one annealer at a time).
     """
 
     model: object
@@ -216,6 +264,7 @@ class SVI:
     effective_fraction: float | None = None
     boundary_fraction: float = 0.9
     short_batches: str = "error"
+    annealer: Annealer | None = None
 
     def __post_init__(self):
         _check_positive_number("n_total", self.n_total)
@@ -231,6 +280,24 @@ class SVI:
             raise ValueError(f"boundary_fraction must be in (0, 1), got {self.boundary_fraction}")
         if self.short_batches not in ("error", "svi"):
             raise ValueError(f"short_batches must be 'error' or 'svi', got {self.short_batches!r}")
+        if self.annealer is not None:
+            if self.effective_batch_size is not None or self.effective_fraction is not None:
+                raise ValueError("set annealer or effective_batch_size/effective_fraction, not both "
+                                 "(effective_batch_size=M is annealer=SVIPlus(M))")
+            self.annealer = annealer_from_dict(self.annealer)
+            self.annealer.check_model(self.model)
+
+    @property
+    def annealing(self) -> Annealer:
+        """The annealer in force: ``annealer``, or what ``effective_batch_size`` /
+        ``effective_fraction`` mean (constant SVI+), or :class:`NoAnnealing`."""
+        if self.annealer is not None:
+            return self.annealer
+        if self.effective_batch_size is not None:
+            return SVIPlus(self.effective_batch_size)
+        if self.effective_fraction is not None:
+            return SVIPlus(fraction=self.effective_fraction)
+        return NoAnnealing()
 
     # ----------------------------------------------------------------- init
     def init(self, x_init, seed: int = 0) -> EngineState:
@@ -250,49 +317,82 @@ class SVI:
         return EngineState(step=0, lam=lam.copy(), rng_state=rng.bit_generator.state, records_seen=0)
 
     # --------------------------------------------------------------- update
-    def effective_size(self, batch_size: int) -> float:
-        """M for a batch of ``batch_size`` records; raises if it is not in (0, |S|]."""
-        if self.effective_fraction is not None:
-            return self.effective_fraction * batch_size
-        if self.effective_batch_size is None:
+    def effective_size(self, batch_size: int, t: int | None = None) -> float:
+        """M_t for a batch of ``batch_size`` records at step ``t``; raises if it is not in (0, |S|].
+
+        ``t`` matters only for a scheduled SVI+ M_t (default: the first step).
+        """
+        ann = self.annealer
+        if ann is not None and not isinstance(ann, SVIPlus):
             return float(batch_size)
-        M = float(self.effective_batch_size)
+        if ann is not None:
+            M = ann.effective_size(1 if t is None else t, batch_size)
+            given = ann.M0
+        elif self.effective_fraction is not None:
+            return self.effective_fraction * batch_size
+        elif self.effective_batch_size is None:
+            return float(batch_size)
+        else:
+            given = self.effective_batch_size
+            M = float(given)
         if M > batch_size and self.short_batches == "svi":
             return float(batch_size)
         if M > batch_size:
-            raise ValueError(f"effective batch size M={self.effective_batch_size} must be <= "
+            raise ValueError(f"effective batch size M={given} must be <= "
                              f"the batch size |S|={batch_size}")
         return M
 
-    def stochastic_target(self, state: EngineState, x) -> "Target":
-        """λ̂_t = η + (N/|S_t|) Σ_n w_n E_q[t(θ_n)] for the minibatch ``x`` at ``state``.
+    def _svi_plus_weights(self, state: EngineState, S: int, M: float):
+        """(weights or None, noise variance, rng_state): seed 000 Algorithm 1, lines 4–6."""
+        noise_var = S / M - 1.0
+        if noise_var > 0:
+            rng = state.rng()
+            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
+            return 1.0 + eps - eps.mean(), noise_var, rng.bit_generator.state
+        return None, noise_var, state.rng_state
+
+    def stochastic_target(self, state: EngineState, x, t: int | None = None) -> "Target":
+        """λ̂_t = η + (N/|S_t|) Σ_n w_n E_q[t(θ_n)] for the minibatch ``x`` at ``state``, annealed.
 
         The first half of :meth:`update` (local step, SVI+ weights, target),
-        exposed so that the noise of λ'_t can be studied on its own.
+        exposed so that the noise of λ'_t can be studied on its own. ``t`` is
+        the step the target is for (default ``state.step + 1``). Under
+        deterministic annealing the local step runs at T_t and the target is
+        ``model.temper(λ̂, T_t)``; under stochastic annealing it is
+        (1 − ρ_t) λ̂ + ρ_t η_t with η_t = ``model.random_init`` drawn from the
+        state's random stream (nothing is drawn when ρ_t = 0).
         """
         model = self.model
         x = model.check_batch(x)
         S = x.shape[0]
-        M = self.effective_size(S)
-        local = model.local_step(state.lam, x)
-        noise_var = S / M - 1.0
-        rng_state = state.rng_state
-        if noise_var > 0:
-            rng = state.rng()
-            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
-            weights = 1.0 + eps - eps.mean()
-            rng_state = rng.bit_generator.state
+        t = state.step + 1 if t is None else t
+        ann = self.annealing
+        M = self.effective_size(S, t)
+        T = ann.temperature(t)
+        local = model.local_step(state.lam, x) if T == 1.0 else \
+            model.local_step(state.lam, x, temperature=T)
+        weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)
+        if weights is not None:
             pair = getattr(model, "suffstats_pair", None)
             if pair is not None:
                 stats_w, stats = pair(local, x, weights)
             else:
                 stats_w, stats = model.suffstats(local, x, weights), model.suffstats(local, x)
         else:
-            weights = None
             stats = stats_w = model.suffstats(local, x)
         target = model.prior() + stats_w * (float(self.n_total) / S)
+        if T != 1.0:
+            target = model.temper(target, T)
+        rho_a = ann.restart_weight(t)
+        if rho_a > 0:
+            rng = np.random.Generator(np.random.PCG64())
+            rng.bit_generator.state = rng_state
+            eta_t = model.random_init(rng, x, float(self.n_total))
+            rng_state = rng.bit_generator.state
+            target = target * (1.0 - rho_a) + eta_t * rho_a
         return Target(target=target, x=x, local=local, stats=stats, weights=weights,
-                      effective_batch_size=M, noise_var=noise_var, rng_state=rng_state)
+                      effective_batch_size=M, noise_var=noise_var, rng_state=rng_state,
+                      temperature=T, restart_weight=rho_a)
 
     def update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """One SVI+ step on the minibatch ``x``; returns the new state and its info.
@@ -304,7 +404,8 @@ class SVI:
         model = self.model
         if hasattr(model, "svi_step"):          # row-wise models (module docs)
             return self._rowwise_update(state, x)
-        tg = self.stochastic_target(state, x)
+        t = state.step + 1
+        tg = self.stochastic_target(state, x, t)
         x, local, stats, target, M = tg.x, tg.local, tg.stats, tg.target, tg.effective_batch_size
         S = x.shape[0]
         N = float(self.n_total)
@@ -313,8 +414,6 @@ class SVI:
         min_w = 1.0 if tg.weights is None else float(tg.weights.min())
         noise_var = tg.noise_var
         rng_state = tg.rng_state
-
-        t = state.step + 1
         rho = self.schedule(t)
         clipped = blocks = 0
         tau = self.boundary_fraction
@@ -338,8 +437,11 @@ class SVI:
         if not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
 
-        # metrics
-        elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(local)))
+        # metrics. The reported ELBO is the true one, L(λ) = max over the local
+        # factors of the untempered objective: under detAVI that needs the
+        # untempered local step too (one more per update while T_t > 1).
+        elbo_local = local if tg.temperature == 1.0 else model.local_step(lam, x)
+        elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(elbo_local)))
         if S > 1:
             mean_sq = stats.sqnorm() / (S * S)
             tr_cov = max(0.0, (float(np.sum(model.suffstats_sqnorm(local, x))) - S * mean_sq) / (S - 1))
@@ -352,6 +454,9 @@ class SVI:
                           noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
                           elbo_per_record=elbo / N, grad_variance=grad_var, grad_norm=grad_norm,
                           domain_clipped=clipped, domain_blocks=blocks, min_weight=min_w,
+                          annealing_level=self._annealing_level(noise_var, tg.temperature,
+                                                                tg.restart_weight),
+                          temperature=tg.temperature, restart_weight=tg.restart_weight,
                           gradient=gradient)
         new_state = EngineState(step=t, lam=new_lam, rng_state=rng_state,
                                 records_seen=state.records_seen + S)
@@ -362,15 +467,9 @@ class SVI:
         model = self.model
         x = model.check_batch(x)
         S = x.shape[0]
-        M = self.effective_size(S)
-        noise_var = S / M - 1.0
-        rng_state, weights = state.rng_state, None
-        if noise_var > 0:                       # the same draws as stochastic_target
-            rng = state.rng()
-            eps = rng.normal(0.0, math.sqrt(noise_var), size=S)
-            weights = 1.0 + eps - eps.mean()
-            rng_state = rng.bit_generator.state
         t = state.step + 1
+        M = self.effective_size(S, t)
+        weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
         out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(self.n_total),
                              records_before=state.records_seen, schedule=self.schedule, step=t,
                              boundary_fraction=self.boundary_fraction, effective_batch_size=M)
@@ -383,9 +482,20 @@ class SVI:
                           elbo_per_record=out["elbo"] / N, grad_variance=out["grad_variance"],
                           grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
                           domain_blocks=out["domain_blocks"],
-                          min_weight=1.0 if weights is None else float(weights.min()))
+                          min_weight=1.0 if weights is None else float(weights.min()),
+                          annealing_level=self._annealing_level(noise_var, 1.0, 0.0))
         return EngineState(step=t, lam=new_lam, rng_state=rng_state,
                            records_seen=state.records_seen + S, aux=out["aux"]), info
+
+    def _annealing_level(self, noise_var: float, T: float, rho_a: float) -> float:
+        kind = self.annealing.kind
+        if kind == "svi+":
+            return math.sqrt(max(noise_var, 0.0))
+        if kind == "deterministic":
+            return T
+        if kind == "stochastic":
+            return rho_a
+        return 0.0
 
     def predictive_logpdf(self, state: EngineState, x) -> np.ndarray:
         """log p(x* | data) per record at ``state`` (passes ``state.aux`` to row-wise models)."""
@@ -428,11 +538,19 @@ class SVI:
         return self.model.global_elbo(lam) + float(np.sum(self.model.local_elbo(local)))
 
     def to_dict(self) -> dict:
-        """Engine settings (not the model's) as JSON-serialisable values."""
-        return {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
-                "effective_batch_size": self.effective_batch_size,
-                "effective_fraction": self.effective_fraction,
-                "boundary_fraction": self.boundary_fraction, "short_batches": self.short_batches}
+        """Engine settings (not the model's) as JSON-serialisable values.
+
+        ``annealer`` is present only when one was given, so an engine without
+        one writes exactly what it wrote before annealers existed (and a
+        checkpoint without it loads as no annealing / constant M).
+        """
+        d = {"n_total": float(self.n_total), "schedule": self.schedule.to_dict(),
+             "effective_batch_size": self.effective_batch_size,
+             "effective_fraction": self.effective_fraction,
+             "boundary_fraction": self.boundary_fraction, "short_batches": self.short_batches}
+        if self.annealer is not None:
+            d["annealer"] = self.annealer.to_dict()
+        return d
 
 
 def batch_vi(model, n_total) -> SVI:

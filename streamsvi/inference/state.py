@@ -6,11 +6,23 @@ settings, the engine settings, step, records seen, the random-stream state and
 the library version. Loading uses ``allow_pickle=False`` and rebuilds the model
 from its registered name, so nothing in the file is ever executed.
 
+The engine settings include the annealer's settings (``engine.annealer``, its
+``to_dict()``) when one was given; its level is a function of the saved step,
+so a loaded state continues the annealing schedule exactly. A file written
+before annealers existed has no ``annealer`` entry and loads as before.
+
 A row-wise model's ``state.aux`` (engine docs) is saved too: numpy-array
 values as ``aux/<name>`` arrays (numeric dtypes only), everything else under
 ``"aux"`` in ``meta.json``. States without aux are written exactly as before.
 The shapes of λ are checked against the model's prior, or, for a model with
 ``check_state(lam, aux)`` (whose λ grows with the data), by that method.
+
+The engine class is recorded as ``"engine_class"`` in ``meta.json`` for an
+engine other than :class:`~streamsvi.inference.engine.SVI` (today
+:class:`~streamsvi.inference.gradients.GradientVI`, the gradient path of
+non-conjugate models) and rebuilt by name from :data:`ENGINES` on loading;
+files without the key (every SVI state, and those written before it
+existed) load as SVI.
 """
 from __future__ import annotations
 
@@ -22,15 +34,21 @@ import numpy as np
 from .._version import __version__
 from ..models import NatParams, model_from_dict, model_to_dict
 from .engine import SVI, EngineState
+from .gradients import GradientVI
 from .schedules import schedule_from_dict
 
 FORMAT = "streamsvi.state/1"
+
+#: engine class name -> class, for the engines a state file may name (SVI when absent).
+ENGINES = {"SVI": SVI, "GradientVI": GradientVI}
 
 
 def state_to_arrays(engine: SVI, state: EngineState) -> dict[str, np.ndarray]:
     meta = {"format": FORMAT, "version": __version__, "model": model_to_dict(engine.model),
             "engine": engine.to_dict(), "step": state.step, "records_seen": state.records_seen,
             "rng_state": state.rng_state}
+    if type(engine) is not SVI:
+        meta["engine_class"] = type(engine).__name__
     arrays = {f"lam/{k}": v for k, v in state.lam.items()}
     if state.aux is not None:
         meta["aux"] = {k: v for k, v in state.aux.items() if not isinstance(v, np.ndarray)}
@@ -50,9 +68,12 @@ def state_from_arrays(arrays) -> tuple[SVI, EngineState]:
     if meta.get("format") != FORMAT:
         raise ValueError(f"unsupported state format {meta.get('format')!r}, expected {FORMAT!r}")
     model = model_from_dict(meta["model"])
+    cls_name = meta.get("engine_class", "SVI")
+    if cls_name not in ENGINES:
+        raise ValueError(f"unknown engine {cls_name!r} in state; known: {sorted(ENGINES)}")
     eng = dict(meta["engine"])
     eng["schedule"] = schedule_from_dict(eng["schedule"])
-    engine = SVI(model, **eng)
+    engine = ENGINES[cls_name](model, **eng)
     lam = NatParams({k[4:]: np.array(arrays[k]) for k in arrays if k.startswith("lam/")})
     aux = None
     if "aux" in meta:

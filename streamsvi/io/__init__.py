@@ -10,6 +10,7 @@ Layout (one job per module; one module per record kind):
 ``bow``         the "bow" record kind (bag of words: JSON, binary CSR, raw text) for topic models
 ``sequences``   the "sequences" record kind (symbol sequences, the discrete HMM)
 ``ratings``     the "ratings" record kind (user, item, rating) for PMF
+``labelled``    the "labelled" record kind (features + class label) for logistic regression
 ``sources``     minibatches from Kafka, files, memory; positions, seek, commit, lag
 ``deadletter``  where rejected records go, counted by reason
 ``produce``     load a data set into a topic
@@ -25,10 +26,10 @@ from .deadletter import (DeadLetterError, DeadLetterSink, FileDeadLetterSink,
 from .produce import ProduceError, produce_rows
 from .sources import (Batch, DeadLetter, FileSource, KafkaSource, KafkaUnavailableError,
                       MemorySource, Offsets, Position, Source, SourceError)
-from . import bow, dense, ratings, sequences
+from . import bow, dense, labelled, ratings, sequences
 
 #: The record kinds' modules; importing each registered its kind in records.KINDS.
-_KIND_MODULES = (dense, sequences, bow, ratings)
+_KIND_MODULES = (dense, sequences, bow, ratings, labelled)
 
 __all__ = ["BrokerError", "LocalBroker", "create_topic", "find_tansu",
            "BinaryBatchCodec", "Codec", "CsvCodec", "DecodeError", "JsonCodec",

@@ -5,9 +5,13 @@ from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
 from .lda import LDA
 from .pmf import PMF, Ratings
+from .logistic import BayesianLogisticRegression, CorrelatedGaussianTarget, SoftmaxRegression
 
 #: name -> class, for rebuilding a model from saved settings.
 MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA, PMF)}
+#: the non-conjugate models (gradient path, streamsvi.models.nonconjugate)
+MODELS.update({cls.name: cls for cls in (BayesianLogisticRegression, SoftmaxRegression,
+                                          CorrelatedGaussianTarget)})
 
 
 def model_from_dict(d: dict):
@@ -22,5 +26,5 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "MODELS", "model_from_dict",
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]

@@ -6,6 +6,9 @@
  * its words are copied into a (words x live topics) buffer that stays in
  * cache for all its sweeps; holding a topic removes its column.
  *
+ * With inv_t = 1/T < 1 it is the tempered (detAVI) local step of lda.py's
+ * _fit_gamma_tempered; inv_t = 1 runs exactly the untempered code.
+ *
  * Built by setup.py as an optional extension; without a C compiler the numpy
  * kernel runs instead. Buffers only (no numpy headers): every array argument
  * is C-contiguous, float64 or int64, as lda.py passes them.
@@ -86,6 +89,8 @@ typedef struct {
     long max_it;
     const unsigned char *hold_at;  /* (max_it + 2,) sweep -> hold point? */
     int unshifted;
+    int tempered;                /* inv_t != 1: the detAVI local step at temperature T = 1/inv_t */
+    double inv_t;
     double *buf, *g, *th, *G, *Z, *R;  /* scratch: (K, Lmax), (K,) x 3, (Lmax,) x 2 */
     Py_ssize_t *live, *keep;           /* (K,) x 2 */
 } Ctx;
@@ -131,15 +136,22 @@ CLONES static long fit_doc(Ctx *c, const int64_t *idx, const double *cnt, Py_ssi
         pend = 0.0;
         for (kk = 0; kk < nl; kk++) {
             G[kk] = dot(buf + kk * L, R, L);
-            const double gn = c->alpha[live[kk]] + th[kk] * G[kk];
+            /* tempered: gamma = alpha_T + (1/T) sum_w n_w phi_w, alpha_T = 1 + (alpha - 1)/T
+             * (lda.py passes alpha_T as alpha); the untempered expression is kept as it was */
+            const double gn = c->tempered ? c->alpha[live[kk]] + c->inv_t * (th[kk] * G[kk])
+                                          : c->alpha[live[kk]] + th[kk] * G[kk];
             change += fabs(gn - g[kk]);
             g[kk] = gn;
             if (gn > gmax)
                 gmax = gn;
         }
         s = c->unshifted ? 0.0 : digamma_pos(gmax);
-        for (kk = 0; kk < nl; kk++)
-            th[kk] = psi_or_exp(g[kk], s, 1);
+        if (c->tempered)                       /* exp((psi(gamma_k) - s) / T) */
+            for (kk = 0; kk < nl; kk++)
+                th[kk] = exp(c->inv_t * (digamma_pos(g[kk]) - s));
+        else
+            for (kk = 0; kk < nl; kk++)
+                th[kk] = psi_or_exp(g[kk], s, 1);
         matvec_t(buf, th, nl, L, Z);
         if (change < c->tolK || it >= c->max_it)
             break;
@@ -180,7 +192,7 @@ CLONES static long fit_doc(Ctx *c, const int64_t *idx, const double *cnt, Py_ssi
         for (j = 0; j < L; j++)
             if (cnt[j] > 0 && Z[j] < zmin)
                 zmin = Z[j];
-        if (exp(c->psi_amax - s) > c->eps * zmin)
+        if (exp(c->tempered ? c->inv_t * (c->psi_amax - s) : c->psi_amax - s) > c->eps * zmin)
             return -it;
     }
     return it;
@@ -195,12 +207,13 @@ static PyObject *fit_gamma(PyObject *self, PyObject *args)
     double tolK, eps, psi_amax;
     long max_it;
     int unshifted;
+    double inv_t = 1.0;
     PyObject *ret = NULL;
     Ctx c;
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*ddldy*pw*w*w*w*", &eb, &K, &indptr, &indices, &data,
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*y*ddldy*pw*w*w*w*|d", &eb, &K, &indptr, &indices, &data,
                           &alpha, &tolK, &eps, &max_it, &psi_amax, &hold_at, &unshifted,
-                          &gamma, &n_iter, &Zout, &shift))
+                          &gamma, &n_iter, &Zout, &shift, &inv_t))
         return NULL;
     const Py_ssize_t n = indptr.len / 8 - 1, nnz = data.len / 8;
     const Py_ssize_t rows = K > 0 ? eb.len / 8 / K : 0;
@@ -208,6 +221,7 @@ static PyObject *fit_gamma(PyObject *self, PyObject *args)
     NEED(K > 0 && eb.len == rows * K * 8, "eb must be (rows, K) float64");
     NEED(n >= 0 && indices.len == nnz * 8 && alpha.len == K * 8, "bad CSR or alpha buffers");
     NEED(hold_at.len >= max_it + 2 && max_it >= 1, "hold_at must have max_it + 2 entries");
+    NEED(inv_t > 0.0 && inv_t <= 1.0, "inv_t = 1/T must be in (0, 1]");
     NEED(gamma.len == n * K * 8 && n_iter.len == n * 8 && Zout.len == nnz * 8 && shift.len == n * 8,
          "bad output buffers");
     NEED(n == 0 || (ip[0] == 0 && ip[n] == nnz), "indptr must run from 0 to nnz");
@@ -228,6 +242,8 @@ static PyObject *fit_gamma(PyObject *self, PyObject *args)
     c.max_it = max_it;
     c.hold_at = hold_at.buf;
     c.unshifted = unshifted;
+    c.tempered = inv_t != 1.0;
+    c.inv_t = inv_t;
     c.buf = malloc(sizeof(double) * (size_t)(Lmax > 0 ? Lmax : 1) * (size_t)K);
     c.g = malloc(sizeof(double) * (size_t)K * 3);
     c.Z = malloc(sizeof(double) * (size_t)(Lmax > 0 ? Lmax : 1) * 2);
@@ -278,7 +294,9 @@ done:
 static PyMethodDef methods[] = {
     {"fit_gamma", fit_gamma, METH_VARARGS,
      "fit_gamma(eb, K, indptr, indices, data, alpha, tolK, eps, max_it, psi_amax, hold_at, "
-     "unshifted, gamma, n_iter, Z, shift): the LDA local step of every document (lda.py)."},
+     "unshifted, gamma, n_iter, Z, shift[, inv_t]): the LDA local step of every document (lda.py); "
+     "inv_t = 1/T < 1 runs it at temperature T (detAVI), with eb = exp((E[log beta] - m)/T) and "
+     "alpha = 1 + (alpha - 1)/T, psi_amax = psi(max of that alpha)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ldakernel",

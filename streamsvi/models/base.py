@@ -36,6 +36,22 @@ Methods a model provides (all pure functions of their arguments):
     Whether λ is a valid natural parameter of q(β).
 ``get_params() -> dict``
     The constructor settings as JSON-serialisable values.
+
+For annealing (``streamsvi.inference.annealing``; every model but the
+row-wise PMF):
+
+``local_step(lam, x, temperature=1.0)``
+    At T ≠ 1 the discrete local factors are tempered, q(z) ∝ exp(log-potential / T)
+    (detAVI, seed 002 §3.2). T == 1 runs exactly the untempered code.
+``temper(target, T) -> NatParams``
+    The λ whose *natural* parameter is θ(target) / T (seed 002 eq. 8), in the
+    model's storage convention. A Dirichlet stored as its concentration α has
+    natural parameter α − 1 (base measure 1 on the simplex), so
+    α_T = 1 + (α − 1)/T (:func:`temper_dirichlet`); each model's docstring says
+    which of its arrays use which convention.
+``random_init(rng, x, n_total) -> NatParams``
+    A fresh draw of the paper's random initialisation (seed 002 §4), η_t of
+    stochastic annealing.
 """
 from __future__ import annotations
 
@@ -195,3 +211,14 @@ def segment_limit_pd(cur: np.ndarray, tgt: np.ndarray) -> np.ndarray:
     mu_min = np.linalg.eigvalsh(Msym)[..., 0]
     with np.errstate(divide="ignore"):
         return np.where(mu_min < 0, -1.0 / mu_min, np.inf)
+
+
+def temper_dirichlet(conc: np.ndarray, T: float) -> np.ndarray:
+    """Concentrations of the Dirichlet whose natural parameter (α − 1) is divided by T.
+
+    ``1 + (α − 1)/T``: inside the domain (> 0) for every α > 0 and T ≥ 1.
+
+    >>> temper_dirichlet(np.array([0.5, 1.0, 5.0]), 2.0).tolist()
+    [0.75, 1.0, 3.0]
+    """
+    return 1.0 + (conc - 1.0) / T

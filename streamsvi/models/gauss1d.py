@@ -115,10 +115,28 @@ class KnownVarianceGMM1D:
                 - (xs * xs - 2.0 * xs * m + m * m + s2) / (2.0 * self.sigma2)
                 - math.log(self.n_components))
 
-    def local_step(self, lam, x) -> Gauss1DLocal:
+    def local_step(self, lam, x, temperature=1.0) -> Gauss1DLocal:
+        """φ_nk ∝ exp(log ρ_nk / T); ``log_norm`` is T log Σ_k exp(log ρ_nk / T)
+        (the tempered local objective at its optimum; the ELBO term at T = 1)."""
         log_rho = self._log_rho(lam, x)
+        if temperature != 1.0:
+            log_rho = log_rho / temperature
         log_norm = logsumexp(log_rho, axis=1)
-        return Gauss1DLocal(np.exp(log_rho - log_norm[:, None]), log_norm)
+        resp = np.exp(log_rho - log_norm[:, None])
+        return Gauss1DLocal(resp, log_norm if temperature == 1.0 else temperature * log_norm)
+
+    def temper(self, target, T) -> NatParams:
+        """θ/T: (eta1, eta2) are the natural parameters of N(m, s²) themselves."""
+        return target if T == 1.0 else target * (1.0 / T)
+
+    def random_init(self, rng, x, n_total) -> NatParams:
+        """Seed 002 §4.3 for this model: means drawn from N(x̄, var(x)), precision of
+        q(μ_k) ten times the empirical precision (s_k² = var(x)/10)."""
+        x = self.check_batch(x)
+        mean, var = float(x.mean()), max(float(x.var()), 1e-12)
+        m = rng.normal(mean, math.sqrt(var), size=self.n_components)
+        s2 = var / 10.0
+        return NatParams(eta1=m / s2, eta2=np.full(self.n_components, -0.5 / s2))
 
     def suffstats(self, local, x, weights=None) -> NatParams:
         r = local.resp if weights is None else local.resp * np.asarray(weights)[:, None]

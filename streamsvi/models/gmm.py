@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
-from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_positive
+from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_positive, temper_dirichlet
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -210,17 +210,26 @@ class BayesianGMM:
           hard nearest-centre assignment (the default up to 0.1.0).
         * ``"random_resp"``: uniform random soft responsibilities (as
           scikit-learn's ``init_params="random"``).
+    n_init : int
+        How many starts :meth:`init_params` makes (default 3), each from its
+        own draw of ``init``; the one with the highest ELBO on the init data
+        after ``init_sweeps`` CAVI sweeps is kept.
+    init_sweeps : int
+        CAVI sweeps on the init data, λ ← η + (N/|x|) Σ_n E[t(x_n)], run from
+        each start before they are compared (default 5). In batch VI they are
+        the first sweeps; in the daemon they fit the first minibatch before
+        the first SVI step.
     """
 
     name = "gmm"
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
-    START_SETTINGS = ("init",)
+    START_SETTINGS = ("init", "n_init", "init_sweeps")
 
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
                  mean_precision=1.0, mean=0.0, degrees_of_freedom=None, scale=None,
-                 init="kmeans"):
+                 init="kmeans", n_init=3, init_sweeps=5):
         K, D = int(n_components), int(n_features)
         if K < 1 or K != n_components:
             raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
@@ -252,6 +261,10 @@ class BayesianGMM:
                              f"symmetric positive definite {D}x{D} matrix, got {scale}")
         if init not in INITS:
             raise ValueError(f"init must be one of {', '.join(repr(i) for i in INITS)}, got {init!r}")
+        for name, v, lo in (("n_init", n_init, 1), ("init_sweeps", init_sweeps, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        self.n_init, self.init_sweeps = int(n_init), int(init_sweeps)
         self.n_components, self.n_features = K, D
         self.weight_concentration = weight_concentration
         self.mean_precision = float(mean_precision)
@@ -302,7 +315,7 @@ class BayesianGMM:
                 "weight_concentration": j(self.weight_concentration),
                 "mean_precision": self.mean_precision, "mean": j(self.mean),
                 "degrees_of_freedom": self.degrees_of_freedom, "scale": j(self.scale),
-                "init": self.init}
+                "init": self.init, "n_init": self.n_init, "init_sweeps": self.init_sweeps}
 
     @classmethod
     def paper_prior(cls, n_components, n_features, alpha=0.5, c=10.0, **kw):
@@ -310,6 +323,35 @@ class BayesianGMM:
         return cls(n_components, n_features, weight_concentration=alpha,
                    mean_precision=1.0 / c, mean=0.0, degrees_of_freedom=n_features,
                    scale=1.0, **kw)
+
+    @classmethod
+    def empirical_prior(cls, n_components, x, **kw):
+        """scikit-learn's data-dependent prior (``BayesianGaussianMixture`` defaults) from records ``x``.
+
+        m0 = the mean of ``x``, W0⁻¹ = its covariance (ddof 1), ν0 = D,
+        β0 = 1. The values are stored as the ``mean`` and ``scale`` settings,
+        so a checkpoint keeps them. On standardised, uncorrelated columns this
+        is the default prior; it matters when columns are strongly correlated
+        (README, "Gaussian mixtures: initialisation"). ``kw`` overrides any of
+        them and passes other settings (``weight_concentration``, ``init``, ...).
+
+        >>> x = np.random.default_rng(0).normal(5.0, 2.0, (500, 2))
+        >>> m = BayesianGMM.empirical_prior(3, x)
+        >>> np.round(m.mean, 1).tolist(), np.round(np.linalg.inv(m.scale).diagonal()).tolist()
+        ([4.8, 5.0], [4.0, 4.0])
+        """
+        x = np.asarray(x, float)
+        if x.ndim != 2 or x.shape[0] < 2 or not np.all(np.isfinite(x)):
+            raise ValueError(f"empirical_prior needs a finite (n, D) array with n >= 2, got shape {x.shape}")
+        cov = np.atleast_2d(np.cov(x.T))
+        if np.linalg.eigvalsh(cov)[0] <= 0:
+            raise ValueError("empirical_prior: the covariance of x is singular (a constant or "
+                             "linearly dependent column); drop it or pass scale")
+        kw.setdefault("mean", x.mean(axis=0))
+        kw.setdefault("scale", np.linalg.inv(cov))
+        kw.setdefault("degrees_of_freedom", float(x.shape[1]))
+        kw.setdefault("mean_precision", 1.0)
+        return cls(n_components, x.shape[1], **kw)
 
     @classmethod
     def dp_approximation(cls, n_features, concentration=1.0, n_components=50, c=10.0, **kw):
@@ -362,11 +404,39 @@ class BayesianGMM:
 
     # ---------------------------------------------------------------- init
     def init_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
-        """Initial λ = η + (n_total/|x|) Σ_n t(x_n, r_n), r from the ``init`` setting.
+        """Initial λ: the best of ``n_init`` starts, each ``init_sweeps`` CAVI sweeps on ``x``.
 
-        ``x`` is all the data init sees: the full data set for batch VI, the
-        first minibatch in the daemon and the river face.
+        A start is λ = η + (n_total/|x|) Σ_n t(x_n, r_n) with r from the
+        ``init`` setting (:meth:`start_params`); each sweep is
+        λ ← η + (n_total/|x|) Σ_n E_q[t(x_n)] (CAVI on ``x`` as if it were
+        the whole data set); the kept start has the highest ELBO on ``x``
+        at its last λ (:meth:`init_elbo`). ``x`` is all the data
+        init sees: the full data set for batch VI, the first minibatch in the
+        daemon and the river face. Everything is drawn from ``rng``: the
+        same seed gives the same λ.
         """
+        x = self.check_batch(x)
+        scale = float(n_total) / x.shape[0]
+        best_elbo, best = -math.inf, None
+        for _ in range(self.n_init):
+            lam = self.start_params(rng, x, n_total)
+            for _ in range(self.init_sweeps):
+                lam = self.prior() + self.suffstats(self.local_step(lam, x), x) * scale
+            if self.n_init == 1:
+                return lam
+            elbo = self.init_elbo(lam, x, n_total)
+            if best is None or elbo > best_elbo:
+                best_elbo, best = elbo, lam
+        return best
+
+    def init_elbo(self, lam: NatParams, x, n_total) -> float:
+        """The ELBO of λ on ``x`` as if it were the whole data set scaled to ``n_total`` records."""
+        x = self.check_batch(x)
+        local = self.local_step(lam, x)
+        return self.global_elbo(lam) + float(n_total) / x.shape[0] * float(np.add.reduce(local.log_norm))
+
+    def start_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """One start λ = η + (n_total/|x|) Σ_n t(x_n, r_n), r from the ``init`` setting."""
         x = self.check_batch(x)
         n, K = x.shape[0], self.n_components
         if self.init == "random_resp":
@@ -484,9 +554,16 @@ class BayesianGMM:
         Zt = self.features(x) if Zt is None else Zt
         return np.dot(self._expectations(lam)["Gt"], Zt), Zt
 
-    def local_step(self, lam: NatParams, x) -> GMMLocal:
-        """r_nk ∝ exp(E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½E[(x−μ_k)ᵀΛ_k(x−μ_k)])."""
+    def local_step(self, lam: NatParams, x, temperature=1.0) -> GMMLocal:
+        """r_nk ∝ exp(E[log π_k] + ½E[log|Λ_k|] − D/2 log 2π − ½E[(x−μ_k)ᵀΛ_k(x−μ_k)]).
+
+        At ``temperature`` T ≠ 1, r_nk ∝ exp(log ρ_nk / T) (detAVI) and
+        ``log_norm`` is T log Σ_k exp(log ρ_nk / T), the tempered local
+        objective at its optimum (the ELBO term only at T = 1).
+        """
         L, Zt = self._log_rho_t(lam, x)                     # (K, n), log-sum-exp in place
+        if temperature != 1.0:
+            L *= 1.0 / temperature
         mx = L.max(axis=0)
         L -= mx
         np.exp(L, out=L)
@@ -494,7 +571,45 @@ class BayesianGMM:
         L /= s
         np.log(s, out=s)
         s += mx
+        if temperature != 1.0:
+            s *= temperature
         return GMMLocal(L, s, Zt)
+
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """The λ whose natural parameter is θ(target)/T (seed 002 eq. 8).
+
+        Conventions: ``alpha`` is the Dirichlet concentration (natural parameter
+        α − 1, so α_T = 1 + (α − 1)/T); ``beta``, ``beta_m`` and ``Psi`` are
+        natural parameters of the Normal-Wishart themselves (÷ T); ``nu`` is
+        stored as ν, whose natural parameter is (ν − D)/2 (the power of |Λ|), so
+        ν_T = D + (ν − D)/T. Every result is in the domain for T ≥ 1.
+        """
+        if T == 1.0:
+            return target
+        D = self.n_features
+        return NatParams(alpha=temper_dirichlet(target["alpha"], T), beta=target["beta"] / T,
+                         beta_m=target["beta_m"] / T, Psi=target["Psi"] / T,
+                         nu=D + (target["nu"] - D) / T)
+
+    def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """A fresh random initialisation η_t for stochastic annealing (seed 002 §4.3).
+
+        A random allocation of a data set of ``n_total`` records to the K
+        components (n ~ Multinomial(n_total, 1/K)) gives q(π) = Dir(α0 + n) and
+        ν_k = ν0 + n_k; each mean m_k ~ N(x̄, Σ̂) (empirical mean and covariance
+        of ``x``); q(μ_k | Λ_k) has β_k = 10, so its precision at E[Λ_k] is ten
+        times the empirical precision; and W_k⁻¹ = ν_k Σ̂, so E[Λ_k] = Σ̂⁻¹.
+        """
+        x = self.check_batch(x)
+        K, D = self.n_components, self.n_features
+        n_k = rng.multinomial(int(round(float(n_total))), np.full(K, 1.0 / K)).astype(float)
+        mean = x.mean(axis=0)
+        cov = np.cov(x, rowvar=False).reshape(D, D) if x.shape[0] > 1 else np.eye(D)
+        cov = cov + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
+        m = rng.multivariate_normal(mean, cov, size=K)
+        nu = self._nu0 + n_k
+        beta = np.full(K, 10.0)
+        return self.from_standard(self._alpha0 + n_k, beta, m, nu[:, None, None] * cov, nu)
 
     # ------------------------------------------------- sufficient statistics
     def _unpack(self, P):

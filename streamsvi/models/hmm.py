@@ -66,7 +66,7 @@ import numpy as np
 from scipy.special import digamma, gammaln, logsumexp
 
 from ..sequence_batch import Sequences
-from .base import NatParams, segment_limit_positive
+from .base import NatParams, segment_limit_positive, temper_dirichlet
 
 __all__ = ["DiscreteHMM", "HMMLocal", "sample_hmm"]
 
@@ -292,12 +292,8 @@ class DiscreteHMM:
         x = self.check_batch(x)
         K, V = self.n_states, self.n_symbols
         n = len(x)
-        mean_len = x.n_symbols_total / n
         if self.init == "dirichlet":
-            return NatParams(
-                init=self._a0 + n_total * rng.dirichlet(np.ones(K)),
-                trans=self._b0 + n_total * max(mean_len - 1.0, 1.0) / K * rng.dirichlet(np.ones(K), size=K),
-                emit=self._e0 + n_total * mean_len / K * rng.dirichlet(np.ones(V), size=K))
+            return self.random_init(rng, x, n_total)
         r = rng.uniform(size=(x.n_symbols_total, K))
         r /= r.sum(axis=1, keepdims=True)
         starts = x.offsets[:-1]
@@ -309,6 +305,28 @@ class DiscreteHMM:
             emit[k] = np.bincount(x.symbols, weights=r[:, k], minlength=V)
         stats = NatParams(init=r[starts].sum(axis=0), trans=r[pos].T @ r[pos + 1], emit=emit)
         return self.prior() + stats * (n_total / n)
+
+    def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """Seed 002 §4.2: every q row η + s·u, u ~ Dirichlet(1, …, 1) (``init="dirichlet"``).
+
+        s is the expected number of counts of that row in a data set of
+        ``n_total`` sequences of the mean length of ``x``. Also η_t of
+        stochastic annealing, whatever ``init`` is.
+        """
+        x = self.check_batch(x)
+        K, V = self.n_states, self.n_symbols
+        mean_len = x.n_symbols_total / len(x)
+        return NatParams(
+            init=self._a0 + n_total * rng.dirichlet(np.ones(K)),
+            trans=self._b0 + n_total * max(mean_len - 1.0, 1.0) / K * rng.dirichlet(np.ones(K), size=K),
+            emit=self._e0 + n_total * mean_len / K * rng.dirichlet(np.ones(V), size=K))
+
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """Natural parameter ÷ T (seed 002 eq. 8): all three arrays are Dirichlet
+        concentrations α (natural parameter α − 1), so α_T = 1 + (α − 1)/T."""
+        if T == 1.0:
+            return target
+        return NatParams({k: temper_dirichlet(target[k], T) for k in target})
 
     # ---------------------------------------------------------- local step
     def _expectations(self, lam: NatParams) -> dict:
@@ -367,12 +385,24 @@ class DiscreteHMM:
             np.dot(ut, A_tT, out=beta[t - 1, :m])
         return alpha, beta, u, A_t, log_norm
 
-    def local_step(self, lam: NatParams, x) -> HMMLocal:
-        """Forward–backward with exp E_q[log π], exp E_q[log A], exp E_q[log B]."""
+    def local_step(self, lam: NatParams, x, temperature=1.0) -> HMMLocal:
+        """Forward–backward with exp E_q[log π], exp E_q[log A], exp E_q[log B].
+
+        At ``temperature`` T ≠ 1 the potentials are raised to 1/T (detAVI:
+        q(z) ∝ exp(E_q[log p(x, z | β)] / T)), and ``log_norm`` is T log Z̃_T,
+        the tempered local objective at its optimum (the ELBO term only at T = 1).
+        """
         x = x if isinstance(x, Sequences) else self.check_batch(x)
         ex = self._expectations(lam)
         lay = _Layout.of(x)
-        alpha, beta, u, A_t, log_norm = self._forward_backward(ex["log_pi"], ex["log_A"], ex["log_B"], lay)
+        if temperature != 1.0:
+            inv = 1.0 / temperature
+            alpha, beta, u, A_t, log_norm = self._forward_backward(
+                ex["log_pi"] * inv, ex["log_A"] * inv, ex["log_B"] * inv, lay)
+            log_norm = log_norm * temperature
+        else:
+            alpha, beta, u, A_t, log_norm = self._forward_backward(ex["log_pi"], ex["log_A"],
+                                                                   ex["log_B"], lay)
         return HMMLocal(lay, alpha, beta, u, A_t, lay.unsort(log_norm))
 
     # ------------------------------------------------- sufficient statistics

@@ -155,7 +155,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
-from .base import NatParams, segment_limit_positive
+from .base import NatParams, segment_limit_positive, temper_dirichlet
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)
@@ -1055,11 +1055,99 @@ class LDA:
     #: local-step kernel runs (for tests)
     _local_path = None
 
-    def local_step(self, lam: NatParams, x) -> LDALocal:
+    def _fit_gamma_tempered(self, ex, X, T: float, cols=None, Xc=None):
+        """γ and φ at temperature T ≠ 1 (detAVI; Abrol et al. 2014), as an :class:`LDALocal`.
+
+        The tempered local objective E_q[log p] − T E_q[log q] is maximised by
+        φ_dwk ∝ exp((E[log θ_dk] + E[log β_kw]) / T) and q(θ_d) with natural
+        parameter (α − 1 + Σ_w n_dw φ_dw)/T, i.e. γ_d = α_T + (1/T) Σ_w n_dw φ_dw
+        with α_T = 1 + (α − 1)/T. Same start (γ = 1), stopping rule and cap as
+        at T = 1. The compiled kernel runs it (with its held topics) when it
+        runs at T = 1; otherwise a sparse numpy sweep (nnz × K, no held
+        topics). ``log_norm`` is NaN: the engine reports the untempered ELBO.
+        ``cols``, ``Xc``: as in :meth:`_finish` (``ex`` holds only the batch's
+        columns, ``Xc`` is the batch renumbered into them).
+        """
+        Xc = X if Xc is None else Xc
+        n, K = X.shape[0], self.n_components
+        inv = 1.0 / T
+        a_T = 1.0 + (self._alpha - 1.0) * inv
+        tolK = self.mean_change_tol * K
+        EbT = np.power(ex["exp_beta"], inv)                # exp((E[log β] − m)/T), (K, |cols|)
+        rows = np.repeat(np.arange(n), np.diff(X.indptr))
+        if COMPILED and self._local_path in (None, "compiled") and not self.accelerate:
+            max_it = self.max_doc_update_iter
+            hold_at = np.zeros(max_it + 2, dtype=np.uint8)
+            hold_at[[h for h in _HOLD_AT if h <= max_it]] = 1
+            gamma, n_iter = np.empty((n, K)), np.empty(n, dtype=np.int64)
+            Zc, shift = np.empty(X.nnz), np.empty(n)
+            _ldakernel.fit_gamma(np.ascontiguousarray(EbT.T), K,
+                                 np.ascontiguousarray(Xc.indptr, dtype=np.int64),
+                                 np.ascontiguousarray(Xc.indices, dtype=np.int64),
+                                 np.ascontiguousarray(X.data, dtype=np.float64), a_T, tolK, _HOLD_EPS,
+                                 max_it, float(digamma(a_T.max())), hold_at,
+                                 bool(digamma(a_T.min()) > -300.0), gamma, n_iter, Zc, shift, inv)
+            th = self._theta_tempered(gamma, inv)
+            # the kernel's θ̃ is exp((ψ(γ) − s)/T) = th · exp((ψ(max γ) − s)/T)
+            Z = Zc * np.exp((shift - digamma(gamma.max(axis=1))) * inv)[rows]
+        else:
+            EbW = np.ascontiguousarray(EbT.T[Xc.indices])    # (nnz, K)
+            gamma = np.ones((n, K))
+            n_iter = np.zeros(n, dtype=np.int64)
+            act = np.ones(n, dtype=bool)
+            th = self._theta_tempered(gamma, inv)
+            for it in range(1, self.max_doc_update_iter + 1):
+                Z = np.einsum("ij,ij->i", th[rows], EbW)
+                R = sp.csr_matrix((X.data / Z, Xc.indices, Xc.indptr), shape=Xc.shape)
+                G = (R @ EbT.T) * th
+                G *= inv
+                G += a_T
+                change = np.abs(G - gamma).sum(axis=1)
+                gamma = np.where(act[:, None], G, gamma)
+                n_iter[act] = it
+                act &= ~(change < tolK)
+                th = self._theta_tempered(gamma, inv)
+                if not act.any():
+                    break
+            Z = np.einsum("ij,ij->i", th[rows], EbW)
+        return LDALocal(x=X, gamma=gamma, exp_theta=th, ratio=X.data / Z, exp_beta=EbT,
+                        log_norm=np.full(n, np.nan), n_iter=n_iter, cols=cols,
+                        xc=Xc)
+
+    @staticmethod
+    def _theta_tempered(gamma, inv):
+        """exp((E[log θ_dk] − max_k E[log θ_dk]) / T) (ψ(Σγ) cancels)."""
+        e = digamma(gamma)
+        e -= e.max(axis=1)[:, None]
+        e *= inv
+        return np.exp(e, out=e)
+
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """Natural parameter ÷ T (seed 002 eq. 8): ``topic_word`` holds Dirichlet
+        concentrations λ (natural parameter λ − 1), so λ_T = 1 + (λ − 1)/T."""
+        if T == 1.0:
+            return target
+        return NatParams(topic_word=temper_dirichlet(self.lam_matrix(target), T))
+
+    def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
+        """Seed 002 §4.1: λ_k = η + s·u_k, u_k ~ Dirichlet(1, …, 1), s = c·D/K.
+
+        c is the mean number of words per document of ``x`` and D = ``n_total``
+        documents. η_t of stochastic annealing (``init`` is not consulted).
+        """
+        X = self.check_batch(x)
+        K, V = self.n_components, self.n_features
+        c = float(X.sum()) / X.shape[0]
+        return NatParams(topic_word=self._eta + (c * float(n_total) / K)
+                         * rng.dirichlet(np.ones(V), size=K))
+
+    def local_step(self, lam: NatParams, x, temperature=1.0) -> LDALocal:
         """γ, φ of every document given λ (module docs), with the per-document ELBO.
 
         Reads λ only in the batch's words (and the topics' row sums), except on
         the dense path (V·K small), so its cost does not grow with V.
+        ``temperature`` T ≠ 1: the tempered local step of :meth:`_fit_gamma_tempered`
+        (detAVI), on the same columns; T == 1 runs exactly the untempered code.
         """
         X = self.check_batch(x)
         dense = not self.accelerate and not (COMPILED and self._local_path in (None, "compiled")) \
@@ -1076,6 +1164,8 @@ class LDA:
                 pos -= 1
                 Xc = sp.csr_matrix((X.data, pos[X.indices], X.indptr), shape=(X.shape[0], cols.size))
         ex = self._expectations(lam, cols)
+        if temperature != 1.0:
+            return self._fit_gamma_tempered(ex, X, float(temperature), cols, Xc)
         if self.accelerate:
             gamma, n_iter = self._fit_gamma_squarem(_Words(self._ext(ex), Xc))
             Z = zlog = None

@@ -6,9 +6,11 @@ Generative model (Mnih & Salakhutdinov 2007; seed 000 eqs. 24–25)::
     y_ij | u_i, v_j ~ N(u_iᵀ v_j + μ0, σ²)            (i, j) ∈ Ω, the observed ratings
 
 With ``biases=True`` each side gets one more free coordinate, a user bias
-b_i and an item bias e_j (both N(0, c)), and the mean is
-u_iᵀv_j + b_i + e_j + μ0. μ0 (``offset``) is a fixed, documented centring of
-the ratings (e.g. the training mean), not a learned parameter.
+b_i and an item bias e_j (both N(0, c_b), c_b = ``bias_var``, default c), and
+the mean is u_iᵀv_j + b_i + e_j + μ0. μ0 (``offset``) is a fixed centring of
+the ratings (e.g. the training mean), or with ``offset="auto"`` the running
+mean of the ratings seen so far (a statistic of the stream, not a variational
+parameter).
 
 Variational family: q = Π_i N(u_i | m_i, Λ_i⁻¹) Π_j N(v_j | m_j, Λ_j⁻¹), each
 row in precision form with natural parameters (h, Λ) (``*_h``, ``*_prec``)::
@@ -135,7 +137,6 @@ import math
 import threading
 
 import numpy as np
-import scipy.sparse as sp
 
 from .base import NatParams
 
@@ -289,14 +290,17 @@ class _RowIndex:
         """(rows of ``keys``, the new ids in order, the grown list) — rows ≥ len(ids) are new."""
         _, d, tip = self._entry(ids)
         n = len(ids)
-        rows = np.empty(len(keys), dtype=np.int64)
+        get = d.get
+        if isinstance(keys, np.ndarray):
+            keys = keys.tolist()
+        rows = np.array([get(k, -1) for k in keys], dtype=np.int64).reshape(-1)
         new: dict = {}
-        for p, k in enumerate(keys):
-            r = d.get(k)
-            if r is None or r >= n:
-                r = new.get(k)
-                if r is None:
-                    r = new[k] = n + len(new)
+        miss = np.flatnonzero((rows < 0) | (rows >= n))
+        for p in miss.tolist():               # ids without a row in this list, in order of appearance
+            k = keys[p]
+            r = new.get(k)
+            if r is None:
+                r = new[k] = n + len(new)
             rows[p] = r
         if not new or not grow:
             return rows, list(new), ids
@@ -352,6 +356,51 @@ def _eigvalsh_rows(K) -> np.ndarray:
     return out
 
 
+def _tril_inv(L) -> np.ndarray:
+    """Inverses of a stack of lower-triangular matrices by forward substitution, vectorised over the stack.
+
+    For the small D of PMF rows this is several times faster than ``np.linalg.inv`` (one LAPACK call
+    per matrix); the result is lower triangular like L.
+    """
+    n, D, _ = L.shape
+    X = np.zeros_like(L)
+    d = 1.0 / np.diagonal(L, axis1=1, axis2=2)
+    for i in range(D):
+        X[:, i, i] = d[:, i]
+        if i:
+            X[:, i, :i] = -np.einsum("nk,nkj->nj", L[:, i, :i], X[:, :i, :i]) * d[:, i, None]
+    return X
+
+
+def _concat_params(parts: dict) -> NatParams:
+    """NatParams whose arrays are the row-wise concatenations of ``parts[name]`` (one copy, into one buffer)."""
+    layout, off = [], 0
+    for k, ps in parts.items():
+        shape = (sum(len(p) for p in ps),) + tuple(ps[0].shape[1:])
+        size = int(np.prod(shape))
+        layout.append((k, shape, off, off + size))
+        off += size
+    flat = np.empty(off)
+    for (k, shape, lo, hi), ps in zip(layout, parts.values()):
+        pos = lo
+        for p in ps:
+            flat[pos:pos + p.size] = np.asarray(p, dtype=np.float64).reshape(-1)
+            pos += p.size
+    return NatParams._wrap(tuple(layout), flat)
+
+
+def _rho_rows(schedule, t) -> np.ndarray:
+    """ρ = schedule(t) for an array of (real) clocks t ≥ 1; vectorised for the built-in schedules."""
+    from ..inference.schedules import Constant, RobbinsMonro
+
+    if isinstance(schedule, RobbinsMonro):
+        rho = np.minimum((schedule.tau0 + t) ** (-float(schedule.kappa)), 1.0)
+        return rho if schedule.rho_min is None else np.maximum(rho, schedule.rho_min)
+    if isinstance(schedule, Constant):
+        return np.full(len(t), float(schedule(1)))
+    return np.array([schedule(float(v)) for v in t])
+
+
 def _as_float(name, v, positive=True):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
             or (positive and v <= 0):
@@ -379,6 +428,19 @@ class PMF:
     remember_rated : bool
         Keep the rated (user, item) pairs in the state so that :meth:`recommend`
         leaves them out (costs 16 bytes per rating in every snapshot).
+    bias_var : float or None
+        c_b, the prior variance of the biases b_i, e_j (None: c).
+    row_clock : {"updates", "ratings"}
+        The clock of row i's step ρ_i = schedule(t_i): t_i = its update count, or
+        t_i = n_i/|S_i| (its ratings so far over its ratings in this batch). With
+        ``row_counts="seen"``, τ0 = 0, κ = 1 the latter makes λ_i − η the exact sum
+        of the row's statistics (streaming Bayes) whatever |S_i| each batch brings.
+    sweep : {"users_first", "items_first"}
+        Which side a step updates first (the other then uses its new moments).
+
+    ``offset="auto"`` makes μ0 the running mean of every rating seen (kept in
+    ``aux`` as ``rating_sum``/``rating_count``; a batch's statistics use the mean
+    including that batch; predictions use the current one).
 
     Attributes
     ----------
@@ -397,16 +459,24 @@ class PMF:
 
     def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
-                 row_counts: str = "scaled", remember_rated: bool = True):
+                 row_counts: str = "scaled", remember_rated: bool = True, bias_var=None,
+                 row_clock: str = "updates", sweep: str = "users_first"):
         if isinstance(n_factors, bool) or int(n_factors) != n_factors or n_factors < 1:
             raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
         self.n_factors = int(n_factors)
         self.sigma2 = _as_float("sigma2", sigma2)
         self.prior_var = _as_float("prior_var", prior_var)
+        self.bias_var = None if bias_var is None else _as_float("bias_var", bias_var)
         if not isinstance(biases, (bool, np.bool_)):
             raise ValueError(f"biases must be true or false, got {biases!r}")
         self.biases = bool(biases)
-        self.offset = _as_float("offset", offset, positive=False)
+        if isinstance(offset, str):
+            if offset != "auto":
+                raise ValueError(f"offset must be a finite number or 'auto' (the running mean of the "
+                                 f"stream), got {offset!r}")
+            self.offset = "auto"
+        else:
+            self.offset = _as_float("offset", offset, positive=False)
         self.init_scale = _as_float("init_scale", init_scale)
         if row_counts not in ("scaled", "seen"):
             raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
@@ -414,8 +484,21 @@ class PMF:
         if not isinstance(remember_rated, (bool, np.bool_)):
             raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
         self.remember_rated = bool(remember_rated)
+        if row_clock not in ("updates", "ratings"):
+            raise ValueError(f"row_clock must be 'updates' or 'ratings', got {row_clock!r}")
+        self.row_clock = row_clock
+        if sweep not in ("users_first", "items_first"):
+            raise ValueError(f"sweep must be 'users_first' or 'items_first', got {sweep!r}")
+        self.sweep = sweep
+        if sweep == "items_first":         # the conjugate blocks in the order this model sweeps them
+            self.blocks = type(self).blocks[::-1]
         d = self.n_factors
         self.dim = D = d + 1 if self.biases else d
+        pv = np.full(D, self.prior_var)
+        if self.biases and self.bias_var is not None:
+            pv[d] = self.bias_var
+        self._pv = pv                      # prior variance per coordinate: c (factors), c_b (bias)
+        self._eta_P = np.diag(1.0 / pv)
         # the mean is f = X̃ᵀ B Z̃ with X̃ = (x, 1), Z̃ = (z, 1): uᵀv (+ b + e)
         B = np.zeros((D + 1, D + 1))
         B[:d, :d] = np.eye(d)
@@ -423,12 +506,19 @@ class PMF:
             B[d, D] = 1.0      # user bias × 1
             B[D, d] = 1.0      # 1 × item bias
         self._B = B
+        self._perm = np.r_[0:D - 1, D, D - 1] if self.biases else None   # (v, e, 1) -> (v, 1, e)
         self._index = {"user": _RowIndex(), "item": _RowIndex()}
 
     def get_params(self) -> dict:
-        return {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
-                "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
-                "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+        """The settings; those added by issue 18 only when they differ from the former behaviour, so a
+        snapshot written before them resumes under the same configuration."""
+        params = {"n_factors": self.n_factors, "sigma2": self.sigma2, "prior_var": self.prior_var,
+                  "biases": self.biases, "offset": self.offset, "init_scale": self.init_scale,
+                  "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+        for k, former in (("bias_var", None), ("row_clock", "updates"), ("sweep", "users_first")):
+            if getattr(self, k) != former:
+                params[k] = getattr(self, k)
+        return params
 
     def __repr__(self):
         return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
@@ -449,11 +539,19 @@ class PMF:
             raise ValueError(f"x has non-finite ratings at {bad[:10].tolist()}")
         return x
 
+    def mu0(self, aux=None) -> float:
+        """μ0: the fixed ``offset``, or with ``offset="auto"`` the mean of the ratings seen so far."""
+        if self.offset != "auto":
+            return self.offset
+        aux = self._need_aux(aux)
+        n = int(aux.get("rating_count", 0))
+        return float(aux["rating_sum"]) / n if n else 0.0
+
     # ------------------------------------------------------------ λ and aux
     def prior(self, n_users: int = 0, n_items: int = 0) -> NatParams:
         """η for ``n_users`` user rows and ``n_items`` item rows (h = 0, Λ = I/c)."""
         D = self.dim
-        eye = np.eye(D) / self.prior_var
+        eye = self._eta_P
         return NatParams(user_h=np.zeros((n_users, D)), user_prec=np.broadcast_to(eye, (n_users, D, D)),
                          item_h=np.zeros((n_items, D)), item_prec=np.broadcast_to(eye, (n_items, D, D)))
 
@@ -462,8 +560,8 @@ class PMF:
 
     def _new_rows(self, seed, side, ids):
         m = self.init_scale * _hashed_normals(seed, side, ids, self.dim)
-        P = np.broadcast_to(np.eye(self.dim) / self.prior_var, (len(ids), self.dim, self.dim))
-        return m / self.prior_var, P
+        P = np.broadcast_to(self._eta_P, (len(ids), self.dim, self.dim))
+        return m / self._pv, P
 
     def init_state(self, rng, x, n_total):
         """λ with one row per user and item of ``x`` (first-appearance order) and the aux maps."""
@@ -479,7 +577,11 @@ class PMF:
     def _empty_aux(self, seed):
         D = self.dim
         z = np.zeros(0, dtype=np.int64)
-        aux = {"seed": seed, "users": [], "items": []}
+        # svi_plus_seen: whether an SVI+ step ever moved this state (only then can a row's data part
+        # be indefinite, which the rescaling of a row must check; snapshots without it are checked)
+        aux = {"seed": seed, "users": [], "items": [], "svi_plus_seen": False}
+        if self.offset == "auto":
+            aux.update({"rating_sum": 0.0, "rating_count": 0})
         for side in ("user", "item"):
             aux.update({f"{side}_n": z, f"{side}_t": z, f"{side}_N": np.zeros(0), f"{side}_kl": np.zeros(0),
                         f"{side}_E": np.zeros((0, D + 1, D + 1))})
@@ -499,25 +601,25 @@ class PMF:
         if not new_u and not new_i:
             return lam, aux, urows, irows, False
         aux = dict(aux)
-        arrays = dict(lam)
-        c, D = self.prior_var, self.dim
+        arrays = {k: [v] for k, v in lam.items()}
+        D = self.dim
         for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
             if not new:
                 continue
             h, P = self._new_rows(aux["seed"], side, new)
-            arrays[f"{side}_h"] = np.concatenate([lam[f"{side}_h"], h])
-            arrays[f"{side}_prec"] = np.concatenate([lam[f"{side}_prec"], P])
+            arrays[f"{side}_h"].append(h)
+            arrays[f"{side}_prec"].append(P)
             aux[f"{side}s"] = grown
             k = len(new)
-            m = h * c                              # Λ = I/c: mean c h, covariance c I
+            m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
             E = np.empty((k, D + 1, D + 1))
-            E[:, :D, :D] = c * np.eye(D) + m[:, :, None] * m[:, None, :]
+            E[:, :D, :D] = np.diag(self._pv) + m[:, :, None] * m[:, None, :]
             E[:, :D, D] = E[:, D, :D] = m
             E[:, D, D] = 1.0
             for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
-                              ("N", np.zeros(k)), ("kl", 0.5 * np.einsum("ni,ni->n", m, m) / c), ("E", E)):
+                              ("N", np.zeros(k)), ("kl", 0.5 * (m * m / self._pv).sum(axis=1)), ("E", E)):
                 aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
-        return NatParams(arrays), aux, urows, irows, True
+        return _concat_params(arrays), aux, urows, irows, True
 
     def refresh_cache(self, lam, aux) -> dict:
         """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
@@ -539,6 +641,12 @@ class PMF:
             raise ValueError(f"PMF parameters must be {sorted(names)}, got {sorted(lam)}")
         if not isinstance(aux, dict) or not {"users", "items", "seed"} <= set(aux):
             raise ValueError("a PMF state needs aux with the 'users' and 'items' id lists")
+        if self.offset == "auto":
+            if not {"rating_sum", "rating_count"} <= set(aux):
+                raise ValueError("a PMF state with offset='auto' needs aux rating_sum and rating_count (the "
+                                 "running mean); this state was written with a fixed offset: set offset to it")
+            if not (math.isfinite(float(aux["rating_sum"])) and int(aux["rating_count"]) >= 0):
+                raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
@@ -555,24 +663,37 @@ class PMF:
     # ------------------------------------------------------------ moments
     def _kl(self, m, S, P):
         """KL(N(m, S) ‖ N(0, c I)) per row (S = Λ⁻¹)."""
-        c, D = self.prior_var, self.dim
+        pv, D = self._pv, self.dim
         L = np.linalg.cholesky(P)
         logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-        return 0.5 * (np.trace(S, axis1=1, axis2=2) / c + np.einsum("ni,ni->n", m, m) / c
-                      - D + D * math.log(c) + logdetP)
+        return 0.5 * ((np.diagonal(S, axis1=1, axis2=2) / pv).sum(axis=1) + (m * m / pv).sum(axis=1)
+                      - D + float(np.log(pv).sum()) + logdetP)
 
-    def _moments(self, h, P):
-        """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ)."""
-        S = np.linalg.inv(P)
-        S = 0.5 * (S + np.swapaxes(S, 1, 2))
+    def _moments_kl(self, h, P, L=None):
+        """(_moments, KL) of rows from one Cholesky factor L of Λ (computed unless given)."""
+        if L is None:
+            L = np.linalg.cholesky(P)
+        n, D = h.shape
+        Linv = _tril_inv(L)
+        S = np.swapaxes(Linv, 1, 2) @ Linv
         m = np.einsum("nij,nj->ni", S, h)
-        n, D = m.shape
         E = np.empty((n, D + 1, D + 1))
         E[:, :D, :D] = S + m[:, :, None] * m[:, None, :]
         E[:, :D, D] = m
         E[:, D, :D] = m
         E[:, D, D] = 1.0
-        return m, S, E
+        pv = self._pv
+        logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+        kl = 0.5 * ((np.diagonal(S, axis1=1, axis2=2) / pv).sum(axis=1) + (m * m / pv).sum(axis=1)
+                    - D + float(np.log(pv).sum()) + logdetP)
+        return m, S, E, kl
+
+    def _moments(self, h, P):
+        """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ).
+
+        Through the Cholesky factor, like the cached moments of a step, so the two agree bit for bit.
+        """
+        return self._moments_kl(h, P)[:3]
 
     def _design_moments(self, E, side):
         """For rows of the *other* side with moments E: (Q (n, D+1, D+1), a (n, D+1)).
@@ -585,8 +706,8 @@ class PMF:
         """
         D = self.dim
         if self.biases:                 # φ = (v, 1, e) from Z̃ = (v, e, 1): swap the last two
-            perm = np.r_[0:D - 1, D, D - 1]
-            Q = E[:, perm][:, :, perm]
+            perm = self._perm
+            Q = E[:, perm[:, None], perm[None, :]]
             return Q, Q[:, :, D - 1]    # E[φ] = E[φ · 1], and φ_{D-1} = 1
         Q = E.copy()
         Q[:, D, :] = 0.0
@@ -603,18 +724,17 @@ class PMF:
         A = Qr[:, :D, :D] / s2                                      # (S, D, D)
         b = (y[:, None] * a[rows_other, :D] - Qr[:, :D, D]) / s2     # (S, D)
         T = np.concatenate([b, A.reshape(len(y), D * D)], axis=1)
-        uniq, inv = np.unique(rows_self, return_inverse=True)
-        S = len(y)
-        ones = np.ones(S)
-        Wmat = sp.csr_matrix((ones if weights is None else weights, (inv, np.arange(S))),
-                             shape=(len(uniq), S))
-        sums_w = Wmat @ T
-        if weights is None:
-            sums = sums_w
-        else:
-            sums = sp.csr_matrix((ones, (inv, np.arange(S))), shape=(len(uniq), S)) @ T
-        counts = np.bincount(inv, minlength=len(uniq))
-        sq = np.bincount(inv, weights=np.einsum("ij,ij->i", T, T), minlength=len(uniq))
+        order = np.argsort(rows_self, kind="stable")     # the ratings of each touched row, together
+        srt = rows_self[order]
+        first = np.empty(len(srt), dtype=bool)
+        first[:1] = True
+        np.not_equal(srt[1:], srt[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        uniq = srt[starts]
+        counts = np.diff(np.append(starts, len(srt)))
+        sums = np.add.reduceat(T[order], starts, axis=0)
+        sums_w = sums if weights is None else np.add.reduceat((weights[:, None] * T)[order], starts, axis=0)
+        sq = np.add.reduceat(np.einsum("ij,ij->i", T, T)[order], starts)
         return uniq, sums_w, sums, counts, sq
 
     def _unpack(self, flat):
@@ -635,7 +755,8 @@ class PMF:
             raise ValueError(f"ids without a row: users {new_u[:5]}, items {new_i[:5]}")
         _, _, Eu = self._moments(lam["user_h"], lam["user_prec"])
         _, _, Ev = self._moments(lam["item_h"], lam["item_prec"])
-        return {"urows": urows, "irows": irows, "Eu": Eu, "Ev": Ev, "shape": (len(Eu), len(Ev))}
+        return {"urows": urows, "irows": irows, "Eu": Eu, "Ev": Ev, "shape": (len(Eu), len(Ev)),
+                "mu0": self.mu0(aux)}
 
     def suffstats(self, local, x, weights=None) -> NatParams:
         """Σ_r w_r t_r of both blocks at the moments of ``local`` (rows not rated: 0).
@@ -643,7 +764,7 @@ class PMF:
         The user block uses q(V) and the item block q(U) from the same λ (so
         one CAVI sweep is ``local_step``/``suffstats`` once per block, see ``blocks``).
         """
-        y = x.rating - self.offset
+        y = x.rating - local["mu0"]
         nu, ni = local["shape"]
         out = {}
         for side, E_other, rows_o, rows_s, n in (("user", local["Ev"], local["irows"], local["urows"], nu),
@@ -679,7 +800,7 @@ class PMF:
         """The ELBO of the data ``x`` (every id must have a row) at λ."""
         loc = self.local_step(lam, x, aux)
         Q, a = self._design_moments(loc["Ev"], "user")
-        y = x.rating - self.offset
+        y = x.rating - self.mu0(aux)
         return self.global_elbo(lam) + float(np.sum(self.local_elbo_terms(
             loc["Eu"][loc["urows"]], Q[loc["irows"]], a[loc["irows"]], y)))
 
@@ -696,7 +817,7 @@ class PMF:
     # ------------------------------------------------------------ the update
     def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
                  boundary_fraction, effective_batch_size=None):
-        """One SVI / SVI+ step on the touched rows: users, then items (module docs).
+        """One SVI / SVI+ step on the touched rows: users, then items, or the reverse (``sweep``).
 
         Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
         ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
@@ -705,14 +826,20 @@ class PMF:
         """
         if aux is None:
             raise ValueError("a PMF state needs aux; start it with SVI.init")
+        aux_in = aux
         lam, aux, urows, irows, grew = self._grow(lam, aux, x)
+        # per-row arrays _grow has just made (new rows appended) are this step's own: updated in place
+        fresh = frozenset(k for k, v in aux.items() if isinstance(v, np.ndarray) and v is not aux_in.get(k))
         new = NatParams._wrap(lam._layout, lam._flat if grew else lam._flat.copy())  # one fresh buffer
         aux = dict(aux)
         S = len(x)
         M = float(S if effective_batch_size is None else effective_batch_size)
         R = records_before + S
-        y = x.rating - self.offset
-        eta_P = np.eye(self.dim) / self.prior_var
+        if self.offset == "auto":            # μ0: the running mean of every rating seen, this batch included
+            aux["rating_sum"] = float(aux["rating_sum"]) + float(np.sum(x.rating))
+            aux["rating_count"] = int(aux["rating_count"]) + S
+        y = x.rating - self.mu0(aux)
+        eta_P = self._eta_P
         report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
         # the ELBO at the old λ (new rows at their initial values), from the per-row caches
@@ -723,10 +850,20 @@ class PMF:
         elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
 
         # users from the current items, then items from the new users
-        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report)
-        self._step_block("user", Qv, av, iinv, urows, *common)
-        Qu, au = self._design_moments(aux["user_E"][ut], "item")
-        self._step_block("item", Qu, au, uinv, irows, *common)
+        check_floor = bool(aux.get("svi_plus_seen", True)) or weights is not None
+        if weights is not None:
+            aux["svi_plus_seen"] = True
+        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, fresh,
+                  check_floor)
+        if self.sweep == "items_first":      # items from the current users, then users from the new items
+            Qu, au = self._design_moments(aux["user_E"][ut], "item")
+            self._step_block("item", Qu, au, uinv, irows, *common)
+            Qv, av = self._design_moments(aux["item_E"][it], "user")
+            self._step_block("user", Qv, av, iinv, urows, *common)
+        else:                                 # users from the current items, then items from the new users
+            self._step_block("user", Qv, av, iinv, urows, *common)
+            Qu, au = self._design_moments(aux["user_E"][ut], "item")
+            self._step_block("item", Qu, au, uinv, irows, *common)
         if self.remember_rated:
             aux["rated"] = np.concatenate([aux["rated"], np.stack([urows, irows], axis=1)])
         return {"lam": new, "aux": aux, "elbo": elbo,
@@ -734,8 +871,12 @@ class PMF:
                 "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
 
     def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
-                    schedule, tau, eta_P, report):
-        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``)."""
+                    schedule, tau, eta_P, report, fresh=frozenset(), check_floor=True):
+        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``).
+
+        ``aux`` arrays named in ``fresh`` belong to this step alone and are written in place;
+        the others are copied first (the caller's state is never modified).
+        """
         uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, inv_other, rows_self, y, weights)
         n_new = aux[f"{side}_n"][uniq] + counts
         t_new = aux[f"{side}_t"][uniq] + 1
@@ -752,17 +893,23 @@ class PMF:
             h_eff = r[:, None] * h_old
             P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
             # after SVI+ a data part may be non-PSD: stretching it must not take Λ below δ I/c
-            bad = ~_pd_rows(P_eff - self.PREC_FLOOR * eta_P)
-            h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
+            # (without SVI+ every data part is PSD, so Λ_eff ⪰ η: nothing to check)
+            if check_floor:
+                bad = ~_pd_rows(P_eff - self.PREC_FLOOR * eta_P)
+                h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
         else:
             h_eff, P_eff = h_old, P_old
-        rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
-        rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
+        if self.row_clock == "ratings":       # t_i = n_i / |S_i|: the row's ratings in units of this batch's
+            rho = _rho_rows(schedule, n_new / counts)
+        else:
+            rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
+            rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
         if weights is None:
             new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
             new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
             new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
-            keep = ~_pd_rows(new_P)           # only a state left below η by SVI+ can get here
+            L_new, ok = _cholesky_rows(new_P)
+            keep = ~ok                        # only a state left below η by SVI+ can get here
         else:
             new_h, new_P, keep = self._noisy_step(sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau,
                                                   eta_P, report)
@@ -771,9 +918,13 @@ class PMF:
             new_h[keep], new_P[keep] = h_old[keep], P_old[keep]
             report["domain_clipped"] += int(np.count_nonzero(keep))
         H[uniq], P[uniq] = new_h, new_P
-        m, Sig, E = self._moments(new_h, new_P)
-        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", self._kl(m, Sig, new_P)), ("E", E)):
-            arr = aux[f"{side}_{c}"].copy()
+        if weights is not None or keep.any():
+            L_new = None
+        _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
+        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", kl), ("E", E)):
+            arr = aux[f"{side}_{c}"]
+            if f"{side}_{c}" not in fresh:
+                arr = arr.copy()
             arr[uniq] = v
             aux[f"{side}_{c}"] = arr
         # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
@@ -812,7 +963,7 @@ class PMF:
             L, chol_ok = _cholesky_rows(base_P[idx] - self.PREC_FLOOR * eta_P)
             idx, L = idx[chol_ok], L[chol_ok]
             if len(idx):
-                Linv = np.linalg.inv(L)
+                Linv = _tril_inv(L)
                 K = Linv @ xi_P[idx] @ np.swapaxes(Linv, 1, 2)
                 K = 0.5 * (K + np.swapaxes(K, 1, 2))
                 ev = np.linalg.eigvalsh(K) if np.isfinite(K).all() else _eigvalsh_rows(K)
@@ -842,7 +993,7 @@ class PMF:
         D = self.dim
         known = rows >= 0
         E = np.zeros((len(rows), D + 1, D + 1))
-        E[:, :D, :D] = np.eye(D) * self.prior_var
+        E[:, :D, :D] = np.diag(self._pv)
         E[:, D, D] = 1.0
         if known.any():
             r = rows[known]
@@ -862,7 +1013,7 @@ class PMF:
         Q, a = self._design_moments(Ev, "user")
         Ef = np.einsum("ni,ni->n", Eu[:, :, -1], a)
         Ef2 = np.einsum("nij,nij->n", Eu, Q)
-        return self.offset + Ef, self.sigma2 + np.maximum(Ef2 - Ef * Ef, 0.0)
+        return self.mu0(aux) + Ef, self.sigma2 + np.maximum(Ef2 - Ef * Ef, 0.0)
 
     def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
         """log N(y | predictive mean, predictive variance) per rating (moment-matched Gaussian)."""
@@ -888,7 +1039,7 @@ class PMF:
         Eu = self._row_moments(lam, "user", urow)[0]
         Ev = self._row_moments(lam, "item", np.arange(n_items))
         _, a = self._design_moments(Ev, "user")
-        scores = self.offset + a @ Eu[:, -1]
+        scores = self.mu0(aux) + a @ Eu[:, -1]
         keep = np.ones(n_items, dtype=bool)
         if urow[0] >= 0 and "rated" in aux and len(aux["rated"]):
             rated = aux["rated"]

@@ -38,9 +38,11 @@ class Field:
 SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
-                      "hmm (discrete hidden Markov model), lda (topic model on bags of words) or "
-                      "pmf (matrix factorisation of ratings)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf")),
+                      "hmm (discrete hidden Markov model), lda (topic model on bags of words), "
+                      "pmf (matrix factorisation of ratings), logistic (Bayesian logistic "
+                      "regression on labelled records; the gradient path of seed 001) or softmax "
+                      "(its multiclass form)",
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "logistic", "softmax")),
         "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
                               "hidden states for hmm; topics for lda); required except for pmf", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
@@ -77,16 +79,32 @@ SCHEMA: dict[str, dict[str, Field]] = {
                       "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the first "
                       "minibatch", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
                                             "random_resp")),
+        "n_init": Field("int", None, "gmm, gmm_dp: starts made from the first minibatch, the best "
+                        "ELBO kept; default 3", min=1),
+        "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the first minibatch from each "
+                             "start; default 5", min=0),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
         "biases": Field("bool", None, "add a user and an item bias to the mean (pmf)"),
-        "offset": Field("float", None, "mu0 subtracted from every rating, e.g. the training mean (pmf)"),
+        "offset": Field("float|auto", None, "mu0 subtracted from every rating: a number, or auto = the "
+                        "running mean of the ratings seen (pmf)"),
+        "bias_var": Field("float", None, "prior variance of the user and item biases (pmf); unset = prior_var",
+                          min=0),
+        "row_clock": Field("str", None, "pmf: the clock of a row's step size rho_i = schedule(t_i): updates = "
+                           "the row's update count, ratings = its ratings seen / its ratings in the batch",
+                           choices=("updates", "ratings")),
+        "sweep": Field("str", None, "pmf: which side a minibatch updates first", choices=("users_first",
+                                                                                          "items_first")),
         "init_scale": Field("float", None, "std of the random initial means of new rows (pmf)", min=0),
         "row_counts": Field("str", None, "N_i per user/item (pmf): scaled = n_total * n_i / records seen "
                             "(data set or population), seen = ratings of the row seen so far "
                             "(one pass over a stream)", choices=("scaled", "seen")),
         "remember_rated": Field("bool", None, "keep rated pairs so top-k leaves them out (pmf)"),
+        "fit_intercept": Field("bool", None, "add a bias weight; default true (logistic)"),
+        "init_std": Field("float", None, "sigma of every weight in the initial q; default "
+                          "0.1*sqrt(prior_var) (logistic, softmax)", min=0),
+        "n_classes": Field("int", None, "C, the classes 0..C-1 of the labels (softmax); default 3", min=2),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -106,6 +124,21 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "boundary_fraction": Field("float", 0.9, "fraction-to-boundary for steps that would leave "
                                    "the parameter domain", min=0, max=1),
         "seed": Field("int", 0, "seed of the random stream (initialisation, SVI+ noise)"),
+        "annealing": Field("dict", None, "[inference.annealing] table: kind = none, svi+, "
+                           "deterministic or stochastic, and its schedule settings (ANNEALING)"),
+        # the gradient path (model.kind = logistic, softmax; streamsvi.inference.gradients)
+        "estimator": Field("str", None, "logistic, softmax: stochastic ELBO gradient, legrad (local expectation "
+                           "gradients, default), regrad (reparameterisation) or ldgrad (score function)",
+                           choices=("legrad", "regrad", "ldgrad")),
+        "n_samples": Field("int", None, "logistic, softmax: pivots (legrad) or samples (regrad, ldgrad) per "
+                           "update; default 1, 1 and P*K", min=1),
+        "quadrature_points": Field("int", None, "logistic, softmax: K, Gauss-Hermite nodes of legrad; default 5",
+                                   min=2),
+        "optimizer": Field("str", None, "logistic, softmax: natural (natural-gradient Robbins-Monro steps, "
+                           "default), sgd (plain Robbins-Monro steps on the gradient / N) or adam "
+                           "(Adam with step learning_rate * rho_t)", choices=("natural", "sgd", "adam")),
+        "learning_rate": Field("float", None, "logistic, softmax: multiplies rho_t; default 1 (natural, sgd), "
+                               "0.01 (adam)", min=0),
     },
     "source": {
         "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
@@ -182,7 +215,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                       "degrees_of_freedom", "scale", "init"})
+                       "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps"})
 _GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
 #: model kind -> the values of ``model.init`` it takes
 INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}
@@ -196,8 +229,77 @@ MODEL_KEYS: dict[str, frozenset] = {
     "lda": frozenset({"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
                       "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
-                      "row_counts", "remember_rated"}),
+                      "row_counts", "remember_rated", "bias_var", "row_clock", "sweep"}),
+    "logistic": frozenset({"n_features", "prior_var", "fit_intercept", "init_std"}),
+    "softmax": frozenset({"n_features", "n_classes", "prior_var", "fit_intercept", "init_std"}),
 }
+#: model kinds learned by the gradient path (GradientVI), and the [inference] settings only they take
+GRADIENT_KINDS = frozenset({"logistic", "softmax"})
+GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate")
+#: [inference] settings of the conjugate path that the gradient path has no use for
+SVI_ONLY_KEYS = ("effective_batch_size", "effective_fraction", "annealing")
+
+
+#: ``[inference.annealing]``: kind -> its settings (streamsvi.inference.annealing; defaults there)
+ANNEALING: dict[str, dict[str, Field]] = {
+    "none": {},
+    "svi+": {
+        "M0": Field("float", None, "effective batch size M (at t = 0 for a schedule); or fraction",
+                    min=0),
+        "fraction": Field("float", None, "constant M = fraction * |S|, in (0, 1]", min=0, max=1),
+        "schedule": Field("str", "constant", "M_t: constant M0; linear min(|S|, M0 + increment*t); "
+                          "geometric min(|S|, M0 * growth^t)", choices=("constant", "linear", "geometric")),
+        "increment": Field("float", 1.0, "records added to M per step (linear)", min=0),
+        "growth": Field("float", 1.1, "factor on M per step, > 1 (geometric)", min=1),
+    },
+    "deterministic": {
+        "T0": Field("float", 5.0, "initial temperature T_1 >= 1", min=1),
+        "schedule": Field("str", "geometric", "T_t = 1 + (T0-1) rate^(t-1) (geometric) or "
+                          "1 + (T0-1) max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
+        "rate": Field("float", 0.9, "cooling rate in (0, 1) (geometric)", min=0, max=1),
+        "n_steps": Field("int", 100, "T_t = 1 after this many steps", min=1),
+    },
+    "stochastic": {
+        "rho0": Field("float", 0.9, "weight of the random restart at t = 1, in [0, 1]", min=0, max=1),
+        "schedule": Field("str", "geometric", "rho_t = rho0 decay^(t-1) (geometric) or "
+                          "rho0 max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
+        "decay": Field("float", 0.9, "decay in (0, 1) (geometric)", min=0, max=1),
+        "n_steps": Field("int", 100, "rho_t = 0 (plain updates) after this many steps", min=1),
+    },
+}
+
+
+def _check_annealing(inf: dict, model_kind: str) -> None:
+    """Validate ``inference.annealing`` in place: its settings, resolved with defaults."""
+    from ..inference.annealing import annealer_from_dict
+
+    given = inf["annealing"]
+    if given is None:
+        return
+    if "kind" not in given:
+        raise ConfigError(f"inference.annealing.kind: required, one of {', '.join(ANNEALING)}")
+    kind = _check("inference.annealing", "kind", Field("str", None, "", choices=tuple(ANNEALING)),
+                  given["kind"])
+    fields = ANNEALING[kind]
+    extra = sorted(set(given) - set(fields) - {"kind"})
+    if extra:
+        raise ConfigError(f"inference.annealing: unknown setting(s) {extra} for kind = {kind!r}; "
+                          f"known: {sorted(fields) or 'none'}")
+    sec = {k: _check("inference.annealing", k, fields[k], v) for k, v in given.items() if k != "kind"}
+    if (inf["effective_batch_size"] is not None or inf["effective_fraction"] is not None):
+        raise ConfigError("inference: set [inference.annealing] or effective_batch_size/effective_fraction, "
+                          "not both (effective_batch_size = M is kind = 'svi+' with M0 = M)")
+    if kind in ("deterministic", "stochastic") and model_kind == "pmf":
+        raise ConfigError(f"inference.annealing.kind: {kind!r} is not defined for model.kind = 'pmf' "
+                          f"(it has no local latent assignments to temper or restart); use 'none' or 'svi+'")
+    if kind == "svi+" and sec.get("schedule", "constant") == "constant" and sec.get("M0") is not None \
+            and sec["M0"] > inf["batch_size"]:
+        raise ConfigError(f"inference.annealing.M0: must be in (0, batch_size={inf['batch_size']}], "
+                          f"got {sec['M0']:g}")
+    try:
+        inf["annealing"] = annealer_from_dict({"kind": kind, **sec}).to_dict()
+    except ValueError as exc:
+        raise ConfigError(f"inference.annealing: {exc}") from None
 
 
 def _check_model_keys(model: dict) -> None:
@@ -373,6 +475,9 @@ def _check(section: str, name: str, f: Field, v):
     elif t == "bool":
         if not isinstance(v, bool):
             raise ConfigError(f"{where}: expected true or false, got {v!r}")
+    elif t == "dict":
+        if not isinstance(v, dict):
+            raise ConfigError(f"{where}: expected a table ([{where}]), got {v!r}")
     elif t == "list[str]":
         if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
             raise ConfigError(f"{where}: expected a non-empty list of strings, got {v!r}")
@@ -424,10 +529,24 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
                           f"got {inf['effective_batch_size']:g}")
     if inf["effective_fraction"] is not None and inf["effective_fraction"] <= 0:
         raise ConfigError("inference.effective_fraction: must be in (0, 1]")
+    _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] != "pmf" and mdl["n_components"] is None:
+    if mdl["kind"] not in ("pmf", "logistic", "softmax") and mdl["n_components"] is None:
         raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
+    if mdl["kind"] in ("logistic", "softmax") and mdl["n_components"] is not None:
+        raise ConfigError("model.n_components: logistic regression has no components; remove it "
+                          "(softmax: the number of classes is n_classes)")
+    if mdl["kind"] in GRADIENT_KINDS:
+        for key in SVI_ONLY_KEYS:
+            if inf[key] is not None:
+                raise ConfigError(f"inference.{key}: SVI+ and annealing settings do not apply to kind = "
+                                  f"{mdl['kind']!r} (the gradient path); remove it")
+    else:
+        for key in GRADIENT_KEYS:
+            if inf[key] is not None:
+                raise ConfigError(f"inference.{key}: only used by the gradient path "
+                                  f"(model.kind = {', '.join(sorted(GRADIENT_KINDS))}); remove it")
     if mdl["kind"] == "pmf":
         if src["fields"] is not None:
             raise ConfigError("source.fields: pmf records are JSON objects with user, item and rating")
@@ -494,7 +613,8 @@ def load_config(path) -> dict:
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
-    from ..models import LDA, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D
+    from ..models import (LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
+                          SoftmaxRegression)
 
     kind = model_cfg["kind"]
     _check_model_keys(model_cfg)
@@ -502,6 +622,10 @@ def build_model(model_cfg: dict):
     try:
         if kind == "pmf":
             return PMF(**given)
+        if kind == "logistic":
+            return BayesianLogisticRegression(**given)
+        if kind == "softmax":
+            return SoftmaxRegression(**given)
         if kind == "hmm":
             return DiscreteHMM(n_states=given.pop("n_components"), **given)
         if kind == "lda":
@@ -525,10 +649,23 @@ def build_engine(cfg: dict, n_total: float):
     inf = cfg["inference"]
     schedule = (RobbinsMonro(inf["tau0"], inf["kappa"], inf["rho_min"])
                 if inf["schedule"] == "robbins_monro" else Constant(inf["rho"]))
+    if cfg["model"]["kind"] in GRADIENT_KINDS:
+        from ..inference.gradients import GradientVI
+
+        optimizer = inf["optimizer"] or "natural"
+        lr = inf["learning_rate"] if inf["learning_rate"] is not None else (0.01 if optimizer == "adam" else 1.0)
+        try:
+            return GradientVI(build_model(cfg["model"]), n_total=n_total,
+                              estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
+                              quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
+                              learning_rate=lr, optimizer=optimizer)
+        except ValueError as exc:
+            raise ConfigError(f"inference: {exc}") from None
     try:
         return SVI(build_model(cfg["model"]), n_total=n_total, schedule=schedule,
                    effective_batch_size=inf["effective_batch_size"],
                    effective_fraction=inf["effective_fraction"],
-                   boundary_fraction=inf["boundary_fraction"], short_batches="svi")
+                   boundary_fraction=inf["boundary_fraction"], short_batches="svi",
+                   annealer=inf.get("annealing"))
     except ValueError as exc:
         raise ConfigError(f"inference: {exc}") from None

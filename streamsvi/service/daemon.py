@@ -399,7 +399,7 @@ class Daemon:
             "grad_variance_observed": self.metrics.observed_variance,
             "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
             "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
-            "domain_clipped": info.domain_clipped}
+            "domain_clipped": info.domain_clipped, "annealing_level": info.annealing_level}
         self._last_history_row = row
         every = self.cfg["metrics"]["history_every"]
         if info.step % every == 0 or info.step == 1 or heldout is not None:
@@ -557,7 +557,12 @@ class Daemon:
         t0 = time.perf_counter()
         self.state, info = self.engine.update(self.state, x)
         loop.last_info = info
-        self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0)
+        annealing = getattr(self.engine, "annealing", None)       # the gradient path has none
+        self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0,
+                                    annealing_kind=None if annealing is None else annealing.kind)
+        estimator = getattr(self.engine, "estimator", None)       # the gradient path
+        if estimator is not None and np.isfinite(info.grad_variance):
+            self.metrics.grad_var_by_estimator.labels(estimator=estimator).set(info.grad_variance)
         self.metrics.records_seen.set(self.state.records_seen)
         self.elbo_history.append([info.step, info.elbo_per_record])
         loop.res.records += n_x
@@ -569,8 +574,23 @@ class Daemon:
             lp = self.engine.predictive_logpdf(self.state, self.heldout)
             heldout_ll = self.heldout_ll = float(np.mean(lp))
             self.metrics.heldout_loglik.set(heldout_ll)
+            self._classifier_metrics()
             self.elbo_history[-1].append(heldout_ll)
         self._record_history(info, heldout_ll)
+
+    def _classifier_metrics(self) -> None:
+        """Held-out log-loss and accuracy, for models that predict class probabilities."""
+        proba = getattr(self.engine.model, "predict_proba", None)
+        if proba is None:
+            return
+        ho = np.asarray(self.heldout)
+        p = proba(self.state.lam, ho[:, :-1])
+        y = ho[:, -1].astype(np.int64)
+        if p.ndim == 1:                                  # binary: p(y = 1)
+            p = np.column_stack([1.0 - p, p])
+        p_y = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
+        self.metrics.heldout_log_loss.set(float(-np.mean(np.log(p_y))))
+        self.metrics.heldout_accuracy.set(float(np.mean(p.argmax(axis=1) == y)))
 
     def _advance(self, batch, source) -> None:
         """The batch's records (applied, held out or dead-lettered) are consumed."""

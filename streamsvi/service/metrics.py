@@ -77,6 +77,15 @@ class DaemonMetrics:
         self.heldout_loglik = latest("heldout_loglik_per_record",
                                 "Mean log posterior-predictive density of the held-out reservoir (nats per record)")
         self.heldout_records = g("heldout_records", "Records in the held-out reservoir")
+        # classifiers (models with predict_proba, e.g. logistic): scored with the held-out log-likelihood
+        self.heldout_log_loss = latest("heldout_log_loss",
+                                       "Mean -log p(y|x, data) of the held-out labelled records (nats)")
+        self.heldout_accuracy = latest("heldout_accuracy",
+                                       "Fraction of held-out labelled records whose most probable class is the label")
+        # the gradient path: the batch gradient-variance estimate, labelled by the estimator that made it
+        self.grad_var_by_estimator = g("gradient_variance_by_estimator",
+                                       "N^2 tr(Sigma_t)/|S| of the latest stochastic ELBO gradient, by "
+                                       "estimator (legrad, regrad, ldgrad; gradient path only)", ("estimator",))
         self.grad_var_est = latest("gradient_variance_estimate",
                               "N^2 tr(Sigma_t)/M_eff: estimated total variance of the natural gradient from one batch")
         self.grad_var_obs = latest("gradient_variance_observed",
@@ -85,6 +94,10 @@ class DaemonMetrics:
         self.rho = latest("step_size", "Step size rho_t of the latest update")
         self.noise_std = latest("svi_plus_noise_std", "Standard deviation sqrt(|S|/M - 1) of the SVI+ noise eps_n")
         self.effective_batch = latest("effective_batch_size", "SVI+ effective batch size M of the latest update")
+        self.annealing_level = g("annealing_level",
+                                 "Level of the annealer (label kind) at the latest update: svi+ = SVI+ noise "
+                                 "std sqrt(|S|/M_t - 1), deterministic = temperature T_t (1 = untempered), "
+                                 "stochastic = weight rho_t of the random restart, none = 0", ("kind",))
         self.step = g("step", "Updates applied to the parameters (engine step t)")
         self.records_seen = g("records_seen", "Records folded into the parameters (engine state)")
         self.records = c("records_consumed", "Records that reached the model")
@@ -107,8 +120,15 @@ class DaemonMetrics:
         #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).
         self.observed_variance = None
 
-    def observe_update(self, info, gradient=None, seconds: float | None = None) -> None:
-        """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams)."""
+    def observe_update(self, info, gradient=None, seconds: float | None = None,
+                       annealing_kind: str | None = None) -> None:
+        """Record one engine update (``UpdateInfo``) and optionally its gradient ĝ_t (NatParams).
+
+        ``annealing_kind`` (the engine's ``annealing.kind``) labels
+        ``streamsvi_annealing_level``; without it that gauge is not set.
+        """
+        if annealing_kind is not None:
+            self.annealing_level.labels(kind=annealing_kind).set(info.annealing_level)
         self.elbo.set(info.elbo)
         self.elbo_per_record.set(info.elbo_per_record)
         self.grad_var_est.set(info.grad_variance)

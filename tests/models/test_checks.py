@@ -232,3 +232,127 @@ def test_suffstats_pair_matches_two_calls(model_case):
     sw, s = pair(local, X, w)
     assert sw.allclose(model.suffstats(local, X, w), rtol=1e-12, atol=1e-9)
     assert s.allclose(model.suffstats(local, X), rtol=1e-12, atol=1e-9)
+
+
+# ----------------------------------------------------------- annealing (issue 13)
+from streamsvi.inference.annealing import Deterministic, NoAnnealing, Stochastic, SVIPlus  # noqa: E402
+
+
+def _run(model, X, annealer=None, n_steps=8, batch_size=40, seed=9, **kw):
+    engine = SVI(model, n_total=10 * len(X), schedule=RobbinsMonro(tau0=2.0, kappa=0.6),
+                 annealer=annealer, **kw)
+    state = engine.init(X, seed=seed)
+    return engine.fit(state, X, n_steps=n_steps, batch_size=batch_size)
+
+
+def _same_run(a, b):
+    (s1, i1), (s2, i2) = a, b
+    assert s1.lam.array_equal(s2.lam)
+    assert s1.rng_state == s2.rng_state
+    assert [x.elbo for x in i1] == [y.elbo for y in i2]
+
+
+def test_temperature_one_is_vi_bit_for_bit(model_case):
+    """Deterministic annealing with T ≡ 1 equals VI (and SVI) exactly, and every
+    model's tempered primitives at T = 1 return exactly the untempered values."""
+    model, X = model_case
+    if _rowwise(model):
+        with pytest.raises(ValueError, match="not defined for model 'pmf'"):
+            SVI(model, n_total=len(X), annealer=Deterministic())
+        return
+    for schedule in (Constant(1.0), RobbinsMonro(tau0=2.0, kappa=0.6)):
+        runs = []
+        for ann in (None, Deterministic(T0=1.0)):
+            engine = SVI(model, n_total=len(X), schedule=schedule, annealer=ann)
+            runs.append(engine.fit(engine.init(X, seed=3), X, n_steps=6,
+                                   batch_size=None if isinstance(schedule, Constant) else 40))
+        _same_run(*runs)
+    lam = model.init_params(np.random.default_rng(0), X, len(X))
+    plain, at_one = model.local_step(lam, X), model.local_step(lam, X, temperature=1.0)
+    assert model.suffstats(plain, X).array_equal(model.suffstats(at_one, X))
+    assert np.array_equal(model.local_elbo(plain), model.local_elbo(at_one))
+    assert model.temper(lam, 1.0).array_equal(lam)
+
+
+def test_stochastic_annealing_with_rho_zero_is_vi(model_case):
+    model, X = model_case
+    if _rowwise(model):
+        with pytest.raises(ValueError, match="use kind 'none' or 'svi\\+'"):
+            SVI(model, n_total=len(X), annealer=Stochastic())
+        return
+    engine_vi = batch_vi(model, len(X))
+    vi = engine_vi.fit(engine_vi.init(X, seed=2), X, n_steps=5)
+    engine = SVI(model, n_total=len(X), schedule=Constant(1.0), annealer=Stochastic(rho0=0.0))
+    _same_run(vi, engine.fit(engine.init(X, seed=2), X, n_steps=5))
+    # and on minibatches with a decaying step
+    _same_run(_run(model, X), _run(model, X, Stochastic(rho0=0.0)))
+
+
+def test_svi_plus_schedule_at_batch_size_is_svi(model_case):
+    """SVI+ with M_t = |S| equals SVI, for every M schedule (a scheduled M_t is capped at |S|)."""
+    model, X = model_case
+    svi = _run(model, X)
+    for ann in (SVIPlus(40), SVIPlus(40, schedule="linear", increment=2.0),
+                SVIPlus(40, schedule="geometric", growth=1.5), SVIPlus(fraction=1.0), NoAnnealing()):
+        _same_run(svi, _run(model, X, ann))
+    # the old spelling effective_batch_size=M is SVIPlus(M), bit for bit (M < |S| too)
+    _same_run(_run(model, X, effective_batch_size=10), _run(model, X, SVIPlus(10)))
+
+
+def test_scheduled_svi_plus_uses_m_t(model_case):
+    model, X = model_case
+    _, infos = _run(model, X, SVIPlus(4, schedule="linear", increment=4.0), n_steps=12)
+    assert [i.effective_batch_size for i in infos] == [min(40.0, 4 + 4.0 * t) for t in range(1, 13)]
+    assert infos[0].annealing_level == pytest.approx(np.sqrt(40 / 8 - 1))
+    assert infos[-1].annealing_level == 0.0
+
+
+def test_annealer_checkpoint_resume_is_exact(model_case, tmp_path):
+    """k steps, save, load, continue == the uninterrupted run, bit for bit, for every annealer."""
+    model, X = model_case
+    annealers = [SVIPlus(8, schedule="geometric", growth=1.3)]
+    if not _rowwise(model):
+        annealers += [Deterministic(T0=3.0, n_steps=6), Stochastic(rho0=0.5, n_steps=6)]
+    for ann in annealers:
+        engine = SVI(model, n_total=5 * len(X), annealer=ann)
+        state0 = engine.init(X, seed=11)
+        whole, w_infos = engine.fit(state0, X, n_steps=8, batch_size=40)
+        half, _ = engine.fit(state0, X, n_steps=4, batch_size=40)
+        save_state(tmp_path / f"{ann.kind}.npz", engine, half)
+        engine2, half2 = load_state(tmp_path / f"{ann.kind}.npz")
+        assert engine2.annealer == ann
+        rest, r_infos = engine2.fit(half2, X, n_steps=4, batch_size=40)
+        assert rest.lam.array_equal(whole.lam), ann.kind
+        assert rest.rng_state == whole.rng_state
+        assert [i.to_dict() for i in r_infos] == [i.to_dict() for i in w_infos[4:]]
+
+
+def test_reported_elbo_is_untempered(model_case):
+    """Under detAVI the reported ELBO is L(λ) of the untempered objective: the ELBO
+    a plain engine reports at the same λ."""
+    model, X = model_case
+    if _rowwise(model):
+        return
+    engine = SVI(model, n_total=len(X), schedule=Constant(1.0), annealer=Deterministic(T0=4.0))
+    state = engine.init(X, seed=1)
+    for _ in range(3):
+        new, info = engine.update(state, X)
+        assert info.temperature > 1 and info.annealing_level == info.temperature
+        assert info.elbo == pytest.approx(engine.elbo(state.lam, X), rel=1e-12)
+        state = new
+    assert model.in_domain(state.lam)
+
+
+def test_stochastic_rho_one_returns_the_random_init(model_case):
+    """ρ_t = 1 with ρ_RM = 1: λ is exactly η_t, the model's random_init drawn from the state's stream."""
+    model, X = model_case
+    if _rowwise(model):
+        return
+    engine = SVI(model, n_total=len(X), schedule=Constant(1.0), annealer=Stochastic(rho0=1.0))
+    state = engine.init(X, seed=6)
+    new, info = engine.update(state, X)
+    eta = model.random_init(state.rng(), model.check_batch(X), float(len(X)))
+    assert info.restart_weight == 1.0
+    assert new.lam.allclose(eta, rtol=1e-12, atol=1e-9)
+    assert model.in_domain(eta)
+    assert new.rng_state != state.rng_state

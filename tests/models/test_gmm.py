@@ -187,6 +187,9 @@ def test_dp_approximation_and_paper_prior_settings():
     (dict(weight_concentration=[1, 2]), "weight_concentration"),
     (dict(init="kmedoids"), "init must be one of 'kmeans', 'kmeans\\+\\+', 'random_from_data', "
                             "'random_resp', got 'kmedoids'"),
+    (dict(n_init=0), "n_init must be an integer >= 1, got 0"),
+    (dict(n_init=1.5), "n_init must be an integer >= 1, got 1.5"),
+    (dict(init_sweeps=-1), "init_sweeps must be an integer >= 0, got -1"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(kw, msg):
     args = dict(n_components=3, n_features=2) | kw
@@ -267,7 +270,7 @@ def test_kmeans_init_recovers_separated_blobs_and_beats_random_init():
     Xte, _ = _grid_blobs(30, seed=1)
     ll = {}
     for init in ("kmeans", "random_from_data"):
-        model = BayesianGMM(9, 2, init=init)
+        model = BayesianGMM(9, 2, init=init, n_init=1, init_sweeps=0)   # one start each, as it is
         eng = batch_vi(model, len(X))
         ll[init] = []
         for seed in range(10):
@@ -295,6 +298,11 @@ def test_init_settings_in_the_config():
             assert build_model(cfg["model"]).init == init
         assert build_model(validate({**base, "model": {"kind": kind, "n_components": 3,
                                                        "n_features": 2}})["model"]).init == "kmeans"
+        m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
+                                                    "n_init": 2, "init_sweeps": 0}})["model"])
+        assert (m.n_init, m.init_sweeps) == (2, 0)
+        with pytest.raises(ConfigError, match="model.n_init: must be >= 1, got 0"):
+            validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "n_init": 0}})
         with pytest.raises(ConfigError, match=f"model.init: kind = '{kind}' takes one of kmeans, kmeans\\+\\+, "
                                               "random_from_data, random_resp, got 'gamma'"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "init": "gamma"}})
@@ -315,3 +323,85 @@ def test_river_face_passes_init_through():
         est.learn_one({"a": row[0], "b": row[1]})
     with pytest.raises(ValueError, match="init must be one of"):
         GaussianMixture(init="kmedoids", features=("a", "b"))
+
+
+def test_n_init_keeps_the_start_with_the_best_elbo_on_the_init_data():
+    """n_init = 4: the four starts are the ones four one-start inits draw in turn from the
+    same stream, and the kept one has the highest ELBO on x; over seeds it beats the first
+    start (what n_init = 1 returns) at least once and never loses to it."""
+    X, _ = _grid_blobs(20, seed=3)
+    N = 10.0 * len(X)                        # x is a first minibatch of a larger stream
+    gains = []
+    for seed in range(6):
+        model = BayesianGMM(9, 2, init="random_from_data", n_init=4, init_sweeps=2)
+        one = BayesianGMM(9, 2, init="random_from_data", n_init=1, init_sweeps=2)
+        lam = model.init_params(np.random.default_rng(seed), X, N)
+        rng = np.random.default_rng(seed)
+        starts = [one.init_params(rng, X, N) for _ in range(4)]
+        elbos = [model.init_elbo(s, X, N) for s in starts]
+        best = starts[int(np.argmax(elbos))]
+        for k in lam.keys():
+            np.testing.assert_array_equal(lam[k], best[k])
+        gains.append(max(elbos) - elbos[0])
+    assert min(gains) >= 0.0 and max(gains) > 0.0, gains
+
+
+def test_init_sweeps_are_cavi_sweeps_on_the_first_minibatch():
+    """init_sweeps = 3 on a minibatch x of a stream of N records: three times
+    λ ← η + (N/|x|) Σ_n E_q[t(x_n)] from the start λ, and the ELBO on x does not decrease."""
+    X, _ = _grid_blobs(10, seed=4)
+    N = 1000.0
+    model = BayesianGMM(9, 2, n_init=1, init_sweeps=3)
+    lam = model.init_params(np.random.default_rng(7), X, N)
+    ref = BayesianGMM(9, 2, n_init=1, init_sweeps=0).init_params(np.random.default_rng(7), X, N)
+    elbos = [model.init_elbo(ref, X, N)]
+    for _ in range(3):
+        ref = model.prior() + model.suffstats(model.local_step(ref, X), X) * (N / len(X))
+        elbos.append(model.init_elbo(ref, X, N))
+    for k in lam.keys():
+        np.testing.assert_allclose(lam[k], ref[k], rtol=1e-12)
+    assert np.all(np.diff(elbos) >= -1e-9 * abs(elbos[0])), elbos
+
+
+def test_start_settings_are_saved_and_do_not_block_a_resume(tmp_path):
+    from streamsvi.checkpoint import CheckpointStore, check_compatible
+    from streamsvi.inference import SVI
+
+    model = BayesianGMM(3, 2, n_init=1, init_sweeps=0)
+    assert model.get_params()["n_init"] == 1 and model.get_params()["init_sweeps"] == 0
+    assert {"init", "n_init", "init_sweeps"} <= set(BayesianGMM.START_SETTINGS)
+    X, _ = make_blobs(60, seed=0)
+    engine = SVI(model, n_total=600.0)
+    state, _ = engine.update(engine.init(X[:30], seed=0), X[30:])
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(engine, state, [{"source": "points", "partition": 0, "offset": 60}])
+    snap = store.latest()
+    assert snap.engine.model.n_init == 1 and snap.engine.model.init_sweeps == 0
+    notes = check_compatible(snap, SVI(BayesianGMM(3, 2), n_total=600.0))
+    assert sorted(n.split(":")[0] for n in notes) == ["model setting init_sweeps", "model setting n_init"]
+
+
+def test_empirical_prior_is_sklearns_default_prior():
+    """From the same responsibilities, CAVI under ``empirical_prior(K, X)`` is scikit-learn's
+    BayesianGaussianMixture with its default (data-dependent) mean, covariance, ν0 and β0
+    priors, on strongly correlated, unstandardised columns."""
+    rng = np.random.default_rng(3)
+    Z, _ = make_blobs(300, seed=3)
+    X = Z @ np.array([[3.0, 2.9], [0.0, 0.2]]) + np.array([50.0, -20.0])   # correlation ~0.99
+    K = 4
+    model = BayesianGMM.empirical_prior(K, X, weight_concentration=0.7)
+    bgm = sklearn_mixture.BayesianGaussianMixture(
+        n_components=K, weight_concentration_prior_type="dirichlet_distribution",
+        weight_concentration_prior=0.7, reg_covar=0.0)
+    bgm._check_parameters(X)
+    resp = rng.dirichlet(np.ones(K), size=len(X))
+    bgm._initialize(X, resp)
+    lam = model.init_from_responsibilities(resp, X)
+    for _ in range(10):
+        _, log_resp = bgm._e_step(X)
+        bgm._m_step(X, log_resp)
+        lam = model.prior() + model.suffstats(model.local_step(lam, X), X)
+    _compare(model, lam, bgm, rtol=1e-8)
+    assert model.get_params()["mean"] == pytest.approx(X.mean(axis=0).tolist())
+    with pytest.raises(ValueError, match="covariance of x is singular"):
+        BayesianGMM.empirical_prior(2, np.c_[X[:, 0], 2.0 * X[:, 0]])

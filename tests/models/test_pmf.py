@@ -434,3 +434,184 @@ def test_config_builds_the_model_and_validator():
         build_engine(validate({**base, "model": {"kind": "pmf", "scale": 1.0}}), 10.0)
     with pytest.raises(ConfigError, match="n_components: required"):
         validate({**base, "model": {"kind": "gmm", "n_features": 2}})
+
+
+# ------------------------------------------------------------ issue 18: the defaults that beat a bias model
+NEW = dict(bias_var=0.3, offset="auto", row_clock="ratings", sweep="items_first", row_counts="seen")
+
+
+def test_row_clock_ratings_sums_every_rating_with_uneven_counts_per_batch():
+    """rho_i = |S_i| / n_i (row_clock="ratings", tau0 = 0, kappa = 1): λ_i − η is the exact sum of the
+    row's statistics however many ratings each batch brings (1, then 3, then 2). With the update
+    clock (rho_i = 1/t_i) the batches are averaged with equal weight, which is wrong here."""
+    v = np.array([0.5, -1.0])
+    ys = [np.array([4.0]), np.array([1.0, 2.0, 5.0]), np.array([3.5, 2.5])]
+    for clock, exact in (("ratings", True), ("updates", False)):
+        model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0, row_counts="seen", row_clock=clock)
+        engine = SVI(model, n_total=1.0, schedule=RobbinsMonro(tau0=0.0, kappa=1.0))
+        state = _with_fixed_items(model, engine.init(Ratings(["u"], ["a"], [0.0]), seed=0), v[None, :])
+        for y in ys:
+            state, _ = engine.update(state, Ratings(["u"] * len(y), ["a"] * len(y), y))
+            state = _with_fixed_items(model, state, v[None, :])
+        h_exact = sum(y.sum() for y in ys) * v / 0.5
+        ok = np.allclose(state.lam["user_h"][0], h_exact, rtol=1e-9)
+        assert ok == exact, (clock, state.lam["user_h"][0], h_exact)
+        np.testing.assert_allclose(state.lam["user_prec"][0], np.eye(2) + 6 * np.outer(v, v) / 0.5, rtol=1e-9)
+
+
+def test_offset_auto_is_the_running_mean_and_scoring_uses_it(tmp_path):
+    x = pmf_ratings(n_users=12, n_items=9, n=300, d=2, seed=3)
+    model = PMF(n_factors=2, sigma2=0.5, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    state = engine.init(x[np.arange(100)], seed=0)
+    for s in (0, 100):
+        state, _ = engine.update(state, x[np.arange(s, s + 100)])
+    assert model.mu0(state.aux) == pytest.approx(x.rating[:200].mean(), rel=1e-12)
+    mean, _ = model.predict_rating(state.lam, ["nobody"], ["nothing"], aux=state.aux)
+    assert mean[0] == pytest.approx(x.rating[:200].mean(), rel=1e-12)   # cold start: μ0 + 0
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    fitted = load(tmp_path)
+    np.testing.assert_array_equal(fitted.predict_rating(x.user[:5], x.item[:5])[0],
+                                  model.predict_rating(state.lam, x.user[:5], x.item[:5], aux=state.aux)[0])
+    # a state without the running mean is refused with a message saying what to do
+    aux = {k: v for k, v in state.aux.items() if k != "rating_sum"}
+    with pytest.raises(ValueError, match="offset"):
+        model.check_state(state.lam, aux)
+
+
+def test_new_settings_resume_from_a_checkpoint_exactly(tmp_path):
+    x = pmf_ratings(n_users=20, n_items=15, n=600, d=2, seed=5)
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0), effective_batch_size=50.0)
+    batches = [x[np.arange(s, s + 100)] for s in range(0, 600, 100)]
+    state = engine.init(batches[0], seed=0)
+    for b in batches[:3]:
+        state, _ = engine.update(state, b)
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    resumed = CheckpointStore(tmp_path).resume().state
+    a, b_ = state, resumed
+    for bt in batches[3:]:
+        a, _ = engine.update(a, bt)
+        b_, _ = engine.update(b_, bt)
+    for k in a.lam:
+        np.testing.assert_array_equal(a.lam[k], b_.lam[k])
+    assert a.aux["rating_sum"] == b_.aux["rating_sum"] and a.aux["rating_count"] == b_.aux["rating_count"]
+    assert resumed.aux["svi_plus_seen"] is True and a.aux["svi_plus_seen"] is True
+
+
+def test_plain_svi_skips_the_floor_check_without_changing_a_bit():
+    """Without SVI+ every row's data part is PSD, so the rescaling needs no δ-floor test (the
+    ``svi_plus_seen`` flag); the result equals the conservative path (flag forced on) bit for bit."""
+    x = pmf_ratings(n_users=20, n_items=15, n=600, d=2, seed=7)
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    fast = engine.init(x[np.arange(100)], seed=0)
+    assert fast.aux["svi_plus_seen"] is False
+    slow = EngineState(fast.step, fast.lam, fast.rng_state, fast.records_seen,
+                       aux={**fast.aux, "svi_plus_seen": True})
+    for s in range(0, 600, 100):
+        fast, _ = engine.update(fast, x[np.arange(s, s + 100)])
+        slow, _ = engine.update(slow, x[np.arange(s, s + 100)])
+    assert fast.aux["svi_plus_seen"] is False
+    for k in fast.lam:
+        np.testing.assert_array_equal(fast.lam[k], slow.lam[k])
+
+
+def test_bias_var_is_the_prior_of_the_bias_coordinate_only():
+    """bias_var sets the prior precision of b_i and e_j; the KL of a new row is the closed form."""
+    model = PMF(n_factors=2, prior_var=0.5, bias_var=0.1, biases=True, offset=0.0)
+    lam = model.prior(2, 1)
+    np.testing.assert_array_equal(lam["user_prec"][0], np.diag([2.0, 2.0, 10.0]))
+    x = Ratings(["u"], ["i"], [1.0])
+    lam, aux = model.init_state(np.random.default_rng(0), x, 1.0)
+    m = lam["user_h"][0] * np.array([0.5, 0.5, 0.1])
+    kl = 0.5 * np.sum(m ** 2 / np.array([0.5, 0.5, 0.1]))        # covariance = the prior's: only the mean
+    assert aux["user_kl"][0] == pytest.approx(kl, rel=1e-12)
+    with pytest.raises(ValueError, match="bias_var"):
+        PMF(bias_var=0.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_svi_plus_with_the_new_settings_never_raises(seed):
+    x = pmf_ratings(n_users=40, n_items=30, n=2000, d=2, seed=seed)
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, len(x), schedule=RobbinsMonro(0.0, 1.0), effective_batch_size=2.0)
+    state = engine.init(x, seed=seed)
+    for s in range(0, 2000, 100):
+        state, info = engine.update(state, x[np.arange(s, s + 100)])
+    assert state.lam.all_finite()
+    D = model.dim
+    for side in ("user", "item"):
+        P = state.lam[f"{side}_prec"]
+        assert np.linalg.eigvalsh(P - model.PREC_FLOOR * model._eta_P).min() > 0
+    assert D == 3
+
+
+def test_new_settings_are_validated_in_the_model_and_the_config():
+    from streamsvi.service.config import ConfigError, build_engine, validate
+
+    for kw, msg in (({"row_clock": "time"}, "row_clock"), ({"sweep": "both"}, "sweep"),
+                    ({"offset": "mean"}, "offset"), ({"bias_var": -1.0}, "bias_var")):
+        with pytest.raises(ValueError, match=msg):
+            PMF(**kw)
+    base = {"inference": {"n_total": 10.0}, "source": {"kind": "file", "path": "r.jsonl"},
+            "checkpoint": {"directory": "c"}}
+    ok = build_engine(validate({**base, "model": {"kind": "pmf", "offset": "auto", "bias_var": 0.2,
+                                                  "row_clock": "ratings", "sweep": "items_first"}}), 10.0)
+    assert ok.model.get_params()["bias_var"] == 0.2 and ok.model.offset == "auto"
+    for bad, msg in (({"row_clock": "time"}, "row_clock"), ({"sweep": 1}, "sweep"), ({"offset": "x"}, "offset")):
+        with pytest.raises(ConfigError, match=msg):
+            build_engine(validate({**base, "model": {"kind": "pmf", **bad}}), 10.0)
+
+
+def test_config_defaults_are_the_new_settings():
+    from pathlib import Path
+
+    from streamsvi.service.config import build_engine, load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "pmf.toml")
+    p = build_engine(cfg, n_total=1000.0).model.get_params()
+    assert (p["offset"], p["row_clock"], p["sweep"], p["bias_var"]) == ("auto", "ratings", "items_first", 0.3)
+    est = MatrixFactorization()
+    assert {k: est.model.get_params()[k] for k in ("offset", "row_clock", "sweep", "bias_var", "n_factors")} \
+        == {k: p[k] for k in ("offset", "row_clock", "sweep", "bias_var", "n_factors")}
+
+
+def test_a_snapshot_written_before_the_new_settings_resumes(tmp_path):
+    """A snapshot of the former PMF (no bias_var/row_clock/sweep in its settings, no svi_plus_seen in
+    aux) resumes under a configuration with the former settings, and is refused under the new ones."""
+    from streamsvi.checkpoint import check_compatible
+
+    x = pmf_ratings(n_users=12, n_items=9, n=200, d=2, seed=3)
+    old = PMF(n_factors=2, sigma2=0.5, biases=True, offset=3.0, row_counts="seen")
+    engine = SVI(old, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    state, _ = engine.update(engine.init(x, seed=0), x)
+    assert not {"bias_var", "row_clock", "sweep"} & set(old.get_params())     # as the former settings
+    state.aux.pop("svi_plus_seen")                                             # as a former state
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    snap = CheckpointStore(tmp_path).resume()
+    assert check_compatible(snap, engine) == []
+    new, _ = engine.update(snap.state, x)                 # no flag: the floor test runs (conservative)
+    assert "svi_plus_seen" not in new.aux and new.lam.all_finite()     # unknown history stays checked
+    changed = SVI(PMF(n_factors=2, sigma2=0.5, biases=True, offset=3.0, row_counts="seen", sweep="items_first"),
+                  n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    with pytest.raises(Exception, match="sweep"):
+        check_compatible(snap, changed)
+
+
+def test_items_first_full_batch_at_rho_one_is_the_items_then_users_cavi_sweep():
+    """sweep="items_first": one step at ρ = 1 on all ratings is the CAVI sweep in the order of ``blocks``."""
+    x = pmf_ratings(n_users=15, n_items=10, n=300, d=2, seed=2)
+    model = PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0, sweep="items_first")
+    assert model.blocks[0] == ("item_h", "item_prec")
+    engine = SVI(model, n_total=len(x), schedule=Constant(1.0))
+    state = engine.init(x, seed=4)
+    new, _ = engine.update(state, x)
+    lam, aux = state.lam, state.aux
+    for block in model.blocks:
+        swept = model.prior_like(lam) + model.suffstats(model.local_step(lam, x, aux=aux), x)
+        lam = type(lam)({k: (swept[k] if k in block else lam[k]) for k in lam})
+    assert new.lam.array_equal(lam)
+    users_first = SVI(PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0), n_total=len(x),
+                      schedule=Constant(1.0)).update(state, x)[0]
+    assert not users_first.lam.array_equal(lam)          # the order matters

@@ -1,0 +1,309 @@
+"""Annealers: one object per annealing method, each with its schedule (issue 13).
+
+An annealer changes *how* the engine forms its target λ̂_t, never the
+reported objective: ``UpdateInfo.elbo`` is always the true, untempered ELBO.
+Its level at step t is a pure function of t (``level(t)``), so a resumed
+checkpoint continues exactly where it stopped. Step t is 1-based, as for ρ_t.
+
+==================  ========================================================  =============
+kind                what it does (docs/design.md, "Annealing")                 ``level(t)``
+==================  ========================================================  =============
+``none``            plain SVI / batch VI                                       0
+``svi+``            seed 000, Algorithm 1: SVI+ weights with effective batch   M_t
+                    size M_t (constant, linear or geometric in t)
+``deterministic``   detAVI (Katahira et al. 2008; seed 002 §3.2): local        T_t ≥ 1
+                    factors q(z) ∝ exp(log-potential / T_t), and the target
+                    tempered, λ̂ ← λ̂ / T_t in natural parameters (eq. 8)
+``stochastic``      stochAVI (seed 002 §3.3, eq. 12, Algorithm 1): the target  ρ_t ∈ [0, 1]
+                    is (1 − ρ_t) λ̂ + ρ_t η_t, η_t a fresh random
+                    initialisation of λ (``model.random_init``)
+==================  ========================================================  =============
+
+Schedules (``n`` = ``n_steps``; after it the annealer is plain SVI/VI, bit for bit):
+
+* ``SVIPlus``: constant M_t = M0; linear M_t = min(|S_t|, M0 + m·t) (the growing M
+  of seed 000's PMF experiment); geometric M_t = min(|S_t|, M0·g^t).
+* ``Deterministic``: geometric T_t = 1 + (T0 − 1)·r^(t−1), linear
+  T_t = 1 + (T0 − 1)·max(0, 1 − t/n); T_t = 1 for t > n. Seed 002 §4 writes
+  T_t = 5(1 − ρ_t)^(−1) with ρ_t = 0.9^t, which tends to 5, not 1, so its final
+  objective would still be tempered; we read it as "start at 5, cool at rate
+  0.9": defaults T0 = 5, r = 0.9, n = 100 (T_100 − 1 = 1.2e-4).
+* ``Stochastic``: geometric ρ_t = ρ0·d^(t−1) (ρ0 = d = 0.9 is the paper's 0.9^t),
+  linear ρ_t = ρ0·max(0, 1 − t/n) (ρ0 = 0.25, n = 50 is the paper's HMM
+  setting); ρ_t = 0 for t > n (default n = 100 for geometric).
+
+Examples
+--------
+>>> a = Deterministic(T0=5.0, rate=0.9, n_steps=3)
+>>> [round(a.level(t), 3) for t in (1, 2, 3, 4)]
+[5.0, 4.6, 4.24, 1.0]
+>>> annealer_from_dict(a.to_dict()) == a
+True
+>>> Stochastic(rho0=0.25, schedule="linear", n_steps=50).level(25)
+0.125
+>>> SVIPlus(20, schedule="linear", increment=5).effective_size(3, batch_size=100)
+35.0
+>>> annealer_from_dict({"kind": "annealing"})
+Traceback (most recent call last):
+...
+ValueError: annealing kind must be one of none, svi+, deterministic, stochastic; got 'annealing'
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+KINDS = ("none", "svi+", "deterministic", "stochastic")
+
+
+def _number(name, v, lo=None, hi=None, lo_open=False, allow_none=False, integer=False):
+    if v is None and allow_none:
+        return None
+    ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    if ok and integer:
+        ok = float(v).is_integer()
+    if ok and lo is not None:
+        ok = v > lo if lo_open else v >= lo
+    if ok and hi is not None:
+        ok = v <= hi
+    if not ok:
+        rng = ("(" if lo_open else "[") + f"{lo:g}, " + (f"{hi:g}]" if hi is not None else "inf)") \
+            if lo is not None else "a finite number"
+        what = "an integer in " if integer else "a number in "
+        raise ValueError(f"{name} must be {what if lo is not None else ''}{rng}, got {v!r}")
+    return v
+
+
+def _choice(name, v, choices):
+    if v not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
+
+
+class Annealer:
+    """Base class: ``level(t)`` (a pure function of the 1-based step t) and ``to_dict()``.
+
+    The engine asks three questions, each answered from ``t`` alone:
+    ``temperature(t)`` (T_t, 1 unless deterministic), ``restart_weight(t)``
+    (ρ_t of the random restart, 0 unless stochastic) and
+    ``effective_size(t, batch_size)`` (M_t, |S_t| unless SVI+).
+    """
+
+    kind = "none"
+    #: whether the annealer works with row-wise models (PMF: no local latent assignments)
+    rowwise_ok = True
+
+    def level(self, t: int) -> float:
+        return 0.0
+
+    def temperature(self, t: int) -> float:
+        return 1.0
+
+    def restart_weight(self, t: int) -> float:
+        return 0.0
+
+    def effective_size(self, t: int, batch_size: int) -> float:
+        return float(batch_size)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **asdict(self)}
+
+    def check_model(self, model) -> None:
+        """Raise ``ValueError`` if this annealer is not defined for ``model``."""
+        if not self.rowwise_ok and hasattr(model, "svi_step"):
+            raise ValueError(
+                f"annealing kind {self.kind!r} is not defined for model {model.name!r}: it tempers or "
+                f"restarts local latent assignments q(z) and their global counts, and a row-wise model "
+                f"(its global rows are its only latent variables) has none; use kind 'none' or 'svi+'")
+        if self.kind == "stochastic" and not hasattr(model, "random_init"):
+            raise ValueError(f"annealing kind 'stochastic' needs model.random_init; "
+                             f"model {model.name!r} has none")
+        if self.kind == "deterministic" and not hasattr(model, "temper"):
+            raise ValueError(f"annealing kind 'deterministic' needs model.temper; "
+                             f"model {model.name!r} has none")
+
+    def _check_t(self, t):
+        if t < 1:
+            raise ValueError(f"step t is 1-based, got {t}")
+
+
+@dataclass(frozen=True)
+class NoAnnealing(Annealer):
+    """Plain SVI / batch VI. ``level(t) = 0``."""
+
+    kind = "none"
+
+    def to_dict(self) -> dict:
+        return {"kind": "none"}
+
+
+@dataclass(frozen=True)
+class SVIPlus(Annealer):
+    """SVI+ (seed 000, Algorithm 1) with effective batch size M_t.
+
+    Parameters
+    ----------
+    M0 : float or None
+        M at the start (> 0). Exactly one of ``M0`` and ``fraction`` is set.
+    schedule : {"constant", "linear", "geometric"}
+        M_t = M0; min(|S_t|, M0 + increment·t); min(|S_t|, M0·growth^t).
+    increment : float
+        m > 0 of the linear schedule (records per step).
+    growth : float
+        g > 1 of the geometric schedule.
+    fraction : float or None
+        Constant M = fraction·|S_t|, fraction in (0, 1] (for batches of varying size).
+
+    A constant M larger than |S_t| is an error (or plain SVI for that batch,
+    with the engine's ``short_batches="svi"``); a scheduled M_t is capped at
+    |S_t|, where it is plain SVI bit for bit.
+    """
+
+    M0: float | None = None
+    schedule: str = "constant"
+    increment: float = 1.0
+    growth: float = 1.1
+    fraction: float | None = None
+
+    kind = "svi+"
+
+    def __post_init__(self):
+        _choice("svi+ schedule", self.schedule, ("constant", "linear", "geometric"))
+        if (self.M0 is None) == (self.fraction is None):
+            raise ValueError("svi+ needs exactly one of M0 (the effective batch size M) and fraction")
+        _number("svi+ M0 (effective batch size)", self.M0, 0, lo_open=True, allow_none=True)
+        _number("svi+ fraction", self.fraction, 0, 1, lo_open=True, allow_none=True)
+        if self.fraction is not None and self.schedule != "constant":
+            raise ValueError("svi+ fraction is a constant M = fraction·|S|; a linear or geometric "
+                             "schedule needs M0")
+        _number("svi+ increment", self.increment, 0, lo_open=True)
+        _number("svi+ growth", self.growth, 1, lo_open=True)
+
+    def level(self, t: int) -> float:
+        """M_t before the cap at |S_t| (for ``fraction``: the fraction)."""
+        self._check_t(t)
+        if self.fraction is not None:
+            return float(self.fraction)
+        if self.schedule == "linear":
+            return float(self.M0 + self.increment * t)
+        if self.schedule == "geometric":
+            return float(self.M0 * self.growth ** t)
+        return float(self.M0)
+
+    def effective_size(self, t: int, batch_size: int) -> float:
+        if self.fraction is not None:
+            return self.fraction * batch_size
+        if self.schedule == "constant":
+            return float(self.M0)           # the engine checks M ≤ |S| (short_batches)
+        return min(float(batch_size), self.level(t))
+
+
+@dataclass(frozen=True)
+class Deterministic(Annealer):
+    """detAVI: temperature T_t ≥ 1 on the entropy, T_t → 1 (seed 002 §3.2, eq. 7–8).
+
+    Parameters
+    ----------
+    T0 : float
+        T_1 ≥ 1 (default 5, seed 002 §4).
+    schedule : {"geometric", "linear"}
+        T_t = 1 + (T0 − 1)·rate^(t−1), or 1 + (T0 − 1)·max(0, 1 − t/n_steps).
+    rate : float
+        r in (0, 1) of the geometric schedule (default 0.9).
+    n_steps : int
+        T_t = 1 exactly for t > n_steps (default 100).
+    """
+
+    T0: float = 5.0
+    schedule: str = "geometric"
+    rate: float = 0.9
+    n_steps: int = 100
+
+    kind = "deterministic"
+    rowwise_ok = False
+
+    def __post_init__(self):
+        _choice("deterministic schedule", self.schedule, ("geometric", "linear"))
+        _number("deterministic T0 (initial temperature)", self.T0, 1)
+        _number("deterministic rate", self.rate, 0, 1, lo_open=True)
+        if self.rate == 1:
+            raise ValueError("deterministic rate must be in (0, 1), got 1")
+        _number("deterministic n_steps", self.n_steps, 1, integer=True)
+
+    def level(self, t: int) -> float:
+        self._check_t(t)
+        if t > self.n_steps or self.T0 == 1:
+            return 1.0
+        if self.schedule == "linear":
+            return 1.0 + (self.T0 - 1.0) * max(0.0, 1.0 - t / self.n_steps)
+        return 1.0 + (self.T0 - 1.0) * self.rate ** (t - 1)
+
+    temperature = level
+
+
+@dataclass(frozen=True)
+class Stochastic(Annealer):
+    """stochAVI: λ̂ ← (1 − ρ_t) λ̂ + ρ_t η_t, η_t a fresh random initialisation (seed 002 eq. 12).
+
+    Parameters
+    ----------
+    rho0 : float
+        ρ_1 scale in [0, 1] (0: plain SVI/VI). Default 0.9.
+    schedule : {"geometric", "linear"}
+        ρ_t = rho0·decay^(t−1), or rho0·max(0, 1 − t/n_steps).
+    decay : float
+        d in (0, 1) of the geometric schedule (default 0.9: the paper's 0.9^t).
+    n_steps : int
+        ρ_t = 0 for t > n_steps: plain updates after (default 100).
+    """
+
+    rho0: float = 0.9
+    schedule: str = "geometric"
+    decay: float = 0.9
+    n_steps: int = 100
+
+    kind = "stochastic"
+    rowwise_ok = False
+
+    def __post_init__(self):
+        _choice("stochastic schedule", self.schedule, ("geometric", "linear"))
+        _number("stochastic rho0", self.rho0, 0, 1)
+        _number("stochastic decay", self.decay, 0, 1, lo_open=True)
+        if self.decay == 1:
+            raise ValueError("stochastic decay must be in (0, 1), got 1")
+        _number("stochastic n_steps", self.n_steps, 1, integer=True)
+
+    def level(self, t: int) -> float:
+        self._check_t(t)
+        if t > self.n_steps or self.rho0 == 0:
+            return 0.0
+        if self.schedule == "linear":
+            return self.rho0 * max(0.0, 1.0 - t / self.n_steps)
+        return self.rho0 * self.decay ** (t - 1)
+
+    restart_weight = level
+
+
+_CLASSES = {"none": NoAnnealing, "svi+": SVIPlus, "deterministic": Deterministic,
+            "stochastic": Stochastic}
+
+
+def annealer_from_dict(d: dict) -> Annealer:
+    """Inverse of ``Annealer.to_dict`` (checkpoints, configs, the river faces).
+
+    Raises ``ValueError`` naming an unknown kind or setting.
+    """
+    if isinstance(d, Annealer):
+        return d
+    if not isinstance(d, dict):
+        raise ValueError(f"annealing must be a dict with a 'kind' or an Annealer, got {type(d).__name__}")
+    d = dict(d)
+    kind = d.pop("kind", None)
+    cls = _CLASSES.get(kind)
+    if cls is None:
+        raise ValueError(f"annealing kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    known = set(cls.__dataclass_fields__)
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ValueError(f"annealing kind {kind!r}: unknown setting(s) {extra}; "
+                         f"known: {sorted(known) or 'none'}")
+    return cls(**d)
