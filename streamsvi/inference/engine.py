@@ -52,7 +52,13 @@ Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
 ``model.random_init`` at weight ρ_t, drawn from the state's random stream).
 The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
-ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``.
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A row-wise model
+makes its own step, so it declares the kinds it supports (``annealing_kinds``;
+PMF: none and svi+; LDA: all four). For a deterministic or stochastic annealer
+``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
+``restart_rng``: a generator at the state's random stream (after the SVI+
+draws) when ρ_t > 0, else None, so η_t comes from the same draws as on the
+dense path and nothing is drawn when ρ_t = 0.
 
 Examples
 --------
@@ -251,10 +257,11 @@ class SVI:
     * ``stochastic``: λ ← (1 − ρ_t) λ + ρ_t [(1 − ρ^a_t) λ̂ + ρ^a_t η_t];
       with ρ_t = 1 this is seed 002's eq. 12.
 
-    Refused with ``ValueError``: ``deterministic`` and ``stochastic`` for
-    row-wise models (PMF), which have no local latent assignments to temper
-    or restart, and any annealer together with ``effective_batch_size`` /
-    ``effective_fraction`` (one annealer at a time).
+    Refused with ``ValueError``: a kind the model does not declare in
+    ``annealing_kinds`` (PMF: ``deterministic`` and ``stochastic``, since it
+    has no local latent assignments to temper or restart), and any annealer
+    together with ``effective_batch_size`` / ``effective_fraction`` (one
+    annealer at a time).
     """
 
     model: object
@@ -470,9 +477,20 @@ class SVI:
         t = state.step + 1
         M = self.effective_size(S, t)
         weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
+        ann = self.annealing
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        context, rng = {}, None
+        if ann.kind in ("deterministic", "stochastic"):     # declared by the model (check_model)
+            if rho_a > 0:                   # η_t from the state's stream, as stochastic_target
+                rng = np.random.Generator(np.random.PCG64())
+                rng.bit_generator.state = rng_state
+            context = {"temperature": T, "restart_weight": rho_a, "restart_rng": rng}
         out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(self.n_total),
                              records_before=state.records_seen, schedule=self.schedule, step=t,
-                             boundary_fraction=self.boundary_fraction, effective_batch_size=M)
+                             boundary_fraction=self.boundary_fraction, effective_batch_size=M,
+                             **context)
+        if rng is not None:
+            rng_state = rng.bit_generator.state
         new_lam = out["lam"]
         if not out.get("checked_finite") and not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
@@ -483,7 +501,8 @@ class SVI:
                           grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
                           domain_blocks=out["domain_blocks"],
                           min_weight=1.0 if weights is None else float(weights.min()),
-                          annealing_level=self._annealing_level(noise_var, 1.0, 0.0))
+                          annealing_level=self._annealing_level(noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
         return EngineState(step=t, lam=new_lam, rng_state=rng_state,
                            records_seen=state.records_seen + S, aux=out["aux"]), info
 

@@ -324,6 +324,9 @@ class LDA:
     #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
+    #: annealing kinds (``streamsvi.inference.annealing``): all four; ``svi_step`` takes
+    #: T_t, ρ_t and the random stream of η_t (module docs, "Annealing")
+    annealing_kinds = ("none", "svi+", "deterministic", "stochastic")
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
@@ -523,26 +526,45 @@ class LDA:
             R[k] = col.sum()
 
     def svi_step(self, lam, aux, x, *, weights, n_total, schedule, step, boundary_fraction,
-                 effective_batch_size, **context) -> dict:
-        """One SVI / SVI+ update that writes only the batch's columns of λ (module docs).
+                 effective_batch_size, temperature=1.0, restart_weight=0.0, restart_rng=None,
+                 **context) -> dict:
+        """One SVI / SVI+ / annealed update that writes only the batch's columns of λ (module docs).
 
-        Equals the engine's dense update ``λ ← (1 − ρ_k) λ + ρ_k (η + (N/|S|) Σ_d w_d
-        E_q[t(θ_d)])`` with the same per-topic fraction-to-boundary ρ_k, to rounding.
+        Equals the engine's dense update ``λ ← (1 − ρ_k) λ + ρ_k λ̂`` with λ̂ = η + (N/|S|)
+        Σ_d w_d E_q[t(θ_d)] and the same per-topic fraction-to-boundary ρ_k, to rounding.
         The stored matrix of ``lam`` is updated in place: the state passed in shares
         it with the state returned and must not be used afterwards. Nothing is
         written when the update would make λ non-finite (``FloatingPointError``).
+
+        Annealing (module docs, "Annealing"): ``temperature`` T_t ≠ 1 runs the local
+        step at T_t on the batch's columns and tempers the target, λ̂_T = 1 + (λ̂ − 1)/T_t;
+        a word the batch does not hold then moves towards η_T = 1 + (η − 1)/T_t, a
+        per-topic constant folded into c_k like η, so the step stays sparse.
+        ``restart_weight`` ρ^a_t > 0 mixes in η_t = :meth:`random_init` drawn from
+        ``restart_rng`` (the engine's random stream), λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t;
+        η_t is dense, so that step is dense and returns the plain λ. The reported
+        ELBO is the untempered one (an untempered local step while T_t ≠ 1).
         """
         X = self.check_batch(x)
         K, V, eta = self.n_components, self.n_features, self._eta
         S = X.shape[0]
         N = float(n_total)
         scale = N / S
-        if not self.is_scaled(lam):                 # a plain λ (old snapshot, or after ρ = 1)
+        T, rho_a = float(temperature), float(restart_weight)
+        restart = rho_a > 0.0
+        if restart and restart_rng is None:
+            raise ValueError("restart_weight > 0 needs restart_rng (the random stream η_t is drawn from)")
+        if not self.is_scaled(lam):                 # a plain λ (old snapshot, or after a dense step)
             lam = self._scaled(lam["topic_word"])   # one copy, once
             aux = None
         if aux is None or aux.get("stored_sqsum") is None:
             aux = self._aux_for(lam)
-        local = self.local_step(lam, X)
+        # the ELBO's local part is the untempered objective's (first, so the tempered
+        # step's λ rows are the ones svi_step reuses below)
+        elbo_local = self.local_step(lam, X) if T != 1.0 else None
+        local = self.local_step(lam, X, temperature=T)
+        if elbo_local is None:
+            elbo_local = local
         cols = np.arange(V) if local.cols is None else local.cols
         if weights is None:
             Sw = Su = self._suffstats_cols(local)
@@ -557,45 +579,64 @@ class LDA:
             lam_u = self._rows(lam, cols)
         tgt_u = SwT * scale
         tgt_u += eta
+        e = eta                                       # the target of a word the batch does not hold
+        if T != 1.0:
+            tgt_u = temper_dirichlet(tgt_u, T)
+            e = float(temper_dirichlet(np.float64(eta), T))
         rho = float(schedule(step))
         tau = float(boundary_fraction)
         mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+        if restart:                                   # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
+            L = self.lam_matrix(lam)
+            tgt = self._full(local, Sw) * scale
+            tgt += eta
+            if T != 1.0:
+                tgt = temper_dirichlet(tgt, T)
+            tgt *= 1.0 - rho_a
+            tgt += self.random_init(restart_rng, X, N)["topic_word"] * rho_a
 
         # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
         rho_k = np.full(K, rho)
         clipped = blocks = 0
         if weights is not None and float(np.min(weights)) < 0:
             r = rho / tau
-            lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
-            if r > 1.0 and cols.size < V:
-                # an untouched λ_kw moves towards η; beyond s = 1 it can cross 0 (at s = λ/(λ − η))
+            if restart:
+                lim = segment_limit_positive(L, tgt).min(axis=1)
+            else:
+                lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
+            if not restart and r > 1.0 and cols.size < V:
+                # an untouched λ_kw moves towards e; beyond s = 1 it can cross 0 (at s = λ/(λ − e))
                 keep = np.ones(V, dtype=bool)
                 keep[cols] = False
                 top = np.max(mu, axis=0, where=keep[:, None], initial=-np.inf) * s + c
-                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, eta)))
+                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, e)))
             if (lim <= r).any():
                 rho_k = np.minimum(rho, tau * lim)
                 clipped, blocks = int(np.count_nonzero(rho_k < rho)), K
 
         # metrics at the λ before the update
         every = max(1, round(K * V / _ELBO_ELEMENTS))
-        dense_step = bool((rho_k >= 1.0).any())
+        dense_step = restart or bool((rho_k >= 1.0).any())
         if dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
             G, G_step = self.global_elbo(lam), step - 1
         else:
             G, G_step = float(aux["global_elbo"]), int(aux["global_elbo_step"])
-        elbo = G + scale * float(np.sum(local.log_norm))
-        Q = aux["stored_sqsum"]
-        d = c - eta                                   # Σ_w (λ_kw − η)² = s²Q + 2s(c−η)R + V(c−η)²
-        full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
-        # Σ_{w∈u} (λ_kw − η)², and ‖λ̂ − λ‖² on the batch's words, without temporaries
-        ll = np.einsum("ij,ij->j", lam_u, lam_u)
-        lsum = lam_u.sum(axis=0)
-        touched = ll - 2.0 * eta * lsum + cols.size * eta * eta
-        untouched = np.maximum(full_sq - touched, 0.0)
-        g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u) - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u)
-                            + ll.sum()))
-        grad_norm = math.sqrt(g2 + float(untouched.sum()))
+        elbo = G + scale * float(np.sum(elbo_local.log_norm))
+        if restart:
+            g2 = float(np.sum(np.square(tgt - L)))
+        else:
+            Q = aux["stored_sqsum"]
+            d = c - e                                 # Σ_w (λ_kw − e)² = s²Q + 2s(c−e)R + V(c−e)²
+            full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
+            # Σ_{w∈u} (λ_kw − e)², and ‖λ̂ − λ‖² on the batch's words, without temporaries
+            ll = np.einsum("ij,ij->j", lam_u, lam_u)
+            lsum = lam_u.sum(axis=0)
+            touched = ll - 2.0 * e * lsum + cols.size * e * e
+            untouched = np.maximum(full_sq - touched, 0.0)
+            g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u)
+                                - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u) + ll.sum())) \
+                + float(untouched.sum())
+        grad_norm = math.sqrt(g2)
         if S > 1:
             mean_sq = float(np.einsum("ij,ij->", SuT, SuT)) / (S * S)
             tr_cov = max(0.0, (float(np.sum(self.suffstats_sqnorm(local))) - S * mean_sq) / (S - 1))
@@ -605,14 +646,16 @@ class LDA:
         out = {"elbo": elbo, "grad_variance": grad_var, "grad_norm": grad_norm,
                "domain_clipped": clipped, "domain_blocks": blocks, "checked_finite": True}
 
-        if dense_step:                                # ρ_k = 1 forgets λ: the plain form, densely
-            L = self.lam_matrix(lam)
-            Sfull = self._full(local, Sw)
-            if (rho_k == 1.0).all():
-                new = NatParams(topic_word=self.prior()["topic_word"] + Sfull * scale)
-            else:
-                tgt = Sfull * scale
+        if dense_step:                                # ρ_k = 1 or a restart: the plain form, densely
+            if not restart:
+                tgt = self._full(local, Sw) * scale
                 tgt += eta
+                if T != 1.0:
+                    tgt = temper_dirichlet(tgt, T)
+            if (rho_k == 1.0).all():
+                new = NatParams(topic_word=tgt)
+            else:
+                L = self.lam_matrix(lam) if not restart else L
                 new = NatParams(topic_word=(1.0 - rho_k)[:, None] * L + rho_k[:, None] * tgt)
             if not new.all_finite():
                 raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
@@ -621,7 +664,7 @@ class LDA:
 
         keep_k = 1.0 - rho_k
         s_new = keep_k * s
-        c_new = keep_k * c + rho_k * eta
+        c_new = keep_k * c + rho_k * e
         mu_u = lam_u * keep_k                          # λ' on the batch's words ...
         tgt_u *= rho_k
         mu_u += tgt_u

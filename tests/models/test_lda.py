@@ -560,3 +560,112 @@ def test_a_snapshot_presents_lambda_itself(tmp_path):
     a, _ = engine.fit(state, X, n_steps=3, batch_size=20)
     b, _ = resumed.engine.fit(resumed.state, X, n_steps=3, batch_size=20)
     assert a.lam.array_equal(b.lam)
+
+
+# ------------------------------------------------- annealing with the sparse global step
+from streamsvi.inference.annealing import Deterministic, Stochastic  # noqa: E402
+from streamsvi.models.base import temper_dirichlet  # noqa: E402
+
+
+@pytest.mark.parametrize("annealer", [Deterministic(T0=4.0, rate=0.7, n_steps=6),
+                                      Deterministic(T0=3.0, schedule="linear", n_steps=6),
+                                      Stochastic(rho0=0.6, decay=0.8, n_steps=6),
+                                      Stochastic(rho0=0.3, schedule="linear", n_steps=6)],
+                         ids=["det-geometric", "det-linear", "stoch-geometric", "stoch-linear"])
+def test_annealed_sparse_step_equals_the_dense_annealed_update(annealer):
+    """Under deterministic and stochastic annealing, 12 updates (6 annealed, then plain)
+    of the sparse path equal the engine's dense annealed update (the update before the
+    sparse form) to 1e-10 relative, with the same metrics and the same random stream;
+    each 15-document batch holds under half of the 600 words."""
+    X = _corpus(n=200, K=4, V=600, length=12, seed=4)
+    model = LDA(4, 600, doc_topic_prior=0.3, topic_word_prior=0.05)
+    kw = dict(n_total=200, schedule=RobbinsMonro(tau0=1.0, kappa=0.7), annealer=annealer)
+    sparse, dense = SVI(model, **kw), SVI(_DenseLDA(model), **kw)
+    a, b = sparse.init(X, seed=7), dense.init(X, seed=7)
+    rng = np.random.default_rng(11)
+    scaled = []
+    for step in range(1, 13):
+        xb = X[np.sort(rng.choice(X.shape[0], 15, replace=False))]
+        assert np.unique(xb.indices).size < 300
+        a, ia = sparse.update(a, xb)
+        b, ib = dense.update(b, xb)
+        np.testing.assert_allclose(model.lam_matrix(a.lam), b.lam["topic_word"], rtol=1e-10,
+                                   err_msg=f"step {step}")
+        assert a.rng_state == b.rng_state
+        assert (ia.temperature, ia.restart_weight, ia.annealing_level) == \
+            (ib.temperature, ib.restart_weight, ib.annealing_level)
+        assert ia.elbo == pytest.approx(ib.elbo, rel=1e-10)
+        assert ia.grad_norm == pytest.approx(ib.grad_norm, rel=1e-8)
+        assert ia.grad_variance == pytest.approx(ib.grad_variance, rel=1e-8)
+        scaled.append(model.is_scaled(a.lam))
+    annealed = [annealer.temperature(t) != 1.0 or annealer.restart_weight(t) > 0 for t in range(1, 13)]
+    assert annealed[:5] == [True] * 5 and annealed[6:] == [False] * 6
+    # deterministic stays sparse throughout; a restart step is dense (plain λ), and the
+    # sparse form comes back with the first plain step after the annealer is off
+    if annealer.kind == "deterministic":
+        assert all(scaled)
+    else:
+        assert scaled == [not x for x in annealed]
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "stochastic"])
+def test_annealed_sparse_step_follows_the_annealing_formulas(kind):
+    """The same, against the formulas written out here: λ̂ = η + (N/|S|) Σ_d E_q_T[t(θ_d)]
+    from the local step at T_t, tempered 1 + (λ̂ − 1)/T_t, or mixed (1 − ρ^a_t) λ̂ + ρ^a_t η_t
+    with η_t = random_init drawn from the state's stream; λ ← (1 − ρ_t) λ + ρ_t λ̂."""
+    X = _corpus(n=150, K=3, V=500, length=10, seed=12)
+    model = LDA(3, 500, doc_topic_prior=0.4, topic_word_prior=0.05)
+    ann = Deterministic(T0=5.0, rate=0.8, n_steps=4) if kind == "deterministic" else \
+        Stochastic(rho0=0.7, decay=0.8, n_steps=4)
+    schedule, N = RobbinsMonro(tau0=1.0, kappa=0.6), 150.0
+    engine = SVI(model, n_total=N, schedule=schedule, annealer=ann)
+    state = engine.init(X, seed=3)
+    L = model.lam_matrix(state.lam)
+    for t in range(1, 7):
+        xb = X[(t * 20) % 130:(t * 20) % 130 + 20]
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        lam = NatParams(topic_word=L)
+        local = model.local_step(lam, xb, temperature=T)
+        tgt = model._eta + (N / 20) * model.suffstats(local, xb)["topic_word"]
+        if T != 1.0:
+            tgt = temper_dirichlet(tgt, T)
+        if rho_a > 0:
+            eta_t = model.random_init(state.rng(), xb, N)["topic_word"]
+            tgt = (1 - rho_a) * tgt + rho_a * eta_t
+        L = (1 - schedule(t)) * L + schedule(t) * tgt
+        want_elbo = model.global_elbo(lam) + (N / 20) * float(np.sum(model.local_step(lam, xb).log_norm))
+        state, info = engine.update(state, xb)
+        np.testing.assert_allclose(model.lam_matrix(state.lam), L, rtol=1e-10, err_msg=f"step {t}")
+        assert info.elbo == pytest.approx(want_elbo, rel=1e-10)      # untempered
+    assert model.is_scaled(state.lam)
+
+
+def test_tempered_local_step_on_the_batch_columns_equals_the_full_one():
+    """The tempered local step reading only the batch's columns (scaled λ; each kernel)
+    gives the same γ, statistics and φ as the one reading all V columns of the plain λ."""
+    X = _corpus(n=40, K=4, V=400, length=10, seed=13)
+    model = LDA(4, 400, doc_topic_prior=0.2)
+    lam = model.init_params(np.random.default_rng(1), X, 40)
+    scaled, _ = model.init_state(np.random.default_rng(1), X, 40)
+    np.testing.assert_array_equal(model.lam_matrix(scaled), lam["topic_word"])
+    full = {}
+    model._local_path = "dense"                          # every column: the reference
+    try:
+        for T in (1.5, 4.0):
+            full[T] = model.local_step(lam, X, temperature=T)
+            assert full[T].cols is None
+    finally:
+        model._local_path = None
+    for path in ("compiled", "blocked") if lda_module.COMPILED else ("blocked",):
+        model._local_path = path
+        try:
+            for T in (1.5, 4.0):
+                a = model.local_step(scaled, X, temperature=T)
+                b = full[T]
+                assert a.cols is not None and a.cols.size < 400
+                np.testing.assert_allclose(a.gamma, b.gamma, rtol=1e-10)
+                np.testing.assert_allclose(model.suffstats(a, X)["topic_word"],
+                                           model.suffstats(b, X)["topic_word"], rtol=1e-10, atol=1e-300)
+                np.testing.assert_allclose(model.suffstats_sqnorm(a), model.suffstats_sqnorm(b), rtol=1e-10)
+        finally:
+            model._local_path = None
