@@ -99,6 +99,19 @@ state passed to an update shares it with the state returned. Everything
 that takes λ accepts both forms (:meth:`LDA.lam_matrix` gives λ itself, a
 dense pass; a loaded snapshot's ``fitted.lam`` is λ).
 
+Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds,
+and the engine hands ``svi_step`` T_t, ρ^a_t and the random stream).
+Deterministic (T_t ≠ 1): the local step runs at T_t on the batch's columns
+(:meth:`LDA._fit_gamma_tempered`), the target is tempered, λ̂_T = 1 + (λ̂ − 1)/T_t,
+and a word the batch does not hold moves towards η_T = 1 + (η − 1)/T_t, a
+constant that folds into c_k as η does: the step stays sparse, at the cost of a
+second (untempered) local step per update for the reported ELBO. Stochastic
+(ρ^a_t > 0): λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t with η_t = :meth:`LDA.random_init`, a
+dense K × V draw, so the step is dense (λ materialised, the target, η_t and the
+new λ: a few K × V arrays and the K·V Dirichlet draws) and returns the plain λ;
+the first step after the annealer is off converts it back with one copy. Both
+equal the engine's dense annealed update to rounding (tested to 1e-10).
+
 Metrics of an update, and what they cost: the ELBO's documents' part and the
 gradient variance come from the batch (as before); ‖ĝ‖ is exact, from the
 batch's words and per-topic sums of μ and μ² kept in ``aux``; the global term
@@ -554,11 +567,14 @@ class LDA:
         restart = rho_a > 0.0
         if restart and restart_rng is None:
             raise ValueError("restart_weight > 0 needs restart_rng (the random stream η_t is drawn from)")
-        if not self.is_scaled(lam):                 # a plain λ (old snapshot, or after a dense step)
-            lam = self._scaled(lam["topic_word"])   # one copy, once
-            aux = None
-        if aux is None or aux.get("stored_sqsum") is None:
-            aux = self._aux_for(lam)
+        if restart:                                 # a dense step: either form as it is
+            aux = aux if aux is not None else {}
+        else:
+            if not self.is_scaled(lam):             # a plain λ (old snapshot, or after a dense step)
+                lam = self._scaled(lam["topic_word"])   # one copy, once
+                aux = None
+            if aux is None or aux.get("stored_sqsum") is None:
+                aux = self._aux_for(lam)
         # the ELBO's local part is the untempered objective's (first, so the tempered
         # step's λ rows are the ones svi_step reuses below)
         elbo_local = self.local_step(lam, X) if T != 1.0 else None
@@ -585,15 +601,16 @@ class LDA:
             e = float(temper_dirichlet(np.float64(eta), T))
         rho = float(schedule(step))
         tau = float(boundary_fraction)
-        mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
         if restart:                                   # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
-            L = self.lam_matrix(lam)
+            L = self.lam_matrix(lam)                  # (a plain λ itself: not copied)
             tgt = self._full(local, Sw) * scale
             tgt += eta
             if T != 1.0:
                 tgt = temper_dirichlet(tgt, T)
             tgt *= 1.0 - rho_a
             tgt += self.random_init(restart_rng, X, N)["topic_word"] * rho_a
+        else:
+            mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
 
         # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
         rho_k = np.full(K, rho)
