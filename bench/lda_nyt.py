@@ -108,7 +108,7 @@ def run_streamsvi(Xtr, passes, seed, accelerate=False):
     for _ in range(passes):
         for xb in batches:
             state, _ = engine.update(state, xb)
-    return time.perf_counter() - t, state.lam["topic_word"]
+    return time.perf_counter() - t, model.lam_matrix(state.lam)
 
 
 def run_sklearn(Xtr, passes, seed):

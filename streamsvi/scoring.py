@@ -53,7 +53,8 @@ class FittedModel:
     Attributes
     ----------
     model : the model object (its settings are ``model.get_params()``)
-    lam : NatParams, the learned natural parameters
+    lam : NatParams, the learned natural parameters (LDA: λ itself, ``topic_word``,
+        whatever form the snapshot stores it in)
     step, records_seen : int
     created : datetime (UTC)
     offsets : the source offsets the snapshot includes
@@ -87,7 +88,11 @@ class FittedModel:
 
     @classmethod
     def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
-        return cls(model=snap.engine.model, lam=snap.state.lam, step=snap.state.step,
+        model, lam = snap.engine.model, snap.state.lam
+        dense = getattr(model, "dense_params", None)   # LDA stores λ scaled: present λ itself
+        if dense is not None:
+            lam = dense(lam)
+        return cls(model=model, lam=lam, step=snap.state.step,
                    records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
                    path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
                    engine_settings=snap.engine.to_dict(), aux=snap.state.aux,

@@ -56,6 +56,22 @@ from dataclasses import asdict, dataclass
 KINDS = ("none", "svi+", "deterministic", "stochastic")
 
 
+def supported_kinds(model) -> tuple:
+    """The annealing kinds ``model`` supports: its ``annealing_kinds`` declaration.
+
+    Without one, a model on the engine's dense path supports all four kinds
+    (the engine tempers and restarts its target itself); a row-wise model
+    (``svi_step``: the model applies the step) supports only ``none`` and
+    ``svi+`` unless it declares more, because the engine cannot temper a step
+    it does not make (PMF declares ``("none", "svi+")``; LDA all four, its
+    ``svi_step`` takes T_t, ρ_t and the random stream).
+    """
+    kinds = getattr(model, "annealing_kinds", None)
+    if kinds is None:
+        kinds = ("none", "svi+") if hasattr(model, "svi_step") else KINDS
+    return tuple(kinds)
+
+
 def _number(name, v, lo=None, hi=None, lo_open=False, allow_none=False, integer=False):
     if v is None and allow_none:
         return None
@@ -89,8 +105,6 @@ class Annealer:
     """
 
     kind = "none"
-    #: whether the annealer works with row-wise models (PMF: no local latent assignments)
-    rowwise_ok = True
 
     def level(self, t: int) -> float:
         return 0.0
@@ -108,12 +122,22 @@ class Annealer:
         return {"kind": self.kind, **asdict(self)}
 
     def check_model(self, model) -> None:
-        """Raise ``ValueError`` if this annealer is not defined for ``model``."""
-        if not self.rowwise_ok and hasattr(model, "svi_step"):
+        """Raise ``ValueError`` if this annealer is not defined for ``model``.
+
+        A model declares the kinds it supports in ``annealing_kinds`` (see
+        :func:`supported_kinds`); deterministic and stochastic annealing also need
+        ``model.temper`` and ``model.random_init``.
+        """
+        kinds = supported_kinds(model)
+        if self.kind not in kinds:
+            why = ""
+            if self.kind in ("deterministic", "stochastic") and hasattr(model, "svi_step"):
+                why = (" (this kind tempers or restarts local latent assignments q(z) and their "
+                       "global counts; a row-wise model whose global rows are its only latent "
+                       "variables has none)")
             raise ValueError(
-                f"annealing kind {self.kind!r} is not defined for model {model.name!r}: it tempers or "
-                f"restarts local latent assignments q(z) and their global counts, and a row-wise model "
-                f"(its global rows are its only latent variables) has none; use kind 'none' or 'svi+'")
+                f"annealing kind {self.kind!r} is not defined for model {model.name!r}: it declares "
+                f"annealing_kinds {list(kinds)}{why}; use kind {' or '.join(repr(k) for k in kinds)}")
         if self.kind == "stochastic" and not hasattr(model, "random_init"):
             raise ValueError(f"annealing kind 'stochastic' needs model.random_init; "
                              f"model {model.name!r} has none")
@@ -219,7 +243,6 @@ class Deterministic(Annealer):
     n_steps: int = 100
 
     kind = "deterministic"
-    rowwise_ok = False
 
     def __post_init__(self):
         _choice("deterministic schedule", self.schedule, ("geometric", "linear"))
@@ -262,7 +285,6 @@ class Stochastic(Annealer):
     n_steps: int = 100
 
     kind = "stochastic"
-    rowwise_ok = False
 
     def __post_init__(self):
         _choice("stochastic schedule", self.schedule, ("geometric", "linear"))

@@ -40,7 +40,11 @@ M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
 which applies the natural-gradient step to the touched rows only (with its
 own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
 and returns the new ``lam`` and ``aux`` and the metrics of
-:class:`UpdateInfo`. Every other model never reaches that path.
+:class:`UpdateInfo` (with ``checked_finite: True`` when it has already made
+sure the new λ is finite, so the engine skips its own pass over λ). LDA uses
+the same path to write only the columns of the words a batch holds (its
+module docs, "Sparse global step"); its step equals the dense update above.
+Every other model never reaches that path.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
@@ -48,7 +52,13 @@ Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
 ``model.random_init`` at weight ρ_t, drawn from the state's random stream).
 The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
-ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``.
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A row-wise model
+makes its own step, so it declares the kinds it supports (``annealing_kinds``;
+PMF: none and svi+; LDA: all four). For a deterministic or stochastic annealer
+``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
+``restart_rng``: a generator at the state's random stream (after the SVI+
+draws) when ρ_t > 0, else None, so η_t comes from the same draws as on the
+dense path and nothing is drawn when ρ_t = 0.
 
 Examples
 --------
@@ -81,7 +91,10 @@ class EngineState:
     """Everything an update changes: step t, λ, the random stream, records seen.
 
     Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
-    numpy PCG64 state as a JSON-serialisable dict.
+    numpy PCG64 state as a JSON-serialisable dict. One exception: LDA writes
+    its stored topic matrix in place (only the batch's words; see its module
+    docs), so an LDA state passed to ``update`` must not be used afterwards
+    (it is unchanged when ``update`` raises).
 
     ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
     models" in the module docs; PMF keeps its id→row maps and per-row counts
@@ -244,10 +257,11 @@ class SVI:
     * ``stochastic``: λ ← (1 − ρ_t) λ + ρ_t [(1 − ρ^a_t) λ̂ + ρ^a_t η_t];
       with ρ_t = 1 this is seed 002's eq. 12.
 
-    Refused with ``ValueError``: ``deterministic`` and ``stochastic`` for
-    row-wise models (PMF), which have no local latent assignments to temper
-    or restart, and any annealer together with ``effective_batch_size`` /
-    ``effective_fraction`` (one annealer at a time).
+    Refused with ``ValueError``: a kind the model does not declare in
+    ``annealing_kinds`` (PMF: ``deterministic`` and ``stochastic``, since it
+    has no local latent assignments to temper or restart), and any annealer
+    together with ``effective_batch_size`` / ``effective_fraction`` (one
+    annealer at a time).
     """
 
     model: object
@@ -463,11 +477,22 @@ class SVI:
         t = state.step + 1
         M = self.effective_size(S, t)
         weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
+        ann = self.annealing
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        context, rng = {}, None
+        if ann.kind in ("deterministic", "stochastic"):     # declared by the model (check_model)
+            if rho_a > 0:                   # η_t from the state's stream, as stochastic_target
+                rng = np.random.Generator(np.random.PCG64())
+                rng.bit_generator.state = rng_state
+            context = {"temperature": T, "restart_weight": rho_a, "restart_rng": rng}
         out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(self.n_total),
                              records_before=state.records_seen, schedule=self.schedule, step=t,
-                             boundary_fraction=self.boundary_fraction, effective_batch_size=M)
+                             boundary_fraction=self.boundary_fraction, effective_batch_size=M,
+                             **context)
+        if rng is not None:
+            rng_state = rng.bit_generator.state
         new_lam = out["lam"]
-        if not new_lam.all_finite():
+        if not out.get("checked_finite") and not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
         N = float(self.n_total)
         info = UpdateInfo(step=t, rho=self.schedule(t), batch_size=S, effective_batch_size=M,
@@ -476,7 +501,8 @@ class SVI:
                           grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
                           domain_blocks=out["domain_blocks"],
                           min_weight=1.0 if weights is None else float(weights.min()),
-                          annealing_level=self._annealing_level(noise_var, 1.0, 0.0))
+                          annealing_level=self._annealing_level(noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
         return EngineState(step=t, lam=new_lam, rng_state=rng_state,
                            records_seen=state.records_seen + S, aux=out["aux"]), info
 

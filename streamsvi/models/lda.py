@@ -73,6 +73,57 @@ fewer sweeps, but no held topics, so on NYT (K = 50) it is slower than the
 default, and its held-out perplexity was ~0.5 % worse (γ closer to each
 document's fixed point early in training did not help).
 
+Sparse global step (Hoffman et al. 2010 §3.3 and Mimno, Hoffman & Blei 2012
+keep λ this way). The engine's update ``λ ← (1 − ρ)λ + ρ(η + (N/|S|) Σ_d w_d
+n_dw φ_dwk)`` moves a word the batch does not hold only towards η:
+λ'_kw − η = (1 − ρ)(λ_kw − η). So :meth:`LDA.init_state` keeps λ as
+
+    λ_kw = s_k · μ_kw + c_k        (``word_topic`` μᵀ (V, K), ``topic_scale`` s,
+                                   ``topic_offset`` c, ``topic_stored_sum`` Σ_w μ_kw)
+
+and :meth:`LDA.svi_step` (the engine's row-wise hook) folds (1 − ρ_k) into
+s_k and c_k, (1 − ρ_k)c_k + ρ_k η, and writes μ only in the batch's words,
+(λ'_kw − c'_k)/s'_k, updating the stored row sums as it goes; so the row sums
+Σ_w λ_kw = s_k Σ_w μ_kw + V c_k of E[log β] cost O(K), and the local step
+computes ψ(λ_kw) only in the batch's words (every E[log β] it uses is the
+dense computation's, bit for bit). The result equals the dense update to
+rounding (tested to 1e-10 over many steps, with SVI+ weights and the
+fraction-to-boundary rule): the per-topic limit comes from the batch's words,
+plus, when ρ/τ > 1, the largest untouched λ_kw (the only untouched value
+that can cross 0 on the extended segment). A topic whose scale falls below
+1e-100 is folded back (μ_k ← s_k μ_k + c_k, s_k = 1, c_k = 0: a pass over one
+topic). A step with ρ_k = 1 (batch VI) forgets λ and is done densely; its λ is
+the plain ``NatParams(topic_word=λ)``, which the next sparse step converts with
+one copy (so do snapshots of earlier releases). μ is updated in place: the
+state passed to an update shares it with the state returned. Everything
+that takes λ accepts both forms (:meth:`LDA.lam_matrix` gives λ itself, a
+dense pass; a loaded snapshot's ``fitted.lam`` is λ).
+
+Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds,
+and the engine hands ``svi_step`` T_t, ρ^a_t and the random stream).
+Deterministic (T_t ≠ 1): the local step runs at T_t on the batch's columns
+(:meth:`LDA._fit_gamma_tempered`), the target is tempered, λ̂_T = 1 + (λ̂ − 1)/T_t,
+and a word the batch does not hold moves towards η_T = 1 + (η − 1)/T_t, a
+constant that folds into c_k as η does: the step stays sparse, at the cost of a
+second (untempered) local step per update for the reported ELBO. Stochastic
+(ρ^a_t > 0): λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t with η_t = :meth:`LDA.random_init`, a
+dense K × V draw, so the step is dense (λ materialised, the target, η_t and the
+new λ: a few K × V arrays and the K·V Dirichlet draws) and returns the plain λ;
+the first step after the annealer is off converts it back with one copy. Both
+equal the engine's dense annealed update to rounding (tested to 1e-10).
+
+Metrics of an update, and what they cost: the ELBO's documents' part and the
+gradient variance come from the batch (as before); ‖ĝ‖ is exact, from the
+batch's words and per-topic sums of μ and μ² kept in ``aux``; the global term
+−Σ_k KL(q(β_k) ‖ p(β_k)) is a dense pass over λ (~0.4 s at K = 100, V = 100k),
+recomputed at update 1, at every update with ρ_k = 1, and every
+max(1, round(K·V / 2^16)) updates (every 2nd at NYT, K = 50; every 153rd at
+K = 100, V = 100k); in between the reported ELBO reuses the last value, and
+``aux["global_elbo_step"]`` says which λ it was computed at. Scoring
+(held-out bound, perplexity with ``topic_kl="none"``, topic proportions) reads
+only the scored documents' words; ``topic_kl="full"``/``"apportioned"`` and
+:meth:`LDA.global_elbo` are a dense pass when called.
+
 ELBO (all constants). Per document, at φ optimal for the final γ::
 
     L_d = Σ_w n_dw log Z_dw + log Γ(Σα) − Σ_k log Γ(α_k) − log Γ(Σγ_d) + Σ_k log Γ(γ_dk)
@@ -142,6 +193,12 @@ _HOLD_EPS = 1e-14
 _COMPACT = 0.75
 #: A block's arrays are narrowed to the topics still free when that saves this much.
 _NARROW = 0.8
+#: Dense passes over λ (global ELBO, rescaling) go through column blocks of this many elements.
+_CHUNK = 2 ** 20
+#: The scaled form folds a topic's scale into its stored row when the scale falls below this.
+_RESCALE_BELOW = 1e-100
+#: The global ELBO term is recomputed every max(1, round(K·V / this)) updates (module docs).
+_ELBO_ELEMENTS = 2 ** 16
 
 
 @dataclass(frozen=True)
@@ -155,6 +212,11 @@ class LDALocal:
     the shifted exponentials (so φ_dwk n_dw = exp_theta_dk · exp_beta_kw · ratio_dw);
     ``exp_beta`` (K, V) is exp(E[log β_kw] − m_w), m_w = max_k E[log β_kw];
     ``log_norm`` (n,) the per-document ELBO L_d; ``n_iter`` (n,) the sweeps used.
+
+    ``cols``: None when ``exp_beta`` has all V columns; otherwise the sorted word
+    ids of the batch, and ``exp_beta`` (K, len(cols)) holds only those columns
+    (the local step never reads the others). ``xc`` is ``x`` with its word ids
+    renumbered into ``cols`` (``x`` itself when ``cols`` is None).
     """
 
     x: sp.csr_matrix
@@ -164,6 +226,8 @@ class LDALocal:
     exp_beta: np.ndarray
     log_norm: np.ndarray
     n_iter: np.ndarray
+    cols: np.ndarray | None = None
+    xc: sp.csr_matrix | None = None
 
 
 def _blocks(lens_sorted: np.ndarray, K: int):
@@ -273,6 +337,9 @@ class LDA:
     #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
+    #: annealing kinds (``streamsvi.inference.annealing``): all four; ``svi_step`` takes
+    #: T_t, ρ_t and the random stream of η_t (module docs, "Annealing")
+    annealing_kinds = ("none", "svi+", "deterministic", "stochastic")
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
@@ -317,6 +384,8 @@ class LDA:
         self._eta_const = float(gammaln(V * self._eta) - V * gammaln(self._eta))
         self._prior = NatParams(topic_word=np.full((K, V), self._eta))
         self._cache = None
+        self._rowsum_cache = None
+        self._last_rows = None
 
     # ------------------------------------------------------------ settings
     def get_params(self) -> dict:
@@ -377,10 +446,14 @@ class LDA:
         random documents d_k of ``x`` (with replacement if |x| < K), where
         W = (n_total/|x|) Σ_d N_d estimates the corpus' word count.
         """
+        return NatParams(topic_word=self._init_matrix(rng, x, n_total))
+
+    def _init_matrix(self, rng, x, n_total) -> np.ndarray:
+        """The initial λ (K, V) of :meth:`init_params` as a plain array."""
         X = self.check_batch(x)
         K, V = self.n_components, self.n_features
         if self.init == "gamma":
-            return NatParams(topic_word=rng.gamma(100.0, 0.01, (K, V)))
+            return rng.gamma(100.0, 0.01, (K, V))
         n = X.shape[0]
         Nd = np.asarray(X.sum(axis=1)).ravel()
         nonempty = np.flatnonzero(Nd > 0)
@@ -389,21 +462,278 @@ class LDA:
         pick = rng.choice(nonempty, size=K, replace=nonempty.size < K)
         W = float(n_total) / n * Nd.sum()
         seeds = X[pick].toarray() / Nd[pick][:, None]
-        return NatParams(topic_word=self._eta + (W / K) * seeds)
+        return self._eta + (W / K) * seeds
+
+    # ------------------------------------------------- the sparse global step
+    def _scaled(self, L: np.ndarray | None, rng=None) -> NatParams:
+        """λ = L (K, V) in the scaled form: μᵀ = Lᵀ (V, K), s = 1, c = 0, Σ_w μ_kw.
+
+        One buffer, filled with one transposing copy of L (in column blocks); with
+        ``L=None``, ``init="gamma"``'s draws from ``rng`` go straight into it one
+        topic at a time (the same values as :meth:`init_params`: the same stream,
+        in the same order), so no K × V temporary is made."""
+        K, V = self.n_components, self.n_features
+        n = K * V
+        layout = (("word_topic", (V, K), 0, n), ("topic_scale", (K,), n, n + K),
+                  ("topic_offset", (K,), n + K, n + 2 * K), ("topic_stored_sum", (K,), n + 2 * K, n + 3 * K))
+        flat = np.empty(n + 3 * K)
+        muT = flat[:n].reshape(V, K)
+        sums = flat[n + 2 * K:]
+        if L is None:
+            for k in range(K):
+                row = rng.gamma(100.0, 0.01, V)
+                muT[:, k] = row
+                sums[k] = row.sum()
+        else:
+            for lo, hi in self._chunks():
+                muT[lo:hi] = L[:, lo:hi].T
+            sums[:] = L.sum(axis=1)
+        flat[n:n + K] = 1.0
+        flat[n + K:n + 2 * K] = 0.0
+        return NatParams._wrap(layout, flat)
+
+    def init_state(self, rng, x, n_total):
+        """(λ, aux) for :meth:`SVI.init`: λ from :meth:`init_params` in the scaled form
+        (module docs, "Sparse global step"; the same values) and aux's stored sums."""
+        if self.init == "gamma":
+            self.check_batch(x)
+            lam = self._scaled(None, rng)
+        else:
+            lam = self._scaled(self._init_matrix(rng, x, n_total))
+        return lam, self._aux_for(lam)
+
+    def _aux_for(self, lam: NatParams, elbo=None, elbo_step=-1) -> dict:
+        mu = lam["word_topic"]
+        return {"stored_sqsum": np.einsum("ij,ij->j", mu, mu), "global_elbo": elbo,
+                "global_elbo_step": int(elbo_step)}
+
+    def check_state(self, lam: NatParams, aux) -> None:
+        """Raise ``ValueError`` unless (λ, aux) is an LDA state of this model (either form)."""
+        K, V = self.n_components, self.n_features
+        names = set(lam)
+        want = {"topic_word": (K, V)}
+        if names != {"topic_word"}:
+            want = {"word_topic": (V, K), "topic_scale": (K,), "topic_offset": (K,),
+                    "topic_stored_sum": (K,)}
+        if names != set(want):
+            raise ValueError(f"state parameters {sorted(names)} do not match an LDA state "
+                             f"(['topic_word'] or {sorted(want)})")
+        for k, shape in want.items():
+            if lam[k].shape != shape:
+                raise ValueError(f"parameter {k} has shape {lam[k].shape}, model expects {shape}")
+        if aux is not None:
+            if not isinstance(aux, dict):
+                raise ValueError(f"an LDA state's aux must be a mapping, got {type(aux).__name__}")
+            q = aux.get("stored_sqsum")
+            if q is not None and np.shape(q) != (K,):
+                raise ValueError(f"aux stored_sqsum must have {K} entries, got shape {np.shape(q)}")
+
+    def _rescale(self, lam: NatParams, rows) -> None:
+        """Fold s_k, c_k into the stored topics ``rows`` in place (μ_k ← s_k μ_k + c_k)."""
+        mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+        for k in rows:
+            col = mu[:, k]
+            col *= s[k]
+            col += c[k]
+            s[k], c[k] = 1.0, 0.0
+            R[k] = col.sum()
+
+    def svi_step(self, lam, aux, x, *, weights, n_total, schedule, step, boundary_fraction,
+                 effective_batch_size, temperature=1.0, restart_weight=0.0, restart_rng=None,
+                 **context) -> dict:
+        """One SVI / SVI+ / annealed update that writes only the batch's columns of λ (module docs).
+
+        Equals the engine's dense update ``λ ← (1 − ρ_k) λ + ρ_k λ̂`` with λ̂ = η + (N/|S|)
+        Σ_d w_d E_q[t(θ_d)] and the same per-topic fraction-to-boundary ρ_k, to rounding.
+        The stored matrix of ``lam`` is updated in place: the state passed in shares
+        it with the state returned and must not be used afterwards. Nothing is
+        written when the update would make λ non-finite (``FloatingPointError``).
+
+        Annealing (module docs, "Annealing"): ``temperature`` T_t ≠ 1 runs the local
+        step at T_t on the batch's columns and tempers the target, λ̂_T = 1 + (λ̂ − 1)/T_t;
+        a word the batch does not hold then moves towards η_T = 1 + (η − 1)/T_t, a
+        per-topic constant folded into c_k like η, so the step stays sparse.
+        ``restart_weight`` ρ^a_t > 0 mixes in η_t = :meth:`random_init` drawn from
+        ``restart_rng`` (the engine's random stream), λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t;
+        η_t is dense, so that step is dense and returns the plain λ. The reported
+        ELBO is the untempered one (an untempered local step while T_t ≠ 1).
+        """
+        X = self.check_batch(x)
+        K, V, eta = self.n_components, self.n_features, self._eta
+        S = X.shape[0]
+        N = float(n_total)
+        scale = N / S
+        T, rho_a = float(temperature), float(restart_weight)
+        restart = rho_a > 0.0
+        if restart and restart_rng is None:
+            raise ValueError("restart_weight > 0 needs restart_rng (the random stream η_t is drawn from)")
+        if restart:                                 # a dense step: either form as it is
+            aux = aux if aux is not None else {}
+        else:
+            if not self.is_scaled(lam):             # a plain λ (old snapshot, or after a dense step)
+                lam = self._scaled(lam["topic_word"])   # one copy, once
+                aux = None
+            if aux is None or aux.get("stored_sqsum") is None:
+                aux = self._aux_for(lam)
+        # the ELBO's local part is the untempered objective's (first, so the tempered
+        # step's λ rows are the ones svi_step reuses below)
+        elbo_local = self.local_step(lam, X) if T != 1.0 else None
+        local = self.local_step(lam, X, temperature=T)
+        if elbo_local is None:
+            elbo_local = local
+        cols = np.arange(V) if local.cols is None else local.cols
+        if weights is None:
+            Sw = Su = self._suffstats_cols(local)
+        else:
+            Sw, Su = self._suffstats_pair_cols(local, weights)
+        # word-major (|u|, K) throughout: the stored μᵀ's rows of the batch's words are contiguous
+        SwT, SuT = Sw.T, Su.T
+        last, self._last_rows = self._last_rows, None
+        if last is not None and last[0] is lam and last[1] is cols:
+            lam_u = last[2]                            # as the local step computed them
+        else:
+            lam_u = self._rows(lam, cols)
+        tgt_u = SwT * scale
+        tgt_u += eta
+        e = eta                                       # the target of a word the batch does not hold
+        if T != 1.0:
+            tgt_u = temper_dirichlet(tgt_u, T)
+            e = float(temper_dirichlet(np.float64(eta), T))
+        rho = float(schedule(step))
+        tau = float(boundary_fraction)
+        if restart:                                   # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
+            L = self.lam_matrix(lam)                  # (a plain λ itself: not copied)
+            tgt = self._full(local, Sw) * scale
+            tgt += eta
+            if T != 1.0:
+                tgt = temper_dirichlet(tgt, T)
+            tgt *= 1.0 - rho_a
+            tgt += self.random_init(restart_rng, X, N)["topic_word"] * rho_a
+        else:
+            mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
+
+        # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
+        rho_k = np.full(K, rho)
+        clipped = blocks = 0
+        if weights is not None and float(np.min(weights)) < 0:
+            r = rho / tau
+            if restart:
+                lim = segment_limit_positive(L, tgt).min(axis=1)
+            else:
+                lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
+            if not restart and r > 1.0 and cols.size < V:
+                # an untouched λ_kw moves towards e; beyond s = 1 it can cross 0 (at s = λ/(λ − e))
+                keep = np.ones(V, dtype=bool)
+                keep[cols] = False
+                top = np.max(mu, axis=0, where=keep[:, None], initial=-np.inf) * s + c
+                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, e)))
+            if (lim <= r).any():
+                rho_k = np.minimum(rho, tau * lim)
+                clipped, blocks = int(np.count_nonzero(rho_k < rho)), K
+
+        # metrics at the λ before the update
+        every = max(1, round(K * V / _ELBO_ELEMENTS))
+        dense_step = restart or bool((rho_k >= 1.0).any())
+        if dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
+            G, G_step = self.global_elbo(lam), step - 1
+        else:
+            G, G_step = float(aux["global_elbo"]), int(aux["global_elbo_step"])
+        elbo = G + scale * float(np.sum(elbo_local.log_norm))
+        if restart:
+            g2 = float(np.sum(np.square(tgt - L)))
+        else:
+            Q = aux["stored_sqsum"]
+            d = c - e                                 # Σ_w (λ_kw − e)² = s²Q + 2s(c−e)R + V(c−e)²
+            full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
+            # Σ_{w∈u} (λ_kw − e)², and ‖λ̂ − λ‖² on the batch's words, without temporaries
+            ll = np.einsum("ij,ij->j", lam_u, lam_u)
+            lsum = lam_u.sum(axis=0)
+            touched = ll - 2.0 * e * lsum + cols.size * e * e
+            untouched = np.maximum(full_sq - touched, 0.0)
+            g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u)
+                                - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u) + ll.sum())) \
+                + float(untouched.sum())
+        grad_norm = math.sqrt(g2)
+        if S > 1:
+            mean_sq = float(np.einsum("ij,ij->", SuT, SuT)) / (S * S)
+            tr_cov = max(0.0, (float(np.sum(self.suffstats_sqnorm(local))) - S * mean_sq) / (S - 1))
+            grad_var = N * N * tr_cov / float(effective_batch_size)
+        else:
+            grad_var = float("nan")
+        out = {"elbo": elbo, "grad_variance": grad_var, "grad_norm": grad_norm,
+               "domain_clipped": clipped, "domain_blocks": blocks, "checked_finite": True}
+
+        if dense_step:                                # ρ_k = 1 or a restart: the plain form, densely
+            if not restart:
+                tgt = self._full(local, Sw) * scale
+                tgt += eta
+                if T != 1.0:
+                    tgt = temper_dirichlet(tgt, T)
+            if (rho_k == 1.0).all():
+                new = NatParams(topic_word=tgt)
+            else:
+                L = self.lam_matrix(lam) if not restart else L
+                new = NatParams(topic_word=(1.0 - rho_k)[:, None] * L + rho_k[:, None] * tgt)
+            if not new.all_finite():
+                raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
+            out.update(lam=new, aux={"global_elbo": G, "global_elbo_step": G_step})
+            return out
+
+        keep_k = 1.0 - rho_k
+        s_new = keep_k * s
+        c_new = keep_k * c + rho_k * e
+        mu_u = lam_u * keep_k                          # λ' on the batch's words ...
+        tgt_u *= rho_k
+        mu_u += tgt_u
+        mu_u -= c_new                                  # ... as stored: (λ' − c')/s'
+        mu_u /= s_new
+        if not (np.isfinite(mu_u).all() and np.isfinite(s_new).all() and np.isfinite(c_new).all()
+                and (s_new > 0).all()):
+            raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
+        old_u = mu[cols]
+        R_new = R + (mu_u.sum(axis=0) - old_u.sum(axis=0))
+        Q_new = Q + (np.einsum("ij,ij->j", mu_u, mu_u) - np.einsum("ij,ij->j", old_u, old_u))
+        mu[cols] = mu_u                                 # in place: only the batch's words
+        s[:], c[:], R[:] = s_new, c_new, R_new
+        small = np.flatnonzero(s_new < _RESCALE_BELOW)
+        if small.size:
+            self._rescale(lam, small)
+            Q_new = Q_new.copy()
+            for k in small:
+                Q_new[k] = float(np.dot(mu[:, k], mu[:, k]))
+        new_lam = NatParams._wrap(lam._layout, lam._flat)   # a new λ object over the same storage
+        out.update(lam=new_lam, aux={"stored_sqsum": Q_new, "global_elbo": G, "global_elbo_step": G_step})
+        return out
 
     # ---------------------------------------------------------- local step
-    def _expectations(self, lam: NatParams) -> dict:
+    def _expectations(self, lam: NatParams, cols=None) -> dict:
         """E[log β], its per-word max m_w and exp(E[log β] − m_w); cached for the last λ.
 
         ``exp_beta_ext`` (K, V+1) holds exp(E[log β] − m) with a column of ones
-        appended (the local step's padding word); ``exp_beta`` is a view of it.
+        appended (the local step's padding word); ``exp_beta`` is a view of it;
+        ``exp_beta_t`` (V, K) its transpose (the compiled kernel's layout).
+        With ``cols`` (sorted word ids) only those columns are computed, word-major
+        (``exp_beta_t`` first, ``exp_beta`` its transposed view, ``exp_beta_ext``
+        built when a numpy kernel asks for it), and nothing is cached. Every value
+        is a function of λ_kw, Σ_v λ_kv and its own column only.
         """
+        if cols is not None:
+            LT = self._rows(lam, cols)
+            self._last_rows = (lam, cols, LT)           # svi_step reuses them
+            elog = digamma(LT)
+            elog -= digamma(self._rowsums(lam))
+            m = elog.max(axis=1)
+            ebt = np.subtract(elog, m[:, None])
+            np.exp(ebt, out=ebt)
+            return {"elog_beta": elog.T, "m": m, "exp_beta": ebt.T, "exp_beta_ext": None,
+                    "exp_beta_t": ebt}
         cache = self._cache
         if cache is not None and cache[0] is lam:
             return cache[1]
-        L = lam["topic_word"]
+        L = self.lam_matrix(lam)
         K, V = L.shape
-        elog = digamma(L) - digamma(L.sum(axis=1))[:, None]
+        elog = digamma(L)
+        elog -= digamma(self._rowsums(lam))[:, None]
         m = elog.max(axis=0)
         ext = np.empty((K, V + 1))
         eb = ext[:, :V]
@@ -413,6 +743,57 @@ class LDA:
         ex = {"elog_beta": elog, "m": m, "exp_beta": eb, "exp_beta_ext": ext, "exp_beta_t": None}
         self._cache = (lam, ex)
         return ex
+
+    @staticmethod
+    def _ext(ex) -> np.ndarray:
+        """``ex["exp_beta_ext"]``, built from ``exp_beta`` if it is not there yet."""
+        if ex["exp_beta_ext"] is None:
+            K, n = ex["exp_beta"].shape
+            ext = np.empty((K, n + 1))
+            ext[:, :n] = ex["exp_beta"]
+            ext[:, n] = 1.0
+            ex["exp_beta_ext"] = ext
+        return ex["exp_beta_ext"]
+
+    # ------------------------------------------------------- λ's two forms
+    @staticmethod
+    def is_scaled(lam: NatParams) -> bool:
+        """True when ``lam`` holds λ in the scaled form (module docs, "Sparse global step")."""
+        return "word_topic" in lam
+
+    def lam_matrix(self, lam: NatParams) -> np.ndarray:
+        """λ (K, V) itself: ``lam["topic_word"]``, or s_k·μ_kw + c_k for the scaled form
+        (then a new array: a dense K×V pass)."""
+        if not self.is_scaled(lam):
+            return lam["topic_word"]
+        out = np.empty((self.n_components, self.n_features))
+        for lo, hi in self._chunks():
+            out[:, lo:hi] = self._rows(lam, slice(lo, hi)).T
+        return out
+
+    def dense_params(self, lam: NatParams) -> NatParams:
+        """λ as a plain ``NatParams(topic_word=λ)`` (the form every release before wrote)."""
+        return lam if not self.is_scaled(lam) else NatParams(topic_word=self.lam_matrix(lam))
+
+    def _rows(self, lam: NatParams, cols) -> np.ndarray:
+        """λ[:, cols]ᵀ (len(cols), K), word-major: a new array (``cols`` an index array or a slice)."""
+        if not self.is_scaled(lam):
+            return np.ascontiguousarray(lam["topic_word"][:, cols].T)
+        out = lam["word_topic"][cols] * lam["topic_scale"]
+        out += lam["topic_offset"]
+        return out
+
+    def _rowsums(self, lam: NatParams) -> np.ndarray:
+        """Σ_v λ_kv (K,): s_k·Σ_v μ_kv + V·c_k from the stored sums (scaled form), else a
+        sum over λ (cached for the last λ)."""
+        if self.is_scaled(lam):
+            return lam["topic_scale"] * lam["topic_stored_sum"] + self.n_features * lam["topic_offset"]
+        cache = self._rowsum_cache
+        if cache is not None and cache[0] is lam:
+            return cache[1]
+        T = lam["topic_word"].sum(axis=1)
+        self._rowsum_cache = (lam, T)
+        return T
 
     def _elog_theta(self, gamma):
         return digamma(gamma) - digamma(gamma.sum(axis=1))[:, None]
@@ -734,7 +1115,7 @@ class LDA:
     #: local-step kernel runs (for tests)
     _local_path = None
 
-    def _fit_gamma_tempered(self, ex, X, T: float):
+    def _fit_gamma_tempered(self, ex, X, T: float, cols=None, Xc=None):
         """γ and φ at temperature T ≠ 1 (detAVI; Abrol et al. 2014), as an :class:`LDALocal`.
 
         The tempered local objective E_q[log p] − T E_q[log q] is maximised by
@@ -744,12 +1125,15 @@ class LDA:
         at T = 1. The compiled kernel runs it (with its held topics) when it
         runs at T = 1; otherwise a sparse numpy sweep (nnz × K, no held
         topics). ``log_norm`` is NaN: the engine reports the untempered ELBO.
+        ``cols``, ``Xc``: as in :meth:`_finish` (``ex`` holds only the batch's
+        columns, ``Xc`` is the batch renumbered into them).
         """
+        Xc = X if Xc is None else Xc
         n, K = X.shape[0], self.n_components
         inv = 1.0 / T
         a_T = 1.0 + (self._alpha - 1.0) * inv
         tolK = self.mean_change_tol * K
-        EbT = np.power(ex["exp_beta"], inv)                # exp((E[log β] − m)/T), (K, V)
+        EbT = np.power(ex["exp_beta"], inv)                # exp((E[log β] − m)/T), (K, |cols|)
         rows = np.repeat(np.arange(n), np.diff(X.indptr))
         if COMPILED and self._local_path in (None, "compiled") and not self.accelerate:
             max_it = self.max_doc_update_iter
@@ -758,8 +1142,8 @@ class LDA:
             gamma, n_iter = np.empty((n, K)), np.empty(n, dtype=np.int64)
             Zc, shift = np.empty(X.nnz), np.empty(n)
             _ldakernel.fit_gamma(np.ascontiguousarray(EbT.T), K,
-                                 np.ascontiguousarray(X.indptr, dtype=np.int64),
-                                 np.ascontiguousarray(X.indices, dtype=np.int64),
+                                 np.ascontiguousarray(Xc.indptr, dtype=np.int64),
+                                 np.ascontiguousarray(Xc.indices, dtype=np.int64),
                                  np.ascontiguousarray(X.data, dtype=np.float64), a_T, tolK, _HOLD_EPS,
                                  max_it, float(digamma(a_T.max())), hold_at,
                                  bool(digamma(a_T.min()) > -300.0), gamma, n_iter, Zc, shift, inv)
@@ -767,14 +1151,14 @@ class LDA:
             # the kernel's θ̃ is exp((ψ(γ) − s)/T) = th · exp((ψ(max γ) − s)/T)
             Z = Zc * np.exp((shift - digamma(gamma.max(axis=1))) * inv)[rows]
         else:
-            EbW = np.ascontiguousarray(EbT.T[X.indices])    # (nnz, K)
+            EbW = np.ascontiguousarray(EbT.T[Xc.indices])    # (nnz, K)
             gamma = np.ones((n, K))
             n_iter = np.zeros(n, dtype=np.int64)
             act = np.ones(n, dtype=bool)
             th = self._theta_tempered(gamma, inv)
             for it in range(1, self.max_doc_update_iter + 1):
                 Z = np.einsum("ij,ij->i", th[rows], EbW)
-                R = sp.csr_matrix((X.data / Z, X.indices, X.indptr), shape=X.shape)
+                R = sp.csr_matrix((X.data / Z, Xc.indices, Xc.indptr), shape=Xc.shape)
                 G = (R @ EbT.T) * th
                 G *= inv
                 G += a_T
@@ -787,7 +1171,8 @@ class LDA:
                     break
             Z = np.einsum("ij,ij->i", th[rows], EbW)
         return LDALocal(x=X, gamma=gamma, exp_theta=th, ratio=X.data / Z, exp_beta=EbT,
-                        log_norm=np.full(n, np.nan), n_iter=n_iter)
+                        log_norm=np.full(n, np.nan), n_iter=n_iter, cols=cols,
+                        xc=Xc)
 
     @staticmethod
     def _theta_tempered(gamma, inv):
@@ -802,7 +1187,7 @@ class LDA:
         concentrations λ (natural parameter λ − 1), so λ_T = 1 + (λ − 1)/T."""
         if T == 1.0:
             return target
-        return NatParams(topic_word=temper_dirichlet(target["topic_word"], T))
+        return NatParams(topic_word=temper_dirichlet(self.lam_matrix(target), T))
 
     def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """Seed 002 §4.1: λ_k = η + s·u_k, u_k ~ Dirichlet(1, …, 1), s = c·D/K.
@@ -819,69 +1204,103 @@ class LDA:
     def local_step(self, lam: NatParams, x, temperature=1.0) -> LDALocal:
         """γ, φ of every document given λ (module docs), with the per-document ELBO.
 
-        ``temperature`` T ≠ 1: the tempered local step of
-        :meth:`_fit_gamma_tempered` (detAVI); T == 1 runs exactly the code above.
+        Reads λ only in the batch's words (and the topics' row sums), except on
+        the dense path (V·K small), so its cost does not grow with V.
+        ``temperature`` T ≠ 1: the tempered local step of :meth:`_fit_gamma_tempered`
+        (detAVI), on the same columns; T == 1 runs exactly the untempered code.
         """
         X = self.check_batch(x)
-        ex = self._expectations(lam)
+        dense = not self.accelerate and not (COMPILED and self._local_path in (None, "compiled")) \
+            and self._use_dense(X)
+        cols, Xc = None, X
+        if not dense:
+            seen = np.zeros(self.n_features, dtype=bool)
+            seen[X.indices] = True
+            cols = np.flatnonzero(seen)
+            if cols.size == self.n_features:
+                cols = None
+            else:
+                pos = np.cumsum(seen, dtype=X.indices.dtype)
+                pos -= 1
+                Xc = sp.csr_matrix((X.data, pos[X.indices], X.indptr), shape=(X.shape[0], cols.size))
+        ex = self._expectations(lam, cols)
         if temperature != 1.0:
-            return self._fit_gamma_tempered(ex, X, float(temperature))
+            return self._fit_gamma_tempered(ex, X, float(temperature), cols, Xc)
         if self.accelerate:
-            gamma, n_iter = self._fit_gamma_squarem(_Words(ex["exp_beta_ext"], X))
+            gamma, n_iter = self._fit_gamma_squarem(_Words(self._ext(ex), Xc))
             Z = zlog = None
         elif COMPILED and self._local_path in (None, "compiled"):
-            gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, X)
-        elif self._use_dense(X):
+            gamma, n_iter, Z, zlog = self._fit_gamma_compiled(ex, Xc)
+        elif dense:
             gamma, n_iter = self._fit_gamma_dense(ex["exp_beta"], X)
             Z = zlog = None
         else:
-            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(ex["exp_beta_ext"], X))
-        return self._finish(ex, X, gamma, n_iter, Z, zlog)
+            gamma, n_iter, Z, zlog = self._fit_gamma(_Words(self._ext(ex), Xc))
+        return self._finish(ex, X, gamma, n_iter, Z, zlog, cols, Xc)
 
-    def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None) -> LDALocal:
+    def _finish(self, ex, X, gamma, n_iter, Z=None, zlog=None, cols=None, Xc=None) -> LDALocal:
         """φ at the final γ: ratios n_dw/Z'_dw, shifted exp E[log θ], and L_d.
 
         ``Z``, ``zlog``: None (Z computed here) or as returned by :meth:`_fit_gamma`.
+        ``cols``, ``Xc``: the batch's word ids and the batch renumbered into them
+        when ``ex`` holds only those columns (see :class:`LDALocal`).
         """
+        Xc = X if Xc is None else Xc
         n, K = gamma.shape
         elog_t = self._elog_theta(gamma)
         c = elog_t.max(axis=1)
         Et = np.exp(elog_t - c[:, None])
         rows = np.repeat(np.arange(n), np.diff(X.indptr))
         if Z is None:
-            Z = np.einsum("ij,ji->i", Et[rows], ex["exp_beta"][:, X.indices])
+            Z = np.einsum("ij,ji->i", Et[rows], ex["exp_beta"][:, Xc.indices])
         else:
             Z = Z * np.exp(zlog)[rows]
         ratio = X.data / Z
-        word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][X.indices]), minlength=n)
+        word_ll = np.bincount(rows, weights=X.data * (np.log(Z) + ex["m"][Xc.indices]), minlength=n)
         Nd = np.bincount(rows, weights=X.data, minlength=n)
         log_norm = (word_ll + Nd * c + self._alpha_const - gammaln(gamma.sum(axis=1))
                     + gammaln(gamma).sum(axis=1) + ((self._alpha - gamma) * elog_t).sum(axis=1))
         return LDALocal(x=X, gamma=gamma, exp_theta=Et, ratio=ratio, exp_beta=ex["exp_beta"],
-                        log_norm=log_norm, n_iter=n_iter)
+                        log_norm=log_norm, n_iter=n_iter, cols=cols, xc=Xc)
 
     # ------------------------------------------------- sufficient statistics
     def _ratio_matrix(self, local: LDALocal, ratio=None) -> sp.csr_matrix:
-        X = local.x
+        X = local.x if local.xc is None else local.xc
         return sp.csr_matrix((local.ratio if ratio is None else ratio, X.indices, X.indptr),
                              shape=X.shape)
 
-    def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
-        """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
+    def _full(self, local: LDALocal, S: np.ndarray) -> np.ndarray:
+        """Statistics over the batch's columns ``local.cols`` placed in a (K, V) array."""
+        if local.cols is None:
+            return S
+        out = np.zeros((self.n_components, self.n_features))
+        out[:, local.cols] = S
+        return out
+
+    def _suffstats_cols(self, local: LDALocal, weights=None) -> np.ndarray:
+        """Σ_d w_d n_dw φ_dwk in the columns of ``local.exp_beta`` (the batch's words)."""
         Et = local.exp_theta if weights is None else local.exp_theta * np.asarray(weights)[:, None]
         S = (self._ratio_matrix(local).T @ Et).T
         S *= local.exp_beta
-        return NatParams(topic_word=S)
+        return S
 
-    def suffstats_pair(self, local: LDALocal, x, weights):
-        """(weighted, unweighted) statistics with one sparse product."""
+    def _suffstats_pair_cols(self, local: LDALocal, weights):
         K = self.n_components
         Et = local.exp_theta
         M = np.concatenate([Et * np.asarray(weights)[:, None], Et], axis=1)
         S = (self._ratio_matrix(local).T @ M).T
         S[:K] *= local.exp_beta
         S[K:] *= local.exp_beta
-        return NatParams(topic_word=S[:K]), NatParams(topic_word=S[K:])
+        return S[:K], S[K:]
+
+    def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
+        """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
+        return NatParams(topic_word=self._full(local, self._suffstats_cols(local, weights)))
+
+    def suffstats_pair(self, local: LDALocal, x, weights):
+        """(weighted, unweighted) statistics with one sparse product."""
+        Sw, S = self._suffstats_pair_cols(local, weights)
+        return NatParams(topic_word=self._full(local, Sw)), NatParams(topic_word=self._full(local, S))
 
     def suffstats_sqnorm(self, local: LDALocal, x=None) -> np.ndarray:
         """Σ_{k,w} (n_dw φ_dwk)² per document."""
@@ -893,41 +1312,65 @@ class LDA:
     def local_elbo(self, local: LDALocal) -> np.ndarray:
         return local.log_norm
 
-    def global_elbo(self, lam: NatParams) -> float:
-        """−Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)), all constants included."""
-        L = lam["topic_word"]
-        elog = self._expectations(lam)["elog_beta"]
-        K = self.n_components
-        return float(K * self._eta_const - gammaln(L.sum(axis=1)).sum() + gammaln(L).sum()
-                     + ((self._eta - L) * elog).sum())
+    def global_elbo(self, lam: NatParams, aux=None) -> float:
+        """−Σ_k KL(Dirichlet(λ_k) ‖ Dirichlet(η)), all constants included.
+
+        One dense pass over λ in column blocks of ``_CHUNK`` elements (no K×V
+        temporaries): G = K·c_η + Σ_k [−log Γ(T_k) − ψ(T_k)(Vη − T_k)]
+        + Σ_kw [log Γ(λ_kw) + (η − λ_kw) ψ(λ_kw)], T_k = Σ_w λ_kw.
+        """
+        K, V = self.n_components, self.n_features
+        eta = self._eta
+        T = np.zeros(K)
+        acc = 0.0
+        for lo, hi in self._chunks():
+            Lc = self._rows(lam, slice(lo, hi))
+            T += Lc.sum(axis=0)
+            f = digamma(Lc)
+            f *= eta - Lc
+            f += gammaln(Lc)
+            acc += float(f.sum())
+        return float(K * self._eta_const - gammaln(T).sum() - (digamma(T) * (V * eta - T)).sum() + acc)
+
+    def _chunks(self):
+        """Column ranges of about ``_CHUNK`` elements of a (K, V) array."""
+        V = self.n_features
+        step = max(1, _CHUNK // self.n_components)
+        return [(lo, min(V, lo + step)) for lo in range(0, V, step)]
 
     # -------------------------------------------------------------- domain
     def in_domain(self, lam: NatParams) -> bool:
         """True when every λ_kw is finite and > 0."""
-        L = lam["topic_word"]
-        return bool(lam.all_finite() and L.min() > 0)
+        if not lam.all_finite():
+            return False
+        if not self.is_scaled(lam):
+            return bool(lam["topic_word"].min() > 0)
+        s, c = lam["topic_scale"], lam["topic_offset"]
+        if not (s > 0).all():
+            return False
+        return bool((s * lam["word_topic"].min(axis=0) + c).min() > 0)
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
-        lim = segment_limit_positive(lam["topic_word"], target["topic_word"]).min(axis=1)
+        lim = segment_limit_positive(self.lam_matrix(lam), self.lam_matrix(target)).min(axis=1)
         return [(("topic_word",), lim)]
 
     # ------------------------------------------------------------- scoring
-    def topics(self, lam: NatParams) -> np.ndarray:
+    def topics(self, lam: NatParams, aux=None) -> np.ndarray:
         """E_q[β] (K, V): each topic's word distribution."""
-        L = lam["topic_word"]
-        return L / L.sum(axis=1, keepdims=True)
+        L = self.lam_matrix(lam)
+        return L / self._rowsums(lam)[:, None]
 
-    def topic_proportions(self, lam: NatParams, x) -> np.ndarray:
+    def topic_proportions(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """E_q[θ_d] = γ_d / Σγ_d (n, K) for new documents (scikit-learn's ``transform``)."""
         g = self.local_step(lam, x).gamma
         return g / g.sum(axis=1, keepdims=True)
 
-    def responsibilities(self, lam: NatParams, x) -> np.ndarray:
+    def responsibilities(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """Topic proportions E_q[θ_d] (the scoring interface's name)."""
         return self.topic_proportions(lam, x)
 
-    def score_records(self, lam: NatParams, x) -> list[dict]:
+    def score_records(self, lam: NatParams, x, aux=None) -> list[dict]:
         """JSON-ready scores per document (``streamsvi score``): the dominant topic,
         the topic proportions E_q[θ_d] and the document's bound L_d."""
         theta = self.topic_proportions(lam, x)
@@ -935,11 +1378,11 @@ class LDA:
         return [{"topic": int(t.argmax()), "topic_proportions": [round(float(v), 12) for v in t],
                  "log_bound": float(b)} for t, b in zip(theta, bound)]
 
-    def predict(self, lam: NatParams, x) -> np.ndarray:
+    def predict(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """The dominant topic of each document."""
         return self.topic_proportions(lam, x).argmax(axis=1)
 
-    def predictive_logpdf(self, lam: NatParams, x) -> np.ndarray:
+    def predictive_logpdf(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """L_d per document: the local-step lower bound on log p(w_d | α, data).
 
         The words of a document are scored as a sequence (no multinomial
@@ -948,7 +1391,7 @@ class LDA:
         """
         return self.local_step(lam, x).log_norm
 
-    def heldout_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None):
+    def heldout_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None):
         """(Σ_d L_d + c·G, Σ_d N_d) for the documents ``x``; see the module docs for c."""
         X = self.check_batch(x)
         docs = float(np.sum(self.local_step(lam, X).log_norm))
@@ -966,13 +1409,13 @@ class LDA:
             raise ValueError(f"topic_kl must be 'none', 'full' or 'apportioned', got {topic_kl!r}")
         return docs + (c * self.global_elbo(lam) if c else 0.0), words
 
-    def perword_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+    def perword_bound(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None) -> float:
         """Held-out bound per word; see the module docs."""
         b, w = self.heldout_bound(lam, x, topic_kl, n_docs)
         if w <= 0:
             raise ValueError("the documents hold no words")
         return b / w
 
-    def perplexity(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None) -> float:
+    def perplexity(self, lam: NatParams, x, topic_kl: str = "none", n_docs=None, aux=None) -> float:
         """exp(−perword_bound): lower is better."""
         return math.exp(-self.perword_bound(lam, x, topic_kl, n_docs))

@@ -454,6 +454,9 @@ class PMF:
     blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
     #: what ``streamsvi.load(...)`` offers (each called with λ and ``aux=``)
     scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
+    #: annealing kinds (``streamsvi.inference.annealing``): no local latent assignments to
+    #: temper or restart, so not deterministic/stochastic
+    annealing_kinds = ("none", "svi+")
     #: δ: an SVI+ step may not take Λ below δ·I/c (no variance above c/δ)
     PREC_FLOOR = 0.5
 

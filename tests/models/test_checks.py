@@ -6,7 +6,9 @@ registered in ``streamsvi.models.MODELS`` without a case fails
 
 Row-wise models (PMF: ``init_state``/``svi_step``, engine docs) keep an id→row
 map in ``state.aux``; their primitives take it as ``aux=``. Three checks apply
-to them in an adapted form, because the mathematics differs, not the code:
+to them in an adapted form, because the mathematics differs, not the code
+(LDA also has ``svi_step``, to write only a batch's columns, but its λ is one
+block with one N/|S|: every check applies to it unchanged):
 
 * ρ = 1 on the full batch is one CAVI sweep: for a model whose global
   parameters are several conjugate blocks that condition on each other
@@ -28,6 +30,13 @@ from tests.conftest import MODEL_CASES, registered_model_names
 
 def _rowwise(model) -> bool:
     return hasattr(model, "svi_step")
+
+
+def _per_row(model) -> bool:
+    """Row-wise models whose rows are conditionally conjugate blocks with their own N_i/|S_i|
+    (PMF). LDA applies its own (sparse) step too, but its λ is one block with one scale, so
+    every check applies to it as written."""
+    return _rowwise(model) and hasattr(model, "blocks")
 
 
 def _aux_equal(a, b) -> bool:
@@ -59,7 +68,7 @@ def test_rho_one_on_full_batch_is_one_cavi_sweep(model_case):
     engine = SVI(model, n_total=len(X), schedule=Constant(1.0))
     state = engine.init(X, seed=4)
     new_state, info = engine.update(state, X)
-    if _rowwise(model):
+    if _per_row(model):
         lam, aux = state.lam, state.aux
         for block in model.blocks:         # block coordinate ascent (module docs)
             swept = model.prior_like(lam) + model.suffstats(model.local_step(lam, X, aux=aux), X)
@@ -107,7 +116,7 @@ def test_same_seed_same_data_is_bit_identical(model_case):
 def test_merging_half_batch_statistics_equals_one_batch(model_case):
     model, X = model_case
     kw = {}
-    if _rowwise(model):
+    if _per_row(model):
         lam, aux = model.init_state(np.random.default_rng(0), X, len(X))
         kw = {"aux": aux}
     else:
@@ -155,7 +164,7 @@ def test_lambda_stays_in_domain_under_strong_annealing(model_case):
 
 def test_gradient_variance_matches_brute_force(model_case):
     model, X = model_case
-    if _rowwise(model):
+    if _per_row(model):
         pytest.skip("per-row scaling N_i/|S_i|: checked in the model's tests (module docs)")
     N, M = 5000.0, 25
     engine = SVI(model, n_total=N, effective_batch_size=M)
@@ -194,7 +203,7 @@ def test_svi_plus_variance_property(model_case):
     be rejected.
     """
     model, X = model_case
-    if _rowwise(model):
+    if _per_row(model):
         pytest.skip("per-row scaling N_i/|S_i|: the closed form is checked in the model's tests")
     lam = model.init_params(np.random.default_rng(0), X, len(X))
     S, M, T = 200, 50, 2000
@@ -226,7 +235,37 @@ def test_suffstats_pair_matches_two_calls(model_case):
 
 
 # ----------------------------------------------------------- annealing (issue 13)
-from streamsvi.inference.annealing import Deterministic, NoAnnealing, Stochastic, SVIPlus  # noqa: E402
+from streamsvi.datasets import make_lda_corpus  # noqa: E402
+from streamsvi.inference.annealing import (Deterministic, NoAnnealing, Stochastic, SVIPlus,  # noqa: E402
+                                           supported_kinds)
+from streamsvi.models import LDA  # noqa: E402
+
+
+def _lda_wide_case():
+    """LDA with a vocabulary wider than a minibatch's (V = 1200; a 40-document batch holds
+    about 2/3 of the words), so the annealing checks run its sparse step on part of the columns
+    (the generic ``lda`` case's batches hold all 30 of its words)."""
+    K, V = 3, 1200
+    topics = np.full((K, V), 1e-4)
+    for k in range(K):
+        topics[k, 400 * k:400 * k + 400] = 1.0
+    X, _, _ = make_lda_corpus(200, n_topics=K, n_words=V, doc_length=30, alpha=0.3, seed=5,
+                              topics=topics / topics.sum(axis=1, keepdims=True))
+    return LDA(n_components=K, n_features=V, doc_topic_prior=0.3, topic_word_prior=0.05,
+               mean_change_tol=1e-4, max_doc_update_iter=30, init="documents"), X.toarray()
+
+
+_ANNEAL_CASES = list(MODEL_CASES) + [("lda_wide", _lda_wide_case)]
+
+
+@pytest.fixture(params=[f for _, f in _ANNEAL_CASES], ids=[i for i, _ in _ANNEAL_CASES])
+def anneal_case(request):
+    return request.param()
+
+
+def _refuses(model, kind) -> bool:
+    """True when ``model`` does not declare annealing ``kind`` (PMF: deterministic, stochastic)."""
+    return kind not in supported_kinds(model)
 
 
 def _run(model, X, annealer=None, n_steps=8, batch_size=40, seed=9, **kw):
@@ -243,11 +282,34 @@ def _same_run(a, b):
     assert [x.elbo for x in i1] == [y.elbo for y in i2]
 
 
-def test_temperature_one_is_vi_bit_for_bit(model_case):
+def test_lda_wide_batches_leave_words_out():
+    """The lda_wide case does what it is for: a 40-document batch misses words, and its
+    state is LDA's scaled (sparse) form."""
+    model, X = _lda_wide_case()
+    assert (np.asarray(X[:40]).sum(axis=0) > 0).sum() < 0.8 * model.n_features
+    engine = SVI(model, n_total=len(X), annealer=Deterministic(T0=3.0))
+    state, _ = engine.fit(engine.init(X, seed=1), X, n_steps=2, batch_size=40)
+    assert model.is_scaled(state.lam)
+
+
+def test_declared_annealing_kinds():
+    """Row-wise models declare their kinds; PMF's refusal names what to use instead."""
+    pmf = next(f for i, f in MODEL_CASES if i == "pmf")()[0]
+    lda = next(f for i, f in MODEL_CASES if i == "lda")()[0]
+    assert supported_kinds(pmf) == ("none", "svi+")
+    assert supported_kinds(lda) == ("none", "svi+", "deterministic", "stochastic")
+    for ann in (Deterministic(), Stochastic()):
+        with pytest.raises(ValueError, match=r"not defined for model 'pmf'.*local latent "
+                                             r"assignments.*use kind 'none' or 'svi\+'"):
+            SVI(pmf, n_total=10, annealer=ann)
+        SVI(lda, n_total=10, annealer=ann)
+
+
+def test_temperature_one_is_vi_bit_for_bit(anneal_case):
     """Deterministic annealing with T ≡ 1 equals VI (and SVI) exactly, and every
     model's tempered primitives at T = 1 return exactly the untempered values."""
-    model, X = model_case
-    if _rowwise(model):
+    model, X = anneal_case
+    if _refuses(model, "deterministic"):
         with pytest.raises(ValueError, match="not defined for model 'pmf'"):
             SVI(model, n_total=len(X), annealer=Deterministic())
         return
@@ -265,9 +327,9 @@ def test_temperature_one_is_vi_bit_for_bit(model_case):
     assert model.temper(lam, 1.0).array_equal(lam)
 
 
-def test_stochastic_annealing_with_rho_zero_is_vi(model_case):
-    model, X = model_case
-    if _rowwise(model):
+def test_stochastic_annealing_with_rho_zero_is_vi(anneal_case):
+    model, X = anneal_case
+    if _refuses(model, "stochastic"):
         with pytest.raises(ValueError, match="use kind 'none' or 'svi\\+'"):
             SVI(model, n_total=len(X), annealer=Stochastic())
         return
@@ -279,9 +341,9 @@ def test_stochastic_annealing_with_rho_zero_is_vi(model_case):
     _same_run(_run(model, X), _run(model, X, Stochastic(rho0=0.0)))
 
 
-def test_svi_plus_schedule_at_batch_size_is_svi(model_case):
+def test_svi_plus_schedule_at_batch_size_is_svi(anneal_case):
     """SVI+ with M_t = |S| equals SVI, for every M schedule (a scheduled M_t is capped at |S|)."""
-    model, X = model_case
+    model, X = anneal_case
     svi = _run(model, X)
     for ann in (SVIPlus(40), SVIPlus(40, schedule="linear", increment=2.0),
                 SVIPlus(40, schedule="geometric", growth=1.5), SVIPlus(fraction=1.0), NoAnnealing()):
@@ -298,17 +360,22 @@ def test_scheduled_svi_plus_uses_m_t(model_case):
     assert infos[-1].annealing_level == 0.0
 
 
-def test_annealer_checkpoint_resume_is_exact(model_case, tmp_path):
-    """k steps, save, load, continue == the uninterrupted run, bit for bit, for every annealer."""
-    model, X = model_case
+def test_annealer_checkpoint_resume_is_exact(anneal_case, tmp_path):
+    """k steps, save, load, continue == the uninterrupted run, bit for bit, for every annealer.
+
+    Each run starts from its own ``engine.init`` (same seed, same state): LDA writes its
+    stored topics in place, so a state passed to an update is not used again (engine docs).
+    """
+    model, X = anneal_case
     annealers = [SVIPlus(8, schedule="geometric", growth=1.3)]
-    if not _rowwise(model):
-        annealers += [Deterministic(T0=3.0, n_steps=6), Stochastic(rho0=0.5, n_steps=6)]
+    if not _refuses(model, "deterministic"):
+        annealers.append(Deterministic(T0=3.0, n_steps=6))
+    if not _refuses(model, "stochastic"):
+        annealers.append(Stochastic(rho0=0.5, n_steps=6))
     for ann in annealers:
         engine = SVI(model, n_total=5 * len(X), annealer=ann)
-        state0 = engine.init(X, seed=11)
-        whole, w_infos = engine.fit(state0, X, n_steps=8, batch_size=40)
-        half, _ = engine.fit(state0, X, n_steps=4, batch_size=40)
+        whole, w_infos = engine.fit(engine.init(X, seed=11), X, n_steps=8, batch_size=40)
+        half, _ = engine.fit(engine.init(X, seed=11), X, n_steps=4, batch_size=40)
         save_state(tmp_path / f"{ann.kind}.npz", engine, half)
         engine2, half2 = load_state(tmp_path / f"{ann.kind}.npz")
         assert engine2.annealer == ann
@@ -318,31 +385,47 @@ def test_annealer_checkpoint_resume_is_exact(model_case, tmp_path):
         assert [i.to_dict() for i in r_infos] == [i.to_dict() for i in w_infos[4:]]
 
 
-def test_reported_elbo_is_untempered(model_case):
+def test_reported_elbo_is_untempered(anneal_case):
     """Under detAVI the reported ELBO is L(λ) of the untempered objective: the ELBO
-    a plain engine reports at the same λ."""
-    model, X = model_case
-    if _rowwise(model):
+    a plain engine reports at the same λ (with ρ = 1, and on minibatches with ρ < 1)."""
+    model, X = anneal_case
+    if _refuses(model, "deterministic"):
         return
     engine = SVI(model, n_total=len(X), schedule=Constant(1.0), annealer=Deterministic(T0=4.0))
     state = engine.init(X, seed=1)
     for _ in range(3):
+        before = engine.elbo(state.lam, X)          # before the update (LDA writes λ in place)
         new, info = engine.update(state, X)
         assert info.temperature > 1 and info.annealing_level == info.temperature
-        assert info.elbo == pytest.approx(engine.elbo(state.lam, X), rel=1e-12)
+        assert info.elbo == pytest.approx(before, rel=1e-12)
         state = new
     assert model.in_domain(state.lam)
+    if not hasattr(model, "svi_step"):
+        return
+    # a row-wise model's own step on minibatches: the batch's documents' untempered bound
+    # (LDA: the global term refreshed each step here, K·V small)
+    engine = SVI(model, n_total=10 * len(X), schedule=RobbinsMonro(tau0=2.0, kappa=0.6),
+                 annealer=Deterministic(T0=4.0))
+    state = engine.init(X, seed=1)
+    for b in range(3):
+        xb = X[40 * b:40 * b + 40]
+        lam = model.dense_params(state.lam) if hasattr(model, "dense_params") else state.lam
+        want = model.global_elbo(lam) + 10 * len(X) / 40 * float(np.sum(model.local_elbo(
+            model.local_step(lam, xb))))
+        state, info = engine.update(state, xb)
+        assert info.temperature > 1
+        assert info.elbo == pytest.approx(want, rel=1e-12)
 
 
-def test_stochastic_rho_one_returns_the_random_init(model_case):
+def test_stochastic_rho_one_returns_the_random_init(anneal_case):
     """ρ_t = 1 with ρ_RM = 1: λ is exactly η_t, the model's random_init drawn from the state's stream."""
-    model, X = model_case
-    if _rowwise(model):
+    model, X = anneal_case
+    if _refuses(model, "stochastic"):
         return
     engine = SVI(model, n_total=len(X), schedule=Constant(1.0), annealer=Stochastic(rho0=1.0))
     state = engine.init(X, seed=6)
-    new, info = engine.update(state, X)
     eta = model.random_init(state.rng(), model.check_batch(X), float(len(X)))
+    new, info = engine.update(state, X)
     assert info.restart_weight == 1.0
     assert new.lam.allclose(eta, rtol=1e-12, atol=1e-9)
     assert model.in_domain(eta)

@@ -9,7 +9,7 @@ from scipy import stats
 from scipy.special import digamma, gammaln, logsumexp
 
 from streamsvi.datasets import make_lda_corpus
-from streamsvi.inference import SVI, RobbinsMonro, batch_vi
+from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi
 from streamsvi.models import LDA, NatParams, model_from_dict, model_to_dict
 from streamsvi.models import lda as lda_module
 
@@ -409,3 +409,263 @@ def test_accelerated_local_step_reaches_the_same_fixed_point():
     half = acc_model.local_step(lam, X[1::2])
     np.testing.assert_allclose(half.gamma, acc.gamma[1::2], rtol=1e-12)
     np.testing.assert_array_equal(half.n_iter, acc.n_iter[1::2])
+
+
+# ------------------------------------------------------------ the sparse global step
+class _DenseLDA:
+    """The same LDA driven through the engine's dense update (no ``svi_step``): the reference."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        if name in ("svi_step", "init_state", "check_state"):
+            raise AttributeError(name)
+        return getattr(self._model, name)
+
+
+def _sparse_and_dense(model, X, steps, batch, **engine_kw):
+    """Run the sparse (svi_step) and the dense engine path side by side on the same batches."""
+    sparse, dense = SVI(model, **engine_kw), SVI(_DenseLDA(model), **engine_kw)
+    a, b = sparse.init(X, seed=7), dense.init(X, seed=7)
+    assert model.is_scaled(a.lam) and not model.is_scaled(b.lam)
+    np.testing.assert_array_equal(model.lam_matrix(a.lam), b.lam["topic_word"])
+    rng = np.random.default_rng(11)
+    out = []
+    for _ in range(steps):
+        xb = X[np.sort(rng.choice(X.shape[0], batch, replace=False))]
+        a, ia = sparse.update(a, xb)
+        b, ib = dense.update(b, xb)
+        # (the sparse states share one stored matrix: read what is needed now)
+        out.append((model.lam_matrix(a.lam), b.lam["topic_word"], ia, ib, xb,
+                    (model._rowsums(a.lam).copy(), float(a.lam["topic_scale"].min()))))
+    return out
+
+
+@pytest.mark.parametrize("case", ["svi", "svi+", "svi+ clipped", "svi+ clipped, rho > tau"])
+def test_sparse_step_equals_the_dense_update(case):
+    """λ after each of 12 updates equals the engine's dense update to 1e-10 (relative), and
+    so do the metrics; the batch of 15 short documents touches a fraction of the 600 words."""
+    X = _corpus(n=200, K=4, V=600, length=12, seed=4)
+    model = LDA(4, 600, doc_topic_prior=0.3, topic_word_prior=0.05)
+    kw = {"svi": dict(schedule=RobbinsMonro(tau0=1.0, kappa=0.7)),
+          "svi+": dict(schedule=RobbinsMonro(tau0=1.0, kappa=0.7), effective_batch_size=10),
+          "svi+ clipped": dict(schedule=Constant(0.9), effective_batch_size=2),
+          "svi+ clipped, rho > tau": dict(schedule=Constant(0.95), effective_batch_size=2,
+                                          boundary_fraction=0.5)}[case]
+    runs = _sparse_and_dense(model, X, 12, 15, n_total=200, **kw)
+    clipped = 0
+    for step, (ls, ld, ia, ib, xb, (rowsums, _)) in enumerate(runs, 1):
+        touched = np.unique(xb.indices)
+        assert touched.size < 600 // 2
+        np.testing.assert_allclose(ls, ld, rtol=1e-10, err_msg=f"step {step}")
+        assert ls.min() > 0
+        assert ia.elbo == pytest.approx(ib.elbo, rel=1e-10)
+        assert ia.grad_norm == pytest.approx(ib.grad_norm, rel=1e-8)
+        assert ia.grad_variance == pytest.approx(ib.grad_variance, rel=1e-8)
+        assert (ia.domain_clipped, ia.domain_blocks) == (ib.domain_clipped, ib.domain_blocks)
+        clipped += ia.domain_clipped
+        # the stored row sums kept incrementally equal the sums of λ
+        np.testing.assert_allclose(rowsums, ld.sum(axis=1), rtol=1e-10)
+    if "clipped" in case:
+        assert clipped > 0
+
+
+def test_sparse_step_writes_only_the_batch_words():
+    X = _corpus(n=100, K=4, V=500, length=10, seed=5)
+    model = LDA(4, 500)
+    engine = SVI(model, n_total=100)
+    state = engine.init(X, seed=0)
+    before = state.lam["word_topic"].T.copy()
+    xb = X[:8]
+    new, _ = engine.update(state, xb)
+    touched = np.zeros(500, dtype=bool)
+    touched[np.unique(xb.indices)] = True
+    mu = new.lam["word_topic"].T
+    np.testing.assert_array_equal(mu[:, ~touched], before[:, ~touched])   # untouched: only s, c moved
+    assert not np.array_equal(mu[:, touched], before[:, touched])
+    assert (new.lam["topic_scale"] < 1).all() and (new.lam["topic_offset"] > 0).all()
+
+
+def test_rescaling_the_stored_rows_keeps_the_update_exact(monkeypatch):
+    """With ρ = 0.6 the scale falls below the (raised) threshold every few updates; the fold
+    into the stored rows changes nothing beyond rounding."""
+    monkeypatch.setattr(lda_module, "_RESCALE_BELOW", 1e-2)
+    X = _corpus(n=120, K=3, V=300, length=10, seed=6)
+    model = LDA(3, 300)
+    runs = _sparse_and_dense(model, X, 15, 10, n_total=120, schedule=Constant(0.6))
+    scales = [r[5][1] for r in runs]
+    assert min(scales) >= 1e-2 and any(s == 1.0 for s in scales)      # it did fold
+    for ls, ld, *_ in runs:
+        np.testing.assert_allclose(ls, ld, rtol=1e-10)
+
+
+def test_the_global_elbo_term_is_refreshed_every_few_updates(monkeypatch):
+    """K·V / _ELBO_ELEMENTS = 4: the global term is exact at steps 1, 4, 8, …, and between
+    them it is the one last computed (its step is in aux)."""
+    monkeypatch.setattr(lda_module, "_ELBO_ELEMENTS", 300)
+    X = _corpus(n=100, K=4, V=300, length=10, seed=8)
+    model = LDA(4, 300)
+    engine = SVI(model, n_total=100)
+    state = engine.init(X, seed=1)
+    for step in range(1, 10):
+        old = model.lam_matrix(state.lam)
+        xb = X[(step * 10) % 90:(step * 10) % 90 + 10]
+        local = model.local_step(NatParams(topic_word=old), xb)
+        state, info = engine.update(state, xb)
+        exact_global = model.global_elbo(NatParams(topic_word=old))
+        reported_global = info.elbo - 10.0 * float(np.sum(local.log_norm))
+        if step == 1 or step % 4 == 0:
+            assert reported_global == pytest.approx(exact_global, rel=1e-10)
+            assert state.aux["global_elbo_step"] == step - 1
+        else:
+            assert state.aux["global_elbo_step"] == (4 * (step // 4) - 1 if step > 4 else 0)
+            assert reported_global == pytest.approx(state.aux["global_elbo"], rel=1e-12)
+            assert reported_global != pytest.approx(exact_global, rel=1e-10)
+
+
+def test_a_plain_lambda_resumes_in_the_scaled_form():
+    """A state whose λ is plain (a snapshot of an earlier release, or after ρ = 1) continues
+    with the sparse step, from exactly that λ."""
+    X = _corpus(n=100, K=4, V=300, length=10, seed=9)
+    model = LDA(4, 300)
+    lam = model.init_params(np.random.default_rng(0), X, 100)
+    engine = SVI(model, n_total=100)
+    dense = SVI(_DenseLDA(model), n_total=100)
+    a, ia = engine.update(engine.state_from_params(lam), X[:10])
+    b, ib = dense.update(dense.state_from_params(lam), X[:10])
+    assert model.is_scaled(a.lam)
+    np.testing.assert_allclose(model.lam_matrix(a.lam), b.lam["topic_word"], rtol=1e-12)
+    assert ia.elbo == pytest.approx(ib.elbo, rel=1e-12)
+    np.testing.assert_array_equal(lam["topic_word"], model.init_params(np.random.default_rng(0), X, 100)["topic_word"])
+
+
+def test_a_snapshot_presents_lambda_itself(tmp_path):
+    """The snapshot stores λ scaled (μ, s, c); a loaded model's ``lam`` is λ, its scores equal
+    the training state's, and resuming continues bit for bit."""
+    import streamsvi
+    from streamsvi.checkpoint import CheckpointStore
+
+    X = _corpus(n=60, V=200, length=10, seed=12)
+    model = LDA(4, 200)
+    engine = SVI(model, n_total=60, effective_batch_size=10)
+    state, _ = engine.fit(engine.init(X, seed=0), X, n_steps=6, batch_size=20)
+    assert model.is_scaled(state.lam) and (state.lam["topic_scale"] < 1).all()
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    fitted = streamsvi.load(tmp_path)
+    assert set(fitted.lam) == {"topic_word"}
+    np.testing.assert_array_equal(fitted.lam["topic_word"], model.lam_matrix(state.lam))
+    assert fitted.perplexity(X) == pytest.approx(model.perplexity(state.lam, X), rel=1e-12)
+    resumed = CheckpointStore(tmp_path).latest()
+    a, _ = engine.fit(state, X, n_steps=3, batch_size=20)
+    b, _ = resumed.engine.fit(resumed.state, X, n_steps=3, batch_size=20)
+    assert a.lam.array_equal(b.lam)
+
+
+# ------------------------------------------------- annealing with the sparse global step
+from streamsvi.inference.annealing import Deterministic, Stochastic  # noqa: E402
+from streamsvi.models.base import temper_dirichlet  # noqa: E402
+
+
+@pytest.mark.parametrize("annealer", [Deterministic(T0=4.0, rate=0.7, n_steps=6),
+                                      Deterministic(T0=3.0, schedule="linear", n_steps=6),
+                                      Stochastic(rho0=0.6, decay=0.8, n_steps=6),
+                                      Stochastic(rho0=0.3, schedule="linear", n_steps=6)],
+                         ids=["det-geometric", "det-linear", "stoch-geometric", "stoch-linear"])
+def test_annealed_sparse_step_equals_the_dense_annealed_update(annealer):
+    """Under deterministic and stochastic annealing, 12 updates (6 annealed, then plain)
+    of the sparse path equal the engine's dense annealed update (the update before the
+    sparse form) to 1e-10 relative, with the same metrics and the same random stream;
+    each 15-document batch holds under half of the 600 words."""
+    X = _corpus(n=200, K=4, V=600, length=12, seed=4)
+    model = LDA(4, 600, doc_topic_prior=0.3, topic_word_prior=0.05)
+    kw = dict(n_total=200, schedule=RobbinsMonro(tau0=1.0, kappa=0.7), annealer=annealer)
+    sparse, dense = SVI(model, **kw), SVI(_DenseLDA(model), **kw)
+    a, b = sparse.init(X, seed=7), dense.init(X, seed=7)
+    rng = np.random.default_rng(11)
+    scaled = []
+    for step in range(1, 13):
+        xb = X[np.sort(rng.choice(X.shape[0], 15, replace=False))]
+        assert np.unique(xb.indices).size < 300
+        a, ia = sparse.update(a, xb)
+        b, ib = dense.update(b, xb)
+        np.testing.assert_allclose(model.lam_matrix(a.lam), b.lam["topic_word"], rtol=1e-10,
+                                   err_msg=f"step {step}")
+        assert a.rng_state == b.rng_state
+        assert (ia.temperature, ia.restart_weight, ia.annealing_level) == \
+            (ib.temperature, ib.restart_weight, ib.annealing_level)
+        assert ia.elbo == pytest.approx(ib.elbo, rel=1e-10)
+        assert ia.grad_norm == pytest.approx(ib.grad_norm, rel=1e-8)
+        assert ia.grad_variance == pytest.approx(ib.grad_variance, rel=1e-8)
+        scaled.append(model.is_scaled(a.lam))
+    annealed = [annealer.temperature(t) != 1.0 or annealer.restart_weight(t) > 0 for t in range(1, 13)]
+    assert annealed[:5] == [True] * 5 and annealed[6:] == [False] * 6
+    # deterministic stays sparse throughout; a restart step is dense (plain λ), and the
+    # sparse form comes back with the first plain step after the annealer is off
+    if annealer.kind == "deterministic":
+        assert all(scaled)
+    else:
+        assert scaled == [not x for x in annealed]
+
+
+@pytest.mark.parametrize("kind", ["deterministic", "stochastic"])
+def test_annealed_sparse_step_follows_the_annealing_formulas(kind):
+    """The same, against the formulas written out here: λ̂ = η + (N/|S|) Σ_d E_q_T[t(θ_d)]
+    from the local step at T_t, tempered 1 + (λ̂ − 1)/T_t, or mixed (1 − ρ^a_t) λ̂ + ρ^a_t η_t
+    with η_t = random_init drawn from the state's stream; λ ← (1 − ρ_t) λ + ρ_t λ̂."""
+    X = _corpus(n=150, K=3, V=500, length=10, seed=12)
+    model = LDA(3, 500, doc_topic_prior=0.4, topic_word_prior=0.05)
+    ann = Deterministic(T0=5.0, rate=0.8, n_steps=4) if kind == "deterministic" else \
+        Stochastic(rho0=0.7, decay=0.8, n_steps=4)
+    schedule, N = RobbinsMonro(tau0=1.0, kappa=0.6), 150.0
+    engine = SVI(model, n_total=N, schedule=schedule, annealer=ann)
+    state = engine.init(X, seed=3)
+    L = model.lam_matrix(state.lam)
+    for t in range(1, 7):
+        xb = X[(t * 20) % 130:(t * 20) % 130 + 20]
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        lam = NatParams(topic_word=L)
+        local = model.local_step(lam, xb, temperature=T)
+        tgt = model._eta + (N / 20) * model.suffstats(local, xb)["topic_word"]
+        if T != 1.0:
+            tgt = temper_dirichlet(tgt, T)
+        if rho_a > 0:
+            eta_t = model.random_init(state.rng(), xb, N)["topic_word"]
+            tgt = (1 - rho_a) * tgt + rho_a * eta_t
+        L = (1 - schedule(t)) * L + schedule(t) * tgt
+        want_elbo = model.global_elbo(lam) + (N / 20) * float(np.sum(model.local_step(lam, xb).log_norm))
+        state, info = engine.update(state, xb)
+        np.testing.assert_allclose(model.lam_matrix(state.lam), L, rtol=1e-10, err_msg=f"step {t}")
+        assert info.elbo == pytest.approx(want_elbo, rel=1e-10)      # untempered
+    assert model.is_scaled(state.lam)
+
+
+def test_tempered_local_step_on_the_batch_columns_equals_the_full_one():
+    """The tempered local step reading only the batch's columns (scaled λ; each kernel)
+    gives the same γ, statistics and φ as the one reading all V columns of the plain λ."""
+    X = _corpus(n=40, K=4, V=400, length=10, seed=13)
+    model = LDA(4, 400, doc_topic_prior=0.2)
+    lam = model.init_params(np.random.default_rng(1), X, 40)
+    scaled, _ = model.init_state(np.random.default_rng(1), X, 40)
+    np.testing.assert_array_equal(model.lam_matrix(scaled), lam["topic_word"])
+    full = {}
+    model._local_path = "dense"                          # every column: the reference
+    try:
+        for T in (1.5, 4.0):
+            full[T] = model.local_step(lam, X, temperature=T)
+            assert full[T].cols is None
+    finally:
+        model._local_path = None
+    for path in ("compiled", "blocked") if lda_module.COMPILED else ("blocked",):
+        model._local_path = path
+        try:
+            for T in (1.5, 4.0):
+                a = model.local_step(scaled, X, temperature=T)
+                b = full[T]
+                assert a.cols is not None and a.cols.size < 400
+                np.testing.assert_allclose(a.gamma, b.gamma, rtol=1e-10)
+                np.testing.assert_allclose(model.suffstats(a, X)["topic_word"],
+                                           model.suffstats(b, X)["topic_word"], rtol=1e-10, atol=1e-300)
+                np.testing.assert_allclose(model.suffstats_sqnorm(a), model.suffstats_sqnorm(b), rtol=1e-10)
+        finally:
+            model._local_path = None

@@ -93,3 +93,24 @@ def test_checkpoint_without_annealer_loads_as_before(tmp_path):
     save_state(tmp_path / "s.npz", engine, engine.init(X))
     engine2, _ = load_state(tmp_path / "s.npz")
     assert engine2.annealer is None and engine2.annealing == SVIPlus(10)
+
+
+@pytest.mark.parametrize("kind, expect", [("deterministic", Deterministic(T0=3.0, n_steps=4)),
+                                          ("stochastic", Stochastic(rho0=0.5, n_steps=4))])
+def test_lda_takes_the_tempering_annealers(kind, expect):
+    """lda declares all four kinds: the config builds the annealer (it was refused for every
+    model with its own svi_step), and the engine's updates run it on LDA's sparse storage."""
+    from streamsvi.datasets import make_lda_corpus
+
+    table = {"deterministic": "T0 = 3\nn_steps = 4", "stochastic": "rho0 = 0.5\nn_steps = 4"}[kind]
+    cfg = validate(tomllib.loads(BASE.format(kind="lda", extra=f'[inference.annealing]\nkind = "{kind}"\n'
+                                             + table).replace("n_features = 2", "n_features = 200")))
+    engine = build_engine(cfg, 1000.0)
+    assert engine.annealer == expect
+    X, _, _ = make_lda_corpus(120, n_topics=3, n_words=200, doc_length=20, seed=1)
+    state = engine.init(X, seed=0)
+    for t in range(1, 7):
+        state, info = engine.update(state, X[20 * (t - 1):20 * t])
+        assert (info.temperature, info.restart_weight) == (expect.temperature(t), expect.restart_weight(t))
+        assert np.isfinite(info.elbo)
+    assert engine.model.is_scaled(state.lam) and engine.model.in_domain(state.lam)
