@@ -446,35 +446,70 @@ def fmt_rows(label, rows, extra_cols=()):
 
 
 def run_study(name, specs, args, extra_cols=(), intro=""):
+    """Run every (setting, seed) task; rewrite the tables after each finished task.
+
+    Finished tasks are also kept in ~/.cache/streamsvi/anneal/tasks/<study>.jsonl, so an
+    interrupted study resumes where it stopped (same settings, same seeds: same results).
+    """
     if args.data:
         specs = [sp_ for sp_ in specs if sp_["data"] == args.data]
         name = f"{name}_{args.data}"
     tasks = [(spec, s, args.tol, args.max_iter, args.quick) for spec in specs for s in range(spec["inits"])]
-    t0 = time.perf_counter()
-    if args.jobs > 1 and len(tasks) > 1:
-        with get_context("spawn").Pool(args.jobs) as pool:
-            res = pool.map(run_task, tasks, chunksize=1)
-    else:
-        res = [run_task(t) for t in tasks]
-    secs = time.perf_counter() - t0
+    done_path = cache_dir() / "anneal" / "tasks" / f"{name}{'_quick' if args.quick else ''}.jsonl"
+    done_path.parent.mkdir(parents=True, exist_ok=True)
     by = {}
-    for label, seed, out in res:
+    if done_path.exists() and not args.quick:
+        for line in done_path.read_text().splitlines():
+            label, seed, out = json.loads(line)
+            by.setdefault(label, {})[int(seed)] = out
+    todo = [t for t in tasks if t[1] not in by.get(t[0]["label"], {})]
+    log(f"{name}: {len(tasks) - len(todo)} of {len(tasks)} tasks already done ({done_path})")
+    t0 = time.perf_counter()
+    summary = {}
+
+    def record(res):
+        label, seed, out = res
         by.setdefault(label, {})[seed] = out
+        if not args.quick:
+            with done_path.open("a") as f:
+                f.write(json.dumps([label, seed, out]) + "\n")
+        summary.clear()
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, time.perf_counter() - t0))
+
+    if args.jobs > 1 and len(todo) > 1:
+        with get_context("spawn").Pool(args.jobs) as pool:
+            for res in pool.imap_unordered(run_task, todo, chunksize=1):
+                record(res)
+    else:
+        for t in todo:
+            record(run_task(t))
+    if not todo:
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, 0.0))
+    print(summary.pop("_text", ""))
+    return summary
+
+
+def write_outputs(name, specs, by, args, extra_cols, intro, secs):
     summary, traces, md = {}, {}, [f"## {name}", "", intro, ""]
     for spec in specs:
         lab = spec["label"]
-        methods = list(by[lab][0])
-        summary[lab] = summarise(by[lab], methods)
-        traces[lab] = {m: by[lab][0][m]["trace"] for m in methods}
-        md += [fmt_rows(f"{lab} ({spec['inits']} inits)", summary[lab], extra_cols), ""]
+        got = by.get(lab, {})
+        if len(got) < 2 or 0 not in got:
+            md += [f"**{lab}**: {len(got)} of {spec['inits']} inits done, no table yet", ""]
+            continue
+        methods = list(got[0])
+        summary[lab] = summarise(got, methods)
+        traces[lab] = {m: got[0][m]["trace"] for m in methods}
+        part = "" if len(got) == spec["inits"] else f", PARTIAL: {len(got)} of {spec['inits']} done"
+        md += [fmt_rows(f"{lab} ({len(got)} inits{part})", summary[lab], extra_cols), ""]
     inits = f" --inits {args.inits_given}" if args.inits_given is not None else ""
     cmd = name if not name.startswith("pmf_d") else "pmf --pmf-dims " + name[5:].replace("_", ",")
     if args.data:
         cmd = cmd.split("_")[0] + f" --data {args.data}" + cmd[len(cmd.split("_")[0]):].replace("_" + args.data, "")
     md.append(f"command: `python bench/annealing.py --study {cmd}{inits}"
-              f"{' --quick' if args.quick else ''}`; wall time {secs:.0f} s on a shared 2-core machine")
+              f"{' --quick' if args.quick else ''}`; wall time {secs:.0f} s on a shared 2-core machine "
+              "(other jobs running; timings are not results)")
     text = "\n".join(md)
-    print(text)
     if not args.quick or args.write_quick:
         RESULTS.mkdir(parents=True, exist_ok=True)
         tag = name + ("_quick" if args.quick else "")
@@ -487,7 +522,8 @@ def run_study(name, specs, args, extra_cols=(), intro=""):
                                          "polish_max": POLISH_MAX},
              "specs": specs, "summary": summary, "per_seed": per_seed, "traces_seed0": traces,
              "wall_seconds": secs}, indent=1))
-    return summary, traces
+    summary["_text"] = text
+    return summary
 
 
 # ------------------------------------------------------------------ studies
@@ -563,11 +599,16 @@ def synthetic_nyt(n_docs, K=20, seed=0):
         return sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(z["shape"]))
     X, _ = load_nyt()
     V = X.shape[1]
-    model = LDA(K, V, topic_word_prior=100.0 / V)
-    eng = SVI(model, X.shape[0], schedule=Constant(1.0))
-    st = eng.state_from_params(model.random_init(np.random.default_rng(seed), X, X.shape[0]))
-    st, _ = eng.fit(st, X, n_steps=30)
-    beta = model.topics(st.lam)
+    tpath = cache_dir() / "anneal" / f"nyt_topics_{K}_{seed}.npy"
+    if tpath.exists():
+        beta = np.load(tpath)
+    else:
+        model = LDA(K, V, topic_word_prior=100.0 / V)
+        eng = SVI(model, X.shape[0], schedule=Constant(1.0))
+        st = eng.state_from_params(model.random_init(np.random.default_rng(seed), X, X.shape[0]))
+        st, _ = eng.fit(st, X, n_steps=30)
+        beta = model.topics(st.lam)
+        np.save(tpath, beta)
     rng = np.random.default_rng(seed + 1)
     lens = np.asarray(X.sum(axis=1)).ravel().astype(int)
     rows = []
@@ -616,7 +657,7 @@ def study_lda_regime(args):
     methods = [("SVI |S|=1000", 1000, None), ("SVI+ |S|=1000 M=500", 1000, 500), ("SVI |S|=500", 500, None)]
     log(f"lda-regime: drawing {n_docs} documents from an LDA fitted to NYT")
     synthetic_nyt(n_docs)
-    tasks = [(n_docs, K, s, nm, S, M, max(1, 10000 // S // (10 if args.quick else 1)), args.quick)
+    tasks = [(n_docs, K, s, nm, S, M, max(1, 2000 // S), args.quick)
              for nm, S, M in methods for s in range(inits)]
     t0 = time.perf_counter()
     with get_context("spawn").Pool(args.jobs) as pool:
@@ -668,9 +709,27 @@ def plot_traces(out=IMG / "annealing_objective.png"):
         d = json.loads(f.read_text())
         lab = d["specs"][0]["label"]
         panels.append((lab, d["traces_seed0"][lab]))
+    regime = RESULTS / "annealing_lda-regime.json"
+    regime = json.loads(regime.read_text()) if regime.exists() else None
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    n = len(panels) + (regime is not None)
+    cols = 3
+    rows_ = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.5 * rows_), squeeze=False)
+    axes = [axes.ravel()]
+    for ax in axes[0][n:]:
+        ax.axis("off")
+    if regime is not None:
+        ax = axes[0][len(panels)]
+        for m, per_seed in regime["curves"].items():
+            pts = np.array([[p[1] for p in c] for c in per_seed.values()])
+            docs = [p[0] for p in next(iter(per_seed.values()))]
+            ax.plot(docs, pts.mean(0), label=m, lw=1.2)
+        ax.set_title(f"LDA, {regime['n_docs']:,} synthetic NYT docs: mean of {regime['inits']} inits", fontsize=9)
+        ax.set_xlabel("documents seen")
+        ax.set_ylabel("training ELBO per document")
+        ax.legend(fontsize=7)
     for ax, (lab, tr) in zip(axes[0], panels):
         ys = []
         for m, pts in tr.items():
@@ -692,6 +751,47 @@ def plot_traces(out=IMG / "annealing_objective.png"):
     return out
 
 
+def summary_tables():
+    """One compact table per setting from every bench/results/annealing_*.json (README's source)."""
+    out = ["Δ = method − VI from the same initialisation, mean ± standard error over inits; W/T/L = "
+           "wins/ties/losses against VI; p = two-sided sign test (ties dropped). ELBO per training record; "
+           "held = held-out log-likelihood per unit (see each study).", ""]
+    for f in sorted(RESULTS.glob("annealing_*.json")):
+        if f.stem.endswith("_quick") or "regime" in f.stem:
+            continue
+        d = json.loads(f.read_text())
+        for spec in d["specs"]:
+            lab = spec["label"]
+            if lab not in d["summary"]:
+                continue
+            rows = d["summary"][lab]
+            n = rows["VI"]["n"]
+            extra = "accuracy" if "accuracy" in rows["VI"] else ("rmse" if "rmse" in rows["VI"] else None)
+            head = ["method", "final ELBO Δ", "W/T/L", "p", "polished ELBO Δ", "W/T/L", "p", "held Δ", "W/T/L"]
+            if extra:
+                head += [f"{extra} (mean)"]
+            out += [f"**{lab}**, {n} inits; VI: ELBO {rows['VI']['elbo']['mean']:.4f}, polished "
+                    f"{rows['VI']['polished']['mean']:.4f}, held {rows['VI']['held']['mean']:.4f}"
+                    + (f", {extra} {rows['VI'][extra]['mean']:.4f}" if extra else ""), "",
+                    "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for m, r in rows.items():
+                if m == "VI":
+                    continue
+                cells = [m]
+                for k in ("elbo", "polished", "held"):
+                    v = r[k]["vs_VI"]
+                    cells += [f"{v['mean_diff']:+.3f} ± {v['se']:.3f}", f"{v['wins']}/{v['ties']}/{v['losses']}"]
+                    if k != "held":
+                        cells.append(f"{v['sign_p']:.2g}")
+                if extra:
+                    cells.append(f"{r[extra]['mean']:.4f}")
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
+    text = "\n".join(out)
+    (RESULTS / "annealing_summary.md").write_text(text + "\n")
+    print(text)
+
+
 STUDIES = {"gmm": study_gmm, "hmm": study_hmm, "pmf": study_pmf, "lda": study_lda,
            "lda-regime": study_lda_regime}
 
@@ -709,10 +809,15 @@ def main(argv=None):
                     "reuters, nyt)")
     ap.add_argument("--pmf-dims", default="5,10", help="pmf study: latent dimensions d")
     ap.add_argument("--regime-docs", type=int, default=20000)
+    ap.add_argument("--summary", action="store_true",
+                    help="print (and write bench/results/annealing_summary.md) the compact tables of every study")
     ap.add_argument("--plot-only", action="store_true", help="redraw docs/img/annealing_objective.png")
     args = ap.parse_args(argv)
     if args.plot_only:
         plot_traces()
+        return 0
+    if args.summary:
+        summary_tables()
         return 0
     args.inits_given = args.inits
     given = args.inits
