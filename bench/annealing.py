@@ -499,7 +499,7 @@ def write_outputs(name, specs, by, args, extra_cols, intro, secs):
             continue
         methods = list(got[0])
         summary[lab] = summarise(got, methods)
-        traces[lab] = {m: got[0][m]["trace"] for m in methods}
+        traces[lab] = {m: [(t, round(v, 5)) for t, v in got[0][m]["trace"]] for m in methods}
         part = "" if len(got) == spec["inits"] else f", PARTIAL: {len(got)} of {spec['inits']} done"
         md += [fmt_rows(f"{lab} ({len(got)} inits{part})", summary[lab], extra_cols), ""]
     inits = f" --inits {args.inits_given}" if args.inits_given is not None else ""
@@ -521,7 +521,7 @@ def write_outputs(name, specs, by, args, extra_cols, intro, secs):
                                          "held_tie": HELD_TIE, "polish_tol": POLISH_TOL,
                                          "polish_max": POLISH_MAX},
              "specs": specs, "summary": summary, "per_seed": per_seed, "traces_seed0": traces,
-             "wall_seconds": secs}, indent=1))
+             "wall_seconds": secs}, separators=(",", ":")))
     summary["_text"] = text
     return summary
 
