@@ -1,0 +1,249 @@
+"""The worker role (``streamsvi run --role worker``): local steps and statistics, no λ updates.
+
+A worker is a :class:`~streamsvi.service.daemon.Daemon` whose stages
+``_learn`` and ``_advance`` do the scale-out work and which keeps no
+checkpoint of its own:
+
+* source → batch → (no hold-out) as in one process (the same ``_poll``,
+  ``_set_aside`` stages, the same consumer group settings);
+* ``_learn``: the local step and the weighted sufficient statistics at the
+  freshest published λ (``SVI.stochastic_target``), giving the delta
+  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η;
+* ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
+  and the batch's data offsets (``send_offsets_to_transaction`` with the
+  consumer's group metadata). Either both are committed or neither: a record
+  is consumed by the group exactly when its contribution is on the deltas
+  topic for read_committed readers.
+
+The group's committed offsets are the worker's whole state: a restarted
+worker (or the member the group hands its partitions to) starts where the last
+committed transaction ended. Restart a killed worker with the same worker id:
+its ``init_transactions`` aborts the transaction it left open (a real Kafka
+cluster also aborts it after ``transaction.timeout.ms``; tansu 0.6.0 does not,
+and read_committed readers of the deltas topic wait until then).
+
+SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
+offset) of the batch, so a batch processed again after a crash gets the
+same weights. Before the applier has any λ, the first worker with data
+proposes λ_0 (``model.init_params`` on its first batch) in an "init" message
+and waits for the applier to publish version 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import zlib
+
+import numpy as np
+
+from ...inference.engine import EngineState
+from ..config import ConfigError
+from ..daemon import Daemon
+from ..metrics import ScaleoutMetrics
+from .transport import Delta, LambdaFile
+
+log = logging.getLogger("streamsvi.worker")
+
+#: How often a worker waiting for the first λ looks at the λ file.
+LAMBDA_WAIT_S = 0.1
+
+
+def worker_id(cfg) -> str:
+    """``scaleout.worker_id``, else ``$STREAMSVI_WORKER_ID``, else the host name."""
+    return cfg["scaleout"]["worker_id"] or os.environ.get("STREAMSVI_WORKER_ID") or socket.gethostname()
+
+
+def check_scaleout_config(cfg) -> None:
+    """Refuse configs the roles cannot run, naming the setting."""
+    if cfg["source"]["kind"] != "kafka":
+        raise ConfigError("source.kind: the worker and applier roles need a Kafka source")
+    if cfg["model"]["kind"] == "pmf":
+        raise ConfigError("model.kind: pmf updates only the rows a batch touches (a row-wise step); "
+                          "it cannot be split into worker deltas yet: run it as one process")
+    if not cfg["scaleout"]["deltas_topic"]:
+        raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
+                          "one partition that carries the workers' statistic deltas)")
+
+
+class Worker(Daemon):
+    """One scale-out worker (module docs). Same constructor as :class:`Daemon`."""
+
+    def __init__(self, cfg, registry=None, source_factory=None, dead_sink_factory=None, out=None,
+                 allow_fresh_start: bool = False):
+        check_scaleout_config(cfg)
+        super().__init__(cfg, registry=registry, source_factory=source_factory,
+                         dead_sink_factory=dead_sink_factory, out=out, allow_fresh_start=allow_fresh_start)
+        self.sc = cfg["scaleout"]
+        self.worker_id = worker_id(cfg)
+        self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
+        self.lam = LambdaFile(self.sc["lambda_file"] or
+                              os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
+        self.producer = None
+        self._pending = None        # (stats, records, min_weight, version) of the batch in hand
+        self._positions = {}        # next offset per assigned partition before the last poll
+        self.deltas_sent = 0
+
+    # ------------------------------------------------------- start / stop
+    def _resume(self):
+        """A worker holds no state: the group's committed offsets say where to start."""
+
+    def _refuse_fresh_start(self, source):
+        """Nothing to refuse: the applier owns the checkpoint."""
+
+    def _producer(self):
+        if self.producer is None:
+            from kafka import KafkaProducer
+
+            from ..config import client_security
+
+            src = self.cfg["source"]
+            self.producer = KafkaProducer(
+                bootstrap_servers=src["bootstrap_servers"],
+                transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
+                transaction_timeout_ms=self.sc["transaction_timeout_ms"],
+                client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
+            self.producer.init_transactions()   # fences an older instance, aborts its open transaction
+        return self.producer
+
+    def _finish(self, source, dead_sink, loop):
+        """Every batch was committed in its own transaction: nothing to checkpoint."""
+        dead_sink.flush()
+        if self.producer is not None:
+            self.producer.close(timeout=5)
+            self.producer = None
+
+    def _maybe_checkpoint(self, source, dead_sink, loop):
+        """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
+
+    def _hold_out(self, x, loop):
+        """No held-out reservoir in a worker (records_seen must count every record)."""
+        return x
+
+    # ------------------------------------------------------------- batches
+    def _poll(self, source, loop):
+        try:
+            self._positions = source.positions()
+        except Exception:       # noqa: BLE001 - a position lookup failing only costs a probe later
+            self._positions = {}
+        return super()._poll(source, loop)
+
+    def _ranges(self, batch, source) -> list:
+        """(topic, partition, first, end) of every partition the batch read."""
+        missing = [k for k in batch.next_offsets if k not in self._positions]
+        committed = source.committed(missing) if missing else {}
+        out = []
+        for (t, p), end in sorted(batch.next_offsets.items()):
+            first = self._positions.get((t, p), committed.get((t, p), 0))
+            out.append((t, int(p), int(min(first, end)), int(end)))
+        return out
+
+    def _wait_for_lambda(self) -> bool:
+        while not self._stop.is_set():
+            if self.lam.refresh() or self.lam.state is not None:
+                return True
+            self._stop.wait(LAMBDA_WAIT_S)
+        return False
+
+    def _learn(self, x, source, loop) -> None:
+        """The delta of ``x`` at the freshest λ (kept for :meth:`_advance`)."""
+        self._pending = None
+        n_x = self.kind.n_records(x)
+        if not n_x:
+            self._pending = (None, 0, 1.0, self.lam.version or 0)
+            return
+        self.lam.refresh()
+        if self.lam.state is None:
+            self._propose_init(x, source)
+            if not self._wait_for_lambda():
+                return          # stopped while waiting: nothing sent, nothing committed
+            log.info("worker %s: λ version %d published; computing deltas", self.worker_id, self.lam.version)
+        engine, lam_state = self.lam.engine, self.lam.state
+        self.engine, self.state = engine, lam_state
+        self.scaleout_metrics.lambda_version.set(lam_state.step)
+        t0 = time.perf_counter()
+        first = self._positions
+        key = min(first) if first else ("", 0)
+        seq = np.random.SeedSequence([int(self.cfg["inference"]["seed"]), zlib.crc32(str(key[0]).encode()),
+                                      int(key[1]), int(first.get(key, 0))])
+        rng = np.random.Generator(np.random.PCG64(seq))
+        at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
+                         records_seen=lam_state.records_seen)
+        tg = engine.stochastic_target(at, x)
+        stats = tg.target - engine.model.prior()
+        min_w = 1.0 if tg.weights is None else float(tg.weights.min())
+        self._pending = (stats, n_x, min_w, lam_state.step)
+        self.metrics.update_seconds.observe(time.perf_counter() - t0)
+        self.metrics.records.inc(n_x)
+        self.metrics.batches.inc()
+        loop.res.records += n_x
+        loop.res.batches += 1
+        loop.progress_records += n_x
+        loop.last_info = True
+
+    def _propose_init(self, x, source):
+        """Send λ_0 from this batch for the applier to adopt if it has no state (no offsets)."""
+        from ..config import build_engine
+
+        engine = build_engine(self.cfg, self._n_total(source))
+        st = engine.init(x, seed=self.cfg["inference"]["seed"])
+        prod = self._producer()
+        prod.begin_transaction()
+        prod.send(self.sc["deltas_topic"], Delta(worker=self.worker_id, version=-1, ranges=[], records=0,
+                                                 stats=st.lam, n_total=engine.n_total,
+                                                 kind="init").encode(), partition=0)
+        prod.commit_transaction()
+        log.info("worker %s: no λ published yet; proposed λ_0 from its first batch", self.worker_id)
+
+    def _advance(self, batch, source) -> None:
+        """One transaction: the delta, the dead letters flushed, the batch's offsets."""
+        from kafka import TopicPartition
+
+        from ...io._kafka import offset_and_metadata
+
+        if self._pending is None:           # stopped while waiting for λ
+            return
+        stats, records, min_w, version = self._pending
+        self._pending = None
+        ranges = self._ranges(batch, source)
+        delta = Delta(worker=self.worker_id, version=version, ranges=ranges, records=records,
+                      stats=stats, min_weight=min_w,
+                      n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
+        offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
+        prod = self._producer()
+        consumer = getattr(source, "consumer", None)
+        group = consumer.group_metadata() if consumer is not None else self.cfg["source"]["group_id"]
+        prod.begin_transaction()
+        try:
+            prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+            self._dead_sink_flush()
+            prod.send_offsets_to_transaction(offsets, group)
+            prod.commit_transaction()
+        except Exception as exc:
+            log.warning("worker %s: transaction for %s failed (%s: %s); aborting it and reading the "
+                        "batch again", self.worker_id, ranges, type(exc).__name__, exc)
+            try:
+                prod.abort_transaction()
+            except Exception:       # noqa: BLE001 - a fatal producer error: start a new producer
+                self.producer = None
+            source.seek({(t, p): first for t, p, first, _ in ranges})
+            return
+        self.deltas_sent += 1
+        self.scaleout_metrics.deltas_sent.inc()
+        self.offsets.update(batch.next_offsets)
+        self.metrics.set_lag(source.lag())
+
+    def _dead_sink_flush(self):
+        sink = getattr(self, "_dead_sink", None)
+        if sink is not None:
+            sink.flush()
+
+    def _set_aside(self, batch, dead_sink, loop):
+        self._dead_sink = dead_sink
+        super()._set_aside(batch, dead_sink, loop)
+
+    def _print_progress(self, source, info, rate):
+        print(f"worker {self.worker_id}  deltas {self.deltas_sent:7d}  λ version "
+              f"{self.lam.version if self.lam.version is not None else '-':>7}  {rate:10.0f} rec/s  "
+              f"lag {sum(source.lag().values())}", file=self.out, flush=True)
