@@ -109,7 +109,7 @@ def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic,
     assert takeover < 30.0      # the stated bound (README, "Scaling out"): generous on a shared machine
 
     for w in ws.values():
-        assert w.wait(180) == 0, w.stderr()[-3000:]
+        assert w.wait(60) == 0, w.stderr()[-3000:]
     _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
           procs=[standby])
     standby.signal(signal.SIGTERM)

@@ -82,7 +82,6 @@ class Worker(Daemon):
                               os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
         self.producer = None
         self._pending = None        # (stats, records, min_weight, version) of the batch in hand
-        self._positions = {}        # next offset per assigned partition before the last poll
         self.deltas_sent = 0
 
     # ------------------------------------------------------- start / stop
@@ -122,22 +121,11 @@ class Worker(Daemon):
         return x
 
     # ------------------------------------------------------------- batches
-    def _poll(self, source, loop):
-        try:
-            self._positions = source.positions()
-        except Exception:       # noqa: BLE001 - a position lookup failing only costs a probe later
-            self._positions = {}
-        return super()._poll(source, loop)
-
-    def _ranges(self, batch, source) -> list:
-        """(topic, partition, first, end) of every partition the batch read."""
-        missing = [k for k in batch.next_offsets if k not in self._positions]
-        committed = source.committed(missing) if missing else {}
-        out = []
-        for (t, p), end in sorted(batch.next_offsets.items()):
-            first = self._positions.get((t, p), committed.get((t, p), 0))
-            out.append((t, int(p), int(min(first, end)), int(end)))
-        return out
+    @staticmethod
+    def _ranges(batch) -> list:
+        """(topic, partition, first, end) of every partition the batch read (dead letters included)."""
+        return [(t, int(p), int(batch.first_offsets[(t, p)]), int(end))
+                for (t, p), end in sorted(batch.next_offsets.items())]
 
     def _wait_for_lambda(self) -> bool:
         while not self._stop.is_set():
@@ -163,10 +151,8 @@ class Worker(Daemon):
         self.engine, self.state = engine, lam_state
         self.scaleout_metrics.lambda_version.set(lam_state.step)
         t0 = time.perf_counter()
-        first = self._positions
-        key = min(first) if first else ("", 0)
-        seq = np.random.SeedSequence([int(self.cfg["inference"]["seed"]), zlib.crc32(str(key[0]).encode()),
-                                      int(key[1]), int(first.get(key, 0))])
+        t, p, first, _ = self._batch_ranges[0]
+        seq = np.random.SeedSequence([int(self.cfg["inference"]["seed"]), zlib.crc32(t.encode()), p, first])
         rng = np.random.Generator(np.random.PCG64(seq))
         at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
                          records_seen=lam_state.records_seen)
@@ -206,14 +192,13 @@ class Worker(Daemon):
             return
         stats, records, min_w, version = self._pending
         self._pending = None
-        ranges = self._ranges(batch, source)
+        ranges = self._batch_ranges
         delta = Delta(worker=self.worker_id, version=version, ranges=ranges, records=records,
                       stats=stats, min_weight=min_w,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
         prod = self._producer()
-        consumer = getattr(source, "consumer", None)
-        group = consumer.group_metadata() if consumer is not None else self.cfg["source"]["group_id"]
+        group = self.cfg["source"]["group_id"]
         prod.begin_transaction()
         try:
             prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
@@ -240,7 +225,9 @@ class Worker(Daemon):
             sink.flush()
 
     def _set_aside(self, batch, dead_sink, loop):
+        """As in one process; also notes the batch's offset ranges (for the seed and the delta)."""
         self._dead_sink = dead_sink
+        self._batch_ranges = self._ranges(batch)
         super()._set_aside(batch, dead_sink, loop)
 
     def _print_progress(self, source, info, rate):
