@@ -39,7 +39,7 @@ import zlib
 import numpy as np
 
 from ...inference.engine import EngineState
-from ..config import ConfigError
+from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .transport import Delta, LambdaFile
@@ -67,13 +67,40 @@ def check_scaleout_config(cfg) -> None:
                           "one partition that carries the workers' statistic deltas)")
 
 
+#: Longest gap between two consumer polls of a worker (one batch's local step and
+#: transaction, or a bounded wait for the first λ). kafka-python times a group join
+#: out after this + 5 s and joins again: on tansu 0.6.0 a member that missed a rebalance
+#: can otherwise wait in its JoinGroup for the default 300 s while the group goes on.
+MAX_POLL_INTERVAL_MS = 10000
+#: How long a worker with a batch in hand waits for the first λ before it gives the
+#: batch back (seeks to its first offsets) and polls again, so it keeps its group place.
+LAMBDA_WAIT_MAX_S = 2.0
+
+
+def worker_source(cfg, metrics):
+    """The daemon's Kafka source with a bounded poll interval (:data:`MAX_POLL_INTERVAL_MS`)."""
+    from ...io.sources import KafkaSource
+    from ..daemon import CONNECT_TIMEOUT_S, default_source
+
+    plain = default_source(cfg, metrics)          # validates the codec; builds codec and validator
+    plain.close()
+    src = cfg["source"]
+    return KafkaSource(src["bootstrap_servers"], topics=src["topics"], pattern=src["pattern"],
+                       group_id=src["group_id"], codec=plain.codec, validator=plain.validator,
+                       kind=plain.kind, session_timeout_ms=src["session_timeout_ms"],
+                       heartbeat_interval_ms=src["heartbeat_interval_ms"], connect_attempts=1,
+                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
+                       consumer_config={"max_poll_interval_ms": MAX_POLL_INTERVAL_MS,
+                                        "request_timeout_ms": MAX_POLL_INTERVAL_MS})
+
+
 class Worker(Daemon):
     """One scale-out worker (module docs). Same constructor as :class:`Daemon`."""
 
     def __init__(self, cfg, registry=None, source_factory=None, dead_sink_factory=None, out=None,
                  allow_fresh_start: bool = False):
         check_scaleout_config(cfg)
-        super().__init__(cfg, registry=registry, source_factory=source_factory,
+        super().__init__(cfg, registry=registry, source_factory=source_factory or worker_source,
                          dead_sink_factory=dead_sink_factory, out=out, allow_fresh_start=allow_fresh_start)
         self.sc = cfg["scaleout"]
         self.worker_id = worker_id(cfg)
@@ -128,7 +155,9 @@ class Worker(Daemon):
                 for (t, p), end in sorted(batch.next_offsets.items())]
 
     def _wait_for_lambda(self) -> bool:
-        while not self._stop.is_set():
+        """True once a λ is published; False after :data:`LAMBDA_WAIT_MAX_S` or a stop."""
+        deadline = time.monotonic() + LAMBDA_WAIT_MAX_S
+        while not self._stop.is_set() and time.monotonic() < deadline:
             if self.lam.refresh() or self.lam.state is not None:
                 return True
             self._stop.wait(LAMBDA_WAIT_S)
@@ -145,7 +174,9 @@ class Worker(Daemon):
         if self.lam.state is None:
             self._propose_init(x, source)
             if not self._wait_for_lambda():
-                return          # stopped while waiting: nothing sent, nothing committed
+                # no applier yet (or a stop): give the batch back, poll again (and propose again)
+                source.seek({(t, p): first for t, p, first, _ in self._batch_ranges})
+                return
             log.info("worker %s: λ version %d published; computing deltas", self.worker_id, self.lam.version)
         engine, lam_state = self.lam.engine, self.lam.state
         self.engine, self.state = engine, lam_state
