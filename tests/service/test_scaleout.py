@@ -251,3 +251,27 @@ def test_delta_codec_round_trip_and_refusals():
                      (raw[:6] + b"\xff\xff\xff\x00" + raw[10:], "header length")):
         with pytest.raises(DeltaFormatError, match=why):
             Delta.decode(bad)
+
+
+def test_scaleout_metrics_pass_promtool():
+    from prometheus_client import generate_latest
+    import subprocess
+
+    from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics
+    from tests.conftest import require_tool
+
+    promtool = require_tool("promtool")
+    m = DaemonMetrics()
+    s = ScaleoutMetrics(m.registry)
+    s.staleness.labels(worker="w0").set(3)
+    s.applied.labels(worker="w0").inc()
+    s.delta_records.labels(worker="w0").inc(50)
+    s.skipped.labels(reason="duplicate").inc()
+    s.active.set(1)
+    s.lambda_version.set(7)
+    s.deltas_sent.inc()
+    text = generate_latest(m.registry)
+    assert b'streamsvi_delta_staleness{worker="w0"} 3.0' in text
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), \
+        (res.stdout.decode(), res.stderr.decode())
