@@ -90,8 +90,14 @@ def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic,
     _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= at, f"{at} records", procs=procs)
     time.sleep(rng.uniform(0, 0.05))      # anywhere in the batch/transaction cycle
     victim = rng.choice(sorted(ws))
+    others = [w for k, w in ws.items() if k != victim]
+    joins = sum(w.stderr().count("partitions assigned") for w in others)
     ws[victim].signal(signal.SIGKILL)
     assert ws[victim].wait(10) == -signal.SIGKILL
+    # restart it once the group has handed its partitions on (tansu 0.6.0 can leave a member
+    # waiting in its join when a new member joins while a dead one's session expires)
+    _wait(lambda: sum(w.stderr().count("partitions assigned") for w in others) > joins,
+          "the group to rebalance without the killed worker", 60, procs=others)
     ws[victim] = daemons(cfgs[victim], "--role", "worker", "--until-drained", tag=f"{victim}-again")
     procs = [a1, a2, *ws.values()]
 
@@ -109,7 +115,7 @@ def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic,
     assert takeover < 30.0      # the stated bound (README, "Scaling out"): generous on a shared machine
 
     for w in ws.values():
-        assert w.wait(60) == 0, w.stderr()[-3000:]
+        assert w.wait(150) == 0, w.stderr()[-3000:]
     _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
           procs=[standby])
     standby.signal(signal.SIGTERM)
