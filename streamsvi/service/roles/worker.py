@@ -18,9 +18,10 @@ checkpoint of its own:
 The group's committed offsets are the worker's whole state: a restarted
 worker (or the member the group hands its partitions to) starts where the last
 committed transaction ended. Restart a killed worker with the same worker id:
-its ``init_transactions`` aborts the transaction it left open (a real Kafka
-cluster also aborts it after ``transaction.timeout.ms``; tansu 0.6.0 does not,
-and read_committed readers of the deltas topic wait until then).
+its ``init_transactions`` (run at start, before it waits for partitions)
+aborts the transaction it left open (a real Kafka cluster also aborts it after
+``transaction.timeout.ms``; tansu 0.6.0 does not, and read_committed readers of
+the deltas topic wait until then).
 
 SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
 offset) of the batch, so a batch processed again after a crash gets the
@@ -72,6 +73,9 @@ def check_scaleout_config(cfg) -> None:
 #: out after this + 5 s and joins again: on tansu 0.6.0 a member that missed a rebalance
 #: can otherwise wait in its JoinGroup for the default 300 s while the group goes on.
 MAX_POLL_INTERVAL_MS = 10000
+#: How long a worker must have owned no partitions before its drain check (``--until-drained``)
+#: reads the group's committed offsets with the probe consumer, and how often it does so.
+UNASSIGNED_DRAIN_CHECK_S = 5.0
 #: How long a worker with a batch in hand waits for the first λ before it gives the
 #: batch back (seeks to its first offsets) and polls again, so it keeps its group place.
 LAMBDA_WAIT_MAX_S = 2.0
@@ -109,9 +113,104 @@ class Worker(Daemon):
                               os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
         self.producer = None
         self._pending = None        # (stats, records, min_weight, version) of the batch in hand
+        self._unassigned_since = None   # monotonic time this worker was first seen without partitions
+        self._last_commit_check = 0.0   # monotonic time of the last _committed_drained while unassigned
         self.deltas_sent = 0
 
     # ------------------------------------------------------- start / stop
+    def run(self, max_batches: int | None = None, timeout: float | None = None,
+            until_drained: bool = False):
+        """As :meth:`Daemon.run`; with ``until_drained`` the worker also stops when the group's
+        committed offsets cover every record, whether or not the group gives it partitions."""
+        self._until_drained = until_drained
+        return super().run(max_batches=max_batches, timeout=timeout, until_drained=until_drained)
+
+    def _await_assignment(self, source, timeout_s: float | None = None) -> bool:
+        """Start the transactional producer first, then wait for partitions.
+
+        ``init_transactions`` aborts the transaction a killed predecessor with this worker
+        id left open, so read_committed readers of the deltas topic (the applier) go on
+        even if this worker never gets a partition. With ``--until-drained``, a worker
+        that finds every record committed by the group (:meth:`_committed_drained`) while it
+        waits stops cleanly (False, ``stopped_by`` "drained") instead of timing out.
+        """
+        from ...io.sources import SourceError
+        from ..daemon import ASSIGNMENT_TIMEOUT_S
+
+        self._producer()
+        deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
+        while not self._stop.is_set():
+            try:
+                source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
+                self._unassigned_since = None
+                return True
+            except SourceError as exc:
+                if getattr(self, "_until_drained", False) and self._unassigned_and_drained(source):
+                    self._close_producer()
+                    self.request_stop("drained")
+                    return False
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"after {ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s:g} "
+                                      f"s: {exc}") from exc
+        return False
+
+    def _committed_drained(self, source) -> bool:
+        """True when the group's committed offset is at the highwater mark of every partition.
+
+        Read by the source's probe consumer only (metadata, fetch, offset fetch), never by
+        the group consumer, so it is safe while a join is in flight. Every record below a
+        committed offset is in a committed transaction with its delta, so nothing is left
+        for any worker. This is what lets a worker that the group never (or no longer)
+        assigns partitions finish ``--until-drained``: on tansu 0.6.0, when the group's
+        leader leaves while a rebalance is in progress, the broker keeps naming the departed
+        member as leader, and every later join of that group ends in SyncGroup
+        REBALANCE_IN_PROGRESS (README, "Scaling out", known limits).
+        """
+        from ..daemon import _transient_errors
+
+        try:
+            parts = source.partitions()
+            hw = source.highwater_marks(parts)
+            committed = source.committed([k for k in parts if hw[k] > 0])
+        except _transient_errors() as exc:
+            log.info("worker %s: cannot read the group's committed offsets (%s: %s)",
+                     self.worker_id, type(exc).__name__, exc)
+            return False
+        return all(committed.get(k, 0) >= hw[k] for k in parts)
+
+    def _unassigned_and_drained(self, source) -> bool:
+        """:meth:`_committed_drained`, asked only once this worker has owned no partitions for
+        :data:`UNASSIGNED_DRAIN_CHECK_S` and at most that often.
+
+        The probe's round trips happen outside a consumer poll, and a group join whose
+        response arrives outside a poll is started over by kafka-python 3.0.12: checking
+        at every idle turn kept three starting workers from ever completing their first
+        join (measured). A healthy join takes one to two seconds on tansu, so it is over
+        before the first check.
+        """
+        now = time.monotonic()
+        if self._unassigned_since is None:
+            self._unassigned_since = now
+        if now - self._unassigned_since < UNASSIGNED_DRAIN_CHECK_S or \
+                now - self._last_commit_check < UNASSIGNED_DRAIN_CHECK_S:
+            return False
+        self._last_commit_check = now
+        return self._committed_drained(source)
+
+    def _drained(self, source) -> bool:
+        """As one process; while this worker owns no partitions, by the group's commits alone."""
+        if super()._drained(source):
+            return True
+        if source.assignment():
+            self._unassigned_since = None
+            return False
+        return self._unassigned_and_drained(source)
+
+    def _close_producer(self):
+        if self.producer is not None:
+            self.producer.close(timeout=5)
+            self.producer = None
+
     def _resume(self):
         """A worker holds no state: the group's committed offsets say where to start."""
 
@@ -136,9 +235,7 @@ class Worker(Daemon):
     def _finish(self, source, dead_sink, loop):
         """Every batch was committed in its own transaction: nothing to checkpoint."""
         dead_sink.flush()
-        if self.producer is not None:
-            self.producer.close(timeout=5)
-            self.producer = None
+        self._close_producer()
 
     def _maybe_checkpoint(self, source, dead_sink, loop):
         """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
