@@ -186,7 +186,6 @@ def main():
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--ceiling-deltas", type=int, default=3000)
     args = ap.parse_args()
-    from streamsvi.inference.engine import SVI  # noqa: F401  (import cost outside the timings)
     from streamsvi.io import JsonCodec, produce_rows
     from streamsvi.io.broker import LocalBroker, create_topic
 
