@@ -115,6 +115,7 @@ class Worker(Daemon):
         self._pending = None        # (stats, records, min_weight, version) of the batch in hand
         self._unassigned_since = None   # monotonic time this worker was first seen without partitions
         self._last_commit_check = 0.0   # monotonic time of the last _committed_drained while unassigned
+        self._until_drained = False     # run(until_drained=...) of the current run
         self.deltas_sent = 0
 
     # ------------------------------------------------------- start / stop
@@ -145,7 +146,7 @@ class Worker(Daemon):
                 self._unassigned_since = None
                 return True
             except SourceError as exc:
-                if getattr(self, "_until_drained", False) and self._unassigned_and_drained(source):
+                if self._until_drained and self._unassigned_and_drained(source):
                     self._close_producer()
                     self.request_stop("drained")
                     return False
