@@ -163,7 +163,20 @@ def run(args) -> int:
         return 0
     setup_logging(args.log_level)
     _check_paths(cfg)
-    from .service.daemon import Daemon
+    if args.role == "applier":
+        from .service.roles.applier import Applier
+        applier = Applier(cfg)
+        applier.install_signal_handlers()
+        if applier.stop_reason:
+            return exitcodes.OK
+        res = applier.run(timeout=args.timeout)
+        print(f"stopped ({res.stopped_by}): {res.deltas} deltas, {res.records} records applied, "
+              f"{res.skipped} skipped, {res.checkpoints} checkpoints", file=sys.stderr)
+        return exitcodes.OK
+    if args.role == "worker":
+        from .service.roles.worker import Worker as Daemon
+    else:
+        from .service.daemon import Daemon
     daemon = Daemon(cfg, allow_fresh_start=args.allow_fresh_start)
     daemon.install_signal_handlers()          # takes over a signal that came while starting
     if daemon.stop_reason:
@@ -477,6 +490,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start with fresh parameters even though there is no valid snapshot but "
                         "the checkpoint directory or the consumer group shows an earlier run "
                         "(refused with exit code 4 otherwise)")
+    r.add_argument("--role", choices=("single", "worker", "applier"), default="single",
+                   help="single (default): one process learns from every partition; worker: local "
+                        "steps and statistic deltas in Kafka transactions; applier: applies the "
+                        "deltas and checkpoints (README, \"Scaling out\")")
     d = sub.add_parser("demo", help="embedded default: local broker + Pima topic + the daemon")
     d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv")
     d.add_argument("--workdir", default="streamsvi-demo", help="where snapshots go (default ./streamsvi-demo)")

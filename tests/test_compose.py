@@ -12,7 +12,7 @@ import yaml
 
 from streamsvi.cli import build_parser
 from streamsvi.service.config import load_config
-from streamsvi.service.metrics import DaemonMetrics
+from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"
 
@@ -66,7 +66,9 @@ def test_prometheus_config_rules_and_alert_unit_tests():
 
 def _exported_series():
     names = set()
-    for mf in DaemonMetrics().registry.collect():
+    m = DaemonMetrics()
+    ScaleoutMetrics(m.registry)          # the roles' metrics (--role worker|applier)
+    for mf in m.registry.collect():
         if mf.type == "counter":
             names |= {mf.name + "_total", mf.name + "_created"}
         elif mf.type == "histogram":
@@ -97,3 +99,32 @@ def test_every_dashboard_and_alert_query_names_a_real_metric():
     assert all(p["datasource"]["uid"] == "prometheus" for p in dash["panels"])
     ds = yaml.safe_load((COMPOSE / "grafana/provisioning/datasources/prometheus.yml").read_text())
     assert ds["datasources"][0]["uid"] == "prometheus"
+
+
+def test_scaleout_compose_override_is_valid_and_its_roles_parse():
+    out = _run(require_tool("docker-compose"), "-f", "docker-compose.yml", "-f", "docker-compose.scaleout.yml",
+               "config")
+    svc = yaml.safe_load(out)["services"]
+    workers = sorted(k for k in svc if k.startswith("worker-"))
+    assert workers == ["worker-1", "worker-2", "worker-3"]
+    parser = build_parser()
+    assert parser.parse_args(svc["streamsvi"]["command"][1:]).role == "applier"
+    ids = set()
+    for w in workers:
+        assert parser.parse_args(svc[w]["command"][1:]).role == "worker"
+        ids.add(svc[w]["environment"]["STREAMSVI_WORKER_ID"])
+        assert svc[w]["restart"] == "unless-stopped"      # back under the same transactional id
+        assert any("/var/lib/streamsvi" in str(v) for v in svc[w]["volumes"])   # the shared λ file
+    assert len(ids) == 3
+    cfg = load_config(COMPOSE / "streamsvi-scaleout.toml")
+    assert cfg["scaleout"]["deltas_topic"] in svc["topics"]["command"]
+    assert cfg["scaleout"]["lambda_file"].startswith("/var/lib/streamsvi/")
+    promtool = require_tool("promtool")
+    _run(promtool, "check", "config", "prometheus/prometheus-scaleout.yml")
+    prom = yaml.safe_load((COMPOSE / "prometheus/prometheus-scaleout.yml").read_text())
+    targets = {t for sc in prom["scrape_configs"] for g in sc["static_configs"] for t in g["targets"]}
+    assert targets == {"streamsvi:9464"} | {f"{w}:9464" for w in workers}
+    dash = json.loads((COMPOSE / "grafana/dashboards/streamsvi.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for name in ("streamsvi_delta_records_total", "streamsvi_delta_staleness", "streamsvi_consumer_lag_records"):
+        assert name in exprs

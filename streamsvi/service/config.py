@@ -211,6 +211,28 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                "snapshots, for `streamsvi report`) every this many updates", min=1),
         "progress_seconds": Field("float", 2.0, "console progress line interval (0 = off)", min=0),
     },
+    # Only read by `streamsvi run --role worker|applier` (README "Scaling out").
+    "scaleout": {
+        "deltas_topic": Field("str", None, "topic (one partition) carrying the workers' statistic "
+                              "deltas to the applier; required for --role worker/applier"),
+        "lambda_file": Field("str", None, "where the applier publishes lambda versions and workers "
+                             "read them (shared storage); default <checkpoint directory>/lambda.npz"),
+        "worker_id": Field("str", None, "this worker's id (stable across restarts: its transactional "
+                           "id); default $STREAMSVI_WORKER_ID, else the host name"),
+        "applier_group_id": Field("str", None, "consumer group of the appliers on the deltas topic "
+                                  "(one active, the others stand by); default <source.group_id>-applier"),
+        "max_staleness": Field("int", 16, "deltas computed at a lambda more than this many versions "
+                               "older than the applier's are down-weighted or dropped (stale_policy)",
+                               min=1),
+        "stale_policy": Field("str", "downweight", "downweight: step size rho_t * max_staleness / "
+                              "staleness (records still counted); drop: not applied (records counted "
+                              "in streamsvi_deltas_skipped_total{reason=\"stale\"} only)",
+                              choices=("downweight", "drop")),
+        "transaction_timeout_ms": Field("int", 60000, "worker transaction timeout (Kafka aborts a dead "
+                                        "worker's open transaction after it)", min=1),
+        "publish_seconds": Field("float", 0.0, "the applier publishes lambda at most this often "
+                                 "(0 = after every poll that applied deltas)", min=0),
+    },
 }
 
 
@@ -586,7 +608,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
-                         ("source", "vocabulary")):
+                         ("source", "vocabulary"), ("scaleout", "lambda_file")):
             p = out[sec][key]
             if p is not None and not Path(p).is_absolute():
                 out[sec][key] = str((base_dir / p).resolve())

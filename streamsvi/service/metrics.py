@@ -181,3 +181,34 @@ class DaemonMetrics:
                                   name="streamsvi-metrics", daemon=True)
         thread.start()
         return httpd, thread
+
+
+class ScaleoutMetrics:
+    """Metrics of the scale-out roles (``--role worker|applier``), in the daemon's registry.
+
+    Applier: ``streamsvi_delta_staleness{worker}`` (λ versions between the λ a
+    delta was computed at and the λ it was applied to, latest per worker),
+    ``streamsvi_deltas_applied_total{worker}``, ``streamsvi_delta_records_total{worker}``
+    (records in applied deltas: per-worker throughput), ``streamsvi_deltas_skipped_total{reason}``
+    (duplicate, overlap, stale, no_state, bad), ``streamsvi_applier_active`` (1 while this
+    applier owns the deltas partition). Both roles: ``streamsvi_lambda_version`` (the λ
+    version this process published or computes at). Worker: ``streamsvi_deltas_sent_total``.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        ns, r = "streamsvi", registry
+        self.staleness = Gauge("delta_staleness", "Lambda versions between the lambda a delta was "
+                               "computed at and the lambda it was applied to (latest, per worker)",
+                               ("worker",), namespace=ns, registry=r)
+        self.applied = Counter("deltas_applied", "Deltas applied to lambda, per worker", ("worker",),
+                               namespace=ns, registry=r)
+        self.delta_records = Counter("delta_records", "Records in applied deltas, per worker",
+                                     ("worker",), namespace=ns, registry=r)
+        self.skipped = Counter("deltas_skipped", "Deltas not applied, by reason", ("reason",),
+                               namespace=ns, registry=r)
+        self.active = Gauge("applier_active", "1 while this applier owns the deltas partition",
+                            namespace=ns, registry=r)
+        self.lambda_version = Gauge("lambda_version", "Lambda version this process published "
+                                    "(applier) or computes deltas at (worker)", namespace=ns, registry=r)
+        self.deltas_sent = Counter("deltas_sent", "Deltas this worker committed to the deltas topic",
+                                   namespace=ns, registry=r)

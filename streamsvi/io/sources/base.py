@@ -108,12 +108,17 @@ class Batch:
         Rejected records (and rows), in the order they were read.
     n_messages : int
         Messages (or lines) consumed, accepted or not.
+    first_offsets : dict[(source, partition), int]
+        The first consumed offset of every partition in ``next_offsets``: the
+        batch read ``first <= offset < next`` of each (the scale-out worker
+        sends these ranges with its delta).
     """
 
     x: np.ndarray
     next_offsets: Offsets
     dead: list[DeadLetter] = field(default_factory=list)
     n_messages: int = 0
+    first_offsets: Offsets = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -166,6 +171,7 @@ class _BatchBuilder:
         self._fresh: list[bool] = []     # parts[i] is a new array nobody else holds
         self.dead: list[DeadLetter] = []
         self.next_offsets: Offsets = {}
+        self.first_offsets: Offsets = {}
         self.n_rows = 0
         self.n_messages = 0
 
@@ -188,6 +194,7 @@ class _BatchBuilder:
         n = len(payloads)
         if n == 0:
             return
+        self.first_offsets.setdefault((source, partition), int(offsets[0]))
         x = None
         try:
             if max(map(len, payloads)) <= self.validator.max_message_bytes:
@@ -248,6 +255,7 @@ class _BatchBuilder:
         """Rows already decoded (memory source): row i is message ``offset0 + i``."""
         n = self.kind.n_records(x)
         self.n_messages += n
+        self.first_offsets.setdefault((source, 0), int(offset0))
         self.next_offsets[(source, 0)] = offset0 + n
         good, rejected = self.validator.validate(x)
         for i, reason, message in rejected:
@@ -278,7 +286,7 @@ class _BatchBuilder:
             x = self._empty
         else:
             x = self.codec.empty()
-        return Batch(x, dict(self.next_offsets), self.dead, self.n_messages)
+        return Batch(x, dict(self.next_offsets), self.dead, self.n_messages, dict(self.first_offsets))
 
 
 class Source:

@@ -19,6 +19,9 @@ def _rebalance_listener(source: "KafkaSource"):
 
     class _Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked):
+            # kafka-python calls this as a (re)join starts; under the eager protocol the old
+            # partitions stay in consumer.assignment() until the join completes
+            source._joining = True
             if revoked:
                 log.info("partitions revoked from %s: %s", source.group_id,
                          sorted((tp.topic, tp.partition) for tp in revoked))
@@ -177,6 +180,7 @@ class KafkaSource(Source):
         # Messages polled but not handed out yet: [TopicPartition, messages, index of the next].
         self._buffer: deque[list] = deque()
         self._position_cache: dict = {}     # consumer positions, valid until the next poll or seek
+        self._joining = False               # a group (re)join is in flight (see _owns_partitions)
         config = {"bootstrap_servers": bootstrap_servers, "group_id": group_id,
                   "client_id": client_id, "enable_auto_commit": False,
                   "auto_offset_reset": auto_offset_reset,
@@ -218,6 +222,7 @@ class KafkaSource(Source):
     def _on_assigned(self, assigned):
         keys = sorted((tp.topic, tp.partition) for tp in assigned)
         log.info("partitions assigned to %s: %s", self.group_id, keys)
+        self._joining = False
         self._position_cache.clear()
         for tp in assigned:
             off = self._pending_seeks.pop((tp.topic, tp.partition), None)
@@ -238,6 +243,18 @@ class KafkaSource(Source):
             if msgs:
                 self._consumer.seek(tp, msgs[0].offset)
 
+    def _owns_partitions(self) -> bool:
+        """True if the group assigned partitions and no (re)join is in flight.
+
+        During a rejoin kafka-python 3.0.12 (eager protocol) keeps the revoked
+        partitions in ``consumer.assignment()`` until the join completes, so that
+        alone would let the caller poll briefly and do other work while the
+        JoinGroup is in flight; a join answered outside a poll starts over, and on
+        tansu (which answers a JoinGroup after about half a session timeout) the
+        cycle can repeat for minutes (measured with three scale-out workers).
+        """
+        return bool(self._consumer.assignment()) and not self._joining
+
     def _await_assignment(self, deadline: float) -> bool:
         # Poll in chunks of JOIN_POLL_S with no work in between. kafka-python
         # 3.0.12 can drop a finished join and start over when a poll times out
@@ -245,7 +262,7 @@ class KafkaSource(Source):
         # first waits up to retry_backoff_ms for metadata, so 100 ms polls
         # almost never complete one). The poll that completes the join may
         # already return records; they are rewound, not dropped.
-        while not self._consumer.assignment():
+        while not self._owns_partitions():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -254,7 +271,9 @@ class KafkaSource(Source):
         return True
 
     def assignment(self) -> set[tuple[str, int]]:
-        """The ``(topic, partition)`` pairs this consumer owns now."""
+        """The ``(topic, partition)`` pairs this consumer owns now (none while it (re)joins)."""
+        if self._joining:
+            return set()
         return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
 
     def wait_for_assignment(self, timeout_s: float = 30.0) -> set[tuple[str, int]]:
@@ -311,15 +330,15 @@ class KafkaSource(Source):
 
         Returns as soon as ``max_records`` rows are in, else when the wait is
         over; None if no message arrived (or no partition was assigned) in time.
-        While the consumer is still joining its group (no partitions assigned)
-        the wait is at least ``JOIN_POLL_S`` (0.5 s): shorter polls can keep a
-        join from ever finishing.
+        While the consumer is joining its group (no partitions assigned, or a
+        rejoin in flight: see ``_owns_partitions``) the wait is at least
+        ``JOIN_POLL_S`` (0.5 s): shorter polls can keep a join from ever finishing.
         """
         _check_poll_args(max_records, max_wait_s)
         if self._closed:
             raise SourceError("KafkaSource is closed")
         deadline = time.monotonic() + max_wait_s
-        if not self._buffer and not self._consumer.assignment():
+        if not self._buffer and not self._owns_partitions():
             if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
                 return None
         b = _BatchBuilder(self.codec, self.validator, self.n_features, self.kind)
@@ -337,6 +356,11 @@ class KafkaSource(Source):
             left = deadline - time.monotonic()
             if polled and left <= 0:
                 break
+            if polled and not self._owns_partitions():
+                # the last poll started a rejoin: wait it out in long polls, nothing else
+                if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
+                    break
+                continue
             self._poll_into_buffer(left, self._messages_wanted(max_records - b.n_rows))
             polled = True
             if not self._buffer and time.monotonic() >= deadline:
@@ -554,7 +578,7 @@ class KafkaSource(Source):
         has records to read (no network round trip); the others take one
         metadata, one committed-offset and one fetch round trip.
         """
-        if not self._consumer.assignment():
+        if not self._owns_partitions():
             topics = self.topics if self.topics is not None else [self.pattern]
             return {(t, None): "no partitions assigned here: the group is joining or rebalancing"
                     for t in topics}

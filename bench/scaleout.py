@@ -1,0 +1,246 @@
+"""Scale-out on a local broker: records/s with 1, 2, 4 workers, the applier's ceiling, quality.
+
+    python bench/scaleout.py [--records 60000] [--rounds 2]
+
+Runs, on one local tansu broker (memory storage), the real CLI as subprocesses:
+one single-process daemon (``streamsvi run --until-drained``) and the
+scale-out roles (one applier + W workers, ``--role``), alternated over
+``--rounds`` rounds on the same topic (each run its own consumer group). A run's
+time is from the start of its processes until every record is folded into λ
+(the daemon exits drained; the applier's published λ counts every record), so
+group joins are included. Then:
+
+* the applier's ceiling: the in-process ``Applier`` on a deltas topic holding
+  ``--ceiling-deltas`` committed deltas (Kafka read, decode, dedup, step,
+  publication, checkpoints), in deltas/s and records/s (× records per delta);
+* quality: the mean held-out log predictive density (2,000 records never
+  produced) of the final λ of 4 workers and of the single daemon.
+
+The machine's cores are shared (and with other jobs): more workers than cores
+cannot run faster here; the ceiling says how far one applier goes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_model, fmt_table  # noqa: E402
+
+STREAMSVI = str(Path(sys.executable).with_name("streamsvi"))
+K, D, P = 5, 8, 4
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=4.0, size=(K, D))
+    z = rng.integers(0, K, n)
+    return centres[z] + rng.normal(size=(n, D))
+
+
+def toml(d):
+    out = []
+    for sec, kv in d.items():
+        out.append(f"[{sec}]")
+        for k, v in kv.items():
+            out.append(f"{k} = " + (f'"{v}"' if isinstance(v, str) else
+                                    "[" + ", ".join(f'"{x}"' for x in v) + "]" if isinstance(v, list) else
+                                    str(v).lower() if isinstance(v, bool) else repr(v)))
+        out.append("")
+    return "\n".join(out)
+
+
+def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
+    cfg = {"model": {"kind": "gmm", "n_components": K, "n_features": D, "weight_concentration": 1.0,
+                     "mean_precision": 0.1, "scale": 1.0},
+           "inference": {"n_total": n, "batch_size": 200, "effective_batch_size": 50,
+                         "max_wait_seconds": 1.0, "seed": 1},
+           "source": {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
+                      "codec": "json"},
+           "checkpoint": {"directory": str(work / "ck"), "every_batches": 50, "every_seconds": 5.0},
+           "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0}}
+    if deltas:
+        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64}
+        if worker:
+            cfg["scaleout"]["worker_id"] = worker
+    name = work / f"{worker or ('applier' if deltas else 'single')}.toml"
+    name.write_text(toml(cfg))
+    return name
+
+
+def run_single(root, bootstrap, topic, n):
+    work = root / f"single-{uuid.uuid4().hex[:6]}"
+    work.mkdir()
+    cfg = config(work, bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", n)
+    t0 = time.perf_counter()
+    p = subprocess.run([STREAMSVI, "run", "--config", str(cfg), "--until-drained"], capture_output=True,
+                       timeout=900)
+    el = time.perf_counter() - t0
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    from streamsvi.checkpoint import load_snapshot
+    snap = load_snapshot(work / "ck")
+    assert snap.state.records_seen == n, snap.state.records_seen
+    return el, snap.engine, snap.state
+
+
+def run_scaleout(root, bootstrap, topic, n, workers):
+    from streamsvi.io.broker import create_topic
+    from streamsvi.service.roles.transport import LambdaFile
+
+    work = root / f"w{workers}-{uuid.uuid4().hex[:6]}"
+    work.mkdir()
+    group, deltas = f"g-{uuid.uuid4().hex[:8]}", f"deltas-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, deltas, partitions=1)
+    acfg = config(work, bootstrap, topic, group, n, deltas)
+    wcfgs = [config(work, bootstrap, topic, group, n, deltas, f"w{i}") for i in range(workers)]
+    logs = open(work / "log", "wb")
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([STREAMSVI, "run", "--config", str(acfg), "--role", "applier"],
+                              stdout=logs, stderr=logs)]
+    procs += [subprocess.Popen([STREAMSVI, "run", "--config", str(c), "--role", "worker", "--until-drained"],
+                               stdout=logs, stderr=logs) for c in wcfgs]
+    lam = LambdaFile(work / "ck" / "lambda.npz")
+    try:
+        while not (lam.refresh() or lam.state is not None) or lam.state.records_seen < n:
+            if any(p.poll() not in (None, 0) for p in procs):
+                raise RuntimeError(f"a process failed; see {work / 'log'}")
+            if time.perf_counter() - t0 > 900:
+                raise RuntimeError("scale-out run did not finish in 900 s")
+            time.sleep(0.01)
+            lam.refresh()
+        el = time.perf_counter() - t0
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(60)
+    assert lam.state.records_seen == n, lam.state.records_seen
+    return el, lam.engine, lam.state
+
+
+def applier_ceiling(root, bootstrap, n_deltas):
+    """Deltas/s of the in-process Applier over a deltas topic of ``n_deltas`` committed deltas."""
+    from kafka import KafkaProducer
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.io.broker import create_topic
+    from streamsvi.service.config import build_engine, validate
+    from streamsvi.service.roles.applier import Applier
+    from streamsvi.service.roles.transport import Delta
+
+    deltas = f"deltas-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, deltas, partitions=1)
+    work = root / f"ceiling-{uuid.uuid4().hex[:6]}"
+    work.mkdir()
+    import tomllib
+    cfg = validate(tomllib.loads(config(work, bootstrap, "data", f"g-{uuid.uuid4().hex[:8]}",
+                                        n_deltas * 200, deltas).read_text()))
+    engine = build_engine(cfg, n_deltas * 200.0)
+    X = data(200 * 50, seed=9)
+    st = engine.init(X, seed=1)
+    ds = []                        # 50 different minibatches' deltas, cycled
+    for j in range(50):
+        tg = engine.stochastic_target(st, X[200 * j:200 * (j + 1)])
+        ds.append(Delta(worker="w", version=0, ranges=[], records=200,
+                        stats=tg.target - engine.model.prior(), min_weight=float(tg.weights.min()),
+                        n_total=engine.n_total))
+    prod = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"bench-{uuid.uuid4().hex[:6]}",
+                         linger_ms=5, max_request_size=8 << 20)
+    prod.init_transactions()
+    prod.begin_transaction()
+    prod.send(deltas, Delta(worker="w", version=-1, ranges=[], records=0, stats=st.lam,
+                            n_total=engine.n_total, kind="init").encode(), partition=0)
+    for i in range(n_deltas):
+        d = ds[i % len(ds)]
+        d.ranges = [("data", 0, 200 * i, 200 * (i + 1))]
+        prod.send(deltas, d.encode(), partition=0)
+    prod.commit_transaction()
+    prod.close()
+    applier = Applier(cfg, registry=CollectorRegistry(), out=open(os.devnull, "w"))
+    res = applier.run(max_deltas=n_deltas, timeout=600)
+    el = time.monotonic() - res.took_over_at[0]     # from taking the partition (after the group join)
+    assert res.deltas == n_deltas, res
+    # pure step cost, no Kafka: decode + dedup-free apply
+    from streamsvi.service.roles.apply import apply_delta
+    raws = [d.encode() for d in ds]
+    s, t1, k = st, time.perf_counter(), 0
+    while time.perf_counter() - t1 < 2.0:
+        dd = Delta.decode(raws[k % len(raws)])
+        s, _ = apply_delta(engine, s, dd.stats, dd.records, dd.min_weight)
+        k += 1
+    return n_deltas / el, k / (time.perf_counter() - t1), el
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=60000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workers", default="1,2,4")
+    ap.add_argument("--ceiling-deltas", type=int, default=3000)
+    args = ap.parse_args()
+    from streamsvi.io import JsonCodec, produce_rows
+    from streamsvi.io.broker import LocalBroker, create_topic
+
+    n = args.records
+    X, H = data(n, seed=0), data(2000, seed=0)[::-1]   # H: same clusters, never produced
+    rng = np.random.default_rng(1)
+    H = H + rng.normal(scale=0.01, size=H.shape)
+    counts = [int(w) for w in args.workers.split(",")]
+    print(f"cpu: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs: absolute speeds are noisy)")
+    with LocalBroker() as broker, tempfile.TemporaryDirectory(prefix="scaleout-bench-") as tmp:
+        root, bs = Path(tmp), broker.bootstrap
+        topic = f"points-{uuid.uuid4().hex[:6]}"
+        create_topic(bs, topic, partitions=P)
+        produce_rows(bs, topic, X, JsonCodec(D), partitions=P)
+        print(f"{n} JSON records of a {K}-component {D}-D mixture on {P} partitions; batch 200, M 50\n")
+        times = {"single": [], **{w: [] for w in counts}}
+        finals = {}
+        for r in range(args.rounds):
+            order = ["single"] + counts if r % 2 == 0 else counts[::-1] + ["single"]
+            for what in order:
+                if what == "single":
+                    el, eng, state = run_single(root, bs, topic, n)
+                else:
+                    el, eng, state = run_scaleout(root, bs, topic, n, what)
+                times[what].append(el)
+                finals[what] = (eng, state)
+                print(f"  round {r + 1}: {what if what == 'single' else f'{what} worker(s)':>12}  "
+                      f"{el:6.1f} s  {n / el:8.0f} rec/s", flush=True)
+        base = np.median(times["single"])
+        rows = [["single process", f"{np.median(times['single']):.1f}", f"{n / base:.0f}", "1.00"]]
+        for w in counts:
+            t = np.median(times[w])
+            rows.append([f"{w} worker(s) + applier", f"{t:.1f}", f"{n / t:.0f}", f"{base / t:.2f}"])
+        print("\nthroughput (median of rounds; time includes process start and group joins):")
+        print(fmt_table(["run", "seconds", "records/s", "vs single"], rows))
+
+        dps, pure, el = applier_ceiling(root, bs, args.ceiling_deltas)
+        print(f"\napplier ceiling: {dps:.0f} deltas/s end to end ({args.ceiling_deltas} deltas read "
+              f"read_committed, decoded, applied, published, checkpointed in {el:.1f} s) = "
+              f"{dps * 200:.0f} records/s at 200 records per delta; the step alone (decode + apply): "
+              f"{pure:.0f} deltas/s = {pure * 200:.0f} records/s")
+
+        print("\nquality: mean held-out log predictive density (2000 records not trained on, nats/record):")
+        rows = []
+        for what in ["single"] + counts:
+            eng, state = finals[what]
+            ll = float(np.mean(eng.predictive_logpdf(state, H)))
+            rows.append([what if what == "single" else f"{what} worker(s)", f"{ll:.4f}", str(state.step)])
+        print(fmt_table(["run", "held-out LL", "steps"], rows))
+        ref = float(rows[0][1])
+        w4 = next((float(r[1]) for r in rows if r[0].startswith(f"{max(counts)} ")), ref)
+        ok = "within" if w4 >= ref - 0.05 else "OUTSIDE"
+        print(f"\n{max(counts)} workers vs single: {w4 - ref:+.4f} nats/record ({ok} the tolerance: "
+              f"not worse than single - 0.05)")
+
+
+if __name__ == "__main__":
+    main()

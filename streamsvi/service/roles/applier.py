@@ -1,0 +1,367 @@
+"""The applier role (``streamsvi run --role applier``): the one writer of λ.
+
+Appliers form a consumer group (``scaleout.applier_group_id``) on the deltas
+topic, which has one partition: the member the group assigns partition 0 is
+active, the others stand by with no state. Stages of :meth:`Applier.run`:
+``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
+(read_committed: deltas of aborted or open worker transactions are never
+seen), ``_apply`` (each delta: dedup, staleness, natural-gradient step),
+``_publish`` (λ file), ``_maybe_checkpoint``; ``_take_over`` when partition 0
+is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+
+Exactly once. The checkpoint (``CheckpointStore``) holds λ, the next offset
+of the deltas topic, and per data partition the offset up to which deltas were
+applied (``applied_end``) with the merged applied ranges. On takeover the
+active applier resumes from the latest snapshot and seeks the deltas topic to
+its offset, so the deltas after it are applied again to the state before
+them: once. A delta whose data ranges all end at or before ``applied_end``
+(a zombie worker's late transaction, the same delta twice) is skipped as a
+duplicate; one that overlaps partly is skipped as an overlap and logged as an
+error (it cannot be split).
+
+Takeover bound: a killed active applier's partition goes to a standby after
+the group notices (``source.session_timeout_ms``) plus one rebalance (about
+half a session timeout on tansu), plus the resume and the replay of the
+deltas since the last checkpoint.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...checkpoint import CheckpointStore, check_compatible
+from ...inference.engine import EngineState
+from ...models.base import NatParams
+from ..config import build_engine, client_security
+from ..metrics import DaemonMetrics, ScaleoutMetrics
+from .apply import apply_delta
+from .transport import Delta, DeltaFormatError, publish_lambda
+from .worker import check_scaleout_config
+
+log = logging.getLogger("streamsvi.applier")
+
+#: Poll length of the applier's consumer (≥ 0.5 s: shorter polls can keep a tansu group join from finishing).
+POLL_S = 0.5
+
+
+@dataclass
+class ApplierResult:
+    """What one ``Applier.run`` did."""
+
+    deltas: int = 0
+    records: int = 0
+    skipped: int = 0
+    checkpoints: int = 0
+    takeovers: int = 0
+    stopped_by: str = ""
+    took_over_at: list = field(default_factory=list)    # monotonic times partition 0 was assigned
+
+
+def _key(t, p) -> str:
+    return f"{t}/{int(p)}"
+
+
+class Applier:
+    """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table."""
+
+    def __init__(self, cfg: dict, registry=None, out=None):
+        check_scaleout_config(cfg)
+        self.cfg, self.sc = cfg, cfg["scaleout"]
+        self.metrics = DaemonMetrics(registry)
+        self.sm = ScaleoutMetrics(self.metrics.registry)
+        self.out = out if out is not None else sys.stderr
+        self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
+        self.lambda_file = self.sc["lambda_file"] or os.path.join(cfg["checkpoint"]["directory"], "lambda.npz")
+        self.group = self.sc["applier_group_id"] or f"{cfg['source']['group_id']}-applier"
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self._signals = 0
+        self.active = False
+        self._reset()
+
+    def _reset(self):
+        self.engine = self.state = None
+        self.next_offset = 0                 # next offset of the deltas topic to apply
+        self.applied_end: dict = {}          # "topic/partition" -> end of the applied ranges
+        self.applied: dict = {}              # "topic/partition" -> merged [[first, end], ...]
+        self.dropped_records = 0
+        self._since_ck = 0
+        self._dirty = False                  # λ changed since the last publication
+
+    # ---------------------------------------------------------- signals
+    def request_stop(self, reason="requested"):
+        self._stop_reason = reason
+        self._stop.set()
+
+    def _on_signal(self, signum, frame):
+        self._signals += 1
+        if self._signals >= 2:
+            os.write(2, f"streamsvi: second signal ({signal.Signals(signum).name}), exiting without commit\n".encode())
+            os._exit(130)
+        self.request_stop(signal.Signals(signum).name)
+
+    def install_signal_handlers(self):
+        from ..signals import take_pending
+
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        for signum in take_pending():
+            self._on_signal(signum, None)
+
+    @property
+    def stop_reason(self) -> str:
+        return self._stop_reason if self._stop.is_set() else ""
+
+    # -------------------------------------------------------------- run
+    def run(self, max_deltas: int | None = None, timeout: float | None = None) -> ApplierResult:
+        """Apply deltas until a stop (signal, ``max_deltas`` applied, ``timeout`` seconds)."""
+        res = ApplierResult()
+        t0 = time.monotonic()
+        consumer, server = self._start(res)
+        try:
+            while True:
+                if self._stop.is_set():
+                    res.stopped_by = self._stop_reason
+                    break
+                if max_deltas is not None and res.deltas >= max_deltas:
+                    res.stopped_by = "max_deltas"
+                    break
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    res.stopped_by = "timeout"
+                    break
+                records = self._poll(consumer)
+                if self.active:
+                    for msg in records:
+                        self._apply(msg, res)
+                    self._publish()
+                    self._maybe_checkpoint(consumer, res)
+        finally:
+            self._finish(consumer, server, res)
+        return res
+
+    def _start(self, res):
+        from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+
+        mc = self.cfg["metrics"]
+        server = None
+        if mc["enabled"]:
+            server, _ = self.metrics.serve(mc["port"], mc["host"])
+            print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
+        src, topic = self.cfg["source"], self.sc["deltas_topic"]
+        consumer = KafkaConsumer(bootstrap_servers=src["bootstrap_servers"], group_id=self.group,
+                                 enable_auto_commit=False, isolation_level="read_committed",
+                                 auto_offset_reset="earliest", client_id="streamsvi-applier",
+                                 session_timeout_ms=src["session_timeout_ms"],
+                                 heartbeat_interval_ms=src["heartbeat_interval_ms"],
+                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20,
+                                 **client_security(self.cfg))
+        parts = consumer.partitions_for_topic(topic)
+        if not parts or len(parts) != 1:
+            consumer.close(autocommit=False)
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+            raise ValueError(f"scaleout.deltas_topic: topic {topic!r} has "
+                             f"{len(parts) if parts else 'no'} partitions at {src['bootstrap_servers']}; "
+                             f"create it with exactly one (deltas are applied in order)")
+        applier = self
+
+        class _Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                if applier.active and any(tp.partition == 0 for tp in revoked):
+                    applier._hand_over(consumer, res)
+
+            def on_partitions_assigned(self, assigned):
+                if any(tp.topic == topic and tp.partition == 0 for tp in assigned):
+                    applier._take_over(consumer, TopicPartition(topic, 0), res)
+
+        consumer.subscribe([topic], listener=_Listener())
+        print(f"applier: joined group {self.group!r} on {topic!r} (active once it holds the partition)",
+              file=self.out, flush=True)
+        return consumer, server
+
+    def _take_over(self, consumer, tp, res):
+        """Partition 0 is ours: resume from the latest snapshot, seek the deltas topic."""
+        self._reset()
+        snap = self.store.resume()
+        if snap is not None:
+            n = self.cfg["inference"]["n_total"]
+            engine = build_engine(self.cfg, snap.engine.n_total if n == "auto" else float(n))
+            for note in check_compatible(snap, engine):
+                log.warning("settings changed since the checkpoint: %s", note)
+            self.engine, self.state = engine, snap.state
+            self.next_offset = next((int(o["offset"]) for o in snap.offsets
+                                     if o["source"] == self.sc["deltas_topic"]), 0)
+            sc = (snap.extra or {}).get("scaleout", {})
+            self.applied_end = {k: int(v) for k, v in sc.get("applied_end", {}).items()}
+            self.applied = {k: [list(r) for r in v] for k, v in sc.get("applied", {}).items()}
+            self.dropped_records = int(sc.get("dropped_records", 0))
+            self.metrics.step.set(self.state.step)
+            self.metrics.records_seen.set(self.state.records_seen)
+            self._dirty = True
+            self._publish()
+        consumer.seek(tp, self.next_offset)
+        self.active = True
+        self.sm.active.set(1)
+        res.takeovers += 1
+        res.took_over_at.append(time.monotonic())
+        where = f"snapshot {snap.number} (step {snap.state.step})" if snap is not None else "no snapshot"
+        log.info("applier active: resumed from %s, deltas from offset %d", where, self.next_offset)
+        print(f"applier: active from {where}, deltas offset {self.next_offset}", file=self.out, flush=True)
+
+    def _hand_over(self, consumer, res):
+        """Partition 0 is revoked (a clean rebalance): checkpoint, then stand by without state."""
+        if self.state is not None and self._since_ck:
+            self.checkpoint(consumer)
+            res.checkpoints += 1
+        self.active = False
+        self.sm.active.set(0)
+        self._reset()
+        log.info("applier standing by: the deltas partition went to another applier")
+
+    def _poll(self, consumer):
+        out = []
+        for msgs in consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000).values():
+            out += msgs
+        return sorted(out, key=lambda m: m.offset)
+
+    # ------------------------------------------------------------- apply
+    def _apply(self, msg, res):
+        """One delta: decode, deduplicate, weigh staleness, step."""
+        if msg.offset < self.next_offset:          # already in the state (a seek raced a fetch)
+            return
+        self.next_offset = msg.offset + 1
+        self._since_ck += 1
+        try:
+            d = Delta.decode(msg.value)
+        except DeltaFormatError as exc:
+            log.error("deltas topic offset %d: %s; skipped", msg.offset, exc)
+            self._skip("bad", res)
+            return
+        if d.kind == "init":
+            if self.state is None:
+                n = self.cfg["inference"]["n_total"]
+                self.engine = build_engine(self.cfg, d.n_total if n == "auto" else float(n))
+                rng = np.random.Generator(np.random.PCG64(self.cfg["inference"]["seed"]))
+                prior = self.engine.model.prior()
+                self.state = EngineState(step=0, lam=NatParams({k: d.stats[k] for k in prior}), rng_state=rng.bit_generator.state,
+                                         records_seen=0)
+                self._dirty = True
+                log.info("applier: λ_0 proposed by worker %s adopted (N = %g)", d.worker, self.engine.n_total)
+            return
+        if self.state is None:
+            log.error("deltas topic offset %d: a delta from worker %s before any λ_0 (the checkpoint "
+                      "directory was lost?); skipped", msg.offset, d.worker)
+            self._skip("no_state", res)
+            return
+        ends = [self.applied_end.get(_key(t, p), -1) for t, p, _, _ in d.ranges]
+        if d.ranges and all(e >= end for e, (_, _, _, end) in zip(ends, d.ranges)):
+            self._skip("duplicate", res)
+            return
+        if any(first < e for e, (_, _, first, _) in zip(ends, d.ranges)):
+            log.error("delta from worker %s covers %s, which overlaps ranges already applied (up to "
+                      "%s); skipped, its records may be lost", d.worker, d.ranges, ends)
+            self._skip("overlap", res)
+            return
+        staleness = max(self.state.step - d.version, 0)
+        self.sm.staleness.labels(worker=d.worker).set(staleness)
+        bound = self.sc["max_staleness"]
+        records = d.records
+        if d.stats is not None and staleness > bound and self.sc["stale_policy"] == "drop":
+            self._skip("stale", res)
+            self.dropped_records += d.records
+            records = 0
+        elif d.stats is not None:
+            scale = 1.0 if staleness <= bound else bound / staleness
+            self.state, done = apply_delta(self.engine, self.state, d.stats, d.records, d.min_weight, scale)
+            self.metrics.rho.set(done.rho)
+            self.metrics.step.set(done.step)
+            if done.domain_clipped:
+                self.metrics.domain_clipped.inc(done.domain_clipped)
+                self.metrics.domain_updates.inc()
+            self._dirty = True
+        for t, p, first, end in d.ranges:
+            k = _key(t, p)
+            self.applied_end[k] = end
+            runs = self.applied.setdefault(k, [])
+            if runs and runs[-1][1] == first:
+                runs[-1][1] = end
+            else:
+                runs.append([first, end])
+        if records:
+            self.metrics.records.inc(records)
+            self.metrics.batches.inc()
+            self.metrics.records_seen.set(self.state.records_seen)
+            self.sm.delta_records.labels(worker=d.worker).inc(records)
+        self.sm.applied.labels(worker=d.worker).inc()
+        res.deltas += 1
+        res.records += records
+
+    def _skip(self, reason, res):
+        self.sm.skipped.labels(reason=reason).inc()
+        res.skipped += 1
+
+    def _publish(self, force=False):
+        """Write λ for the workers (at most every ``scaleout.publish_seconds``)."""
+        if self.state is None or not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - getattr(self, "_last_publish", 0.0) < self.sc["publish_seconds"]:
+            return
+        publish_lambda(self.lambda_file, self.engine, self.state)
+        self._last_publish, self._dirty = now, False
+        self.sm.lambda_version.set(self.state.step)
+
+    # -------------------------------------------------------- checkpoint
+    def _maybe_checkpoint(self, consumer, res):
+        ck, now = self.cfg["checkpoint"], time.monotonic()
+        last = getattr(self, "_last_ck", None)
+        if last is None:
+            self._last_ck = last = now
+        if self.state is not None and self._since_ck and (
+                self._since_ck >= ck["every_batches"] or now - last >= ck["every_seconds"]):
+            self.checkpoint(consumer)
+            res.checkpoints += 1
+
+    def checkpoint(self, consumer):
+        """Snapshot λ, the deltas offset and the applied ranges (durable), then commit the offset."""
+        from kafka import TopicPartition
+
+        from ...io._kafka import offset_and_metadata
+
+        topic = self.sc["deltas_topic"]
+        extra = {"scaleout": {"applied_end": self.applied_end, "applied": self.applied,
+                              "dropped_records": self.dropped_records}}
+        snap = self.store.save(self.engine, self.state,
+                               [{"source": topic, "partition": 0, "offset": self.next_offset}],
+                               config=self.cfg, extra=extra)
+        self.metrics.checkpoints.inc()
+        self.metrics.checkpoint_ts.set(time.time())
+        self._since_ck, self._last_ck = 0, time.monotonic()
+        try:      # for lag monitoring only: a takeover seeks to the snapshot's offset
+            consumer.commit({TopicPartition(topic, 0): offset_and_metadata(self.next_offset)})
+        except Exception as exc:     # noqa: BLE001 - the snapshot is what counts
+            log.warning("committing deltas offset %d failed (%s); the snapshot holds it",
+                        self.next_offset, exc)
+        return snap
+
+    def _finish(self, consumer, server, res):
+        if self.active and self.state is not None:
+            self._publish(force=True)
+            if self._since_ck:
+                snap = self.checkpoint(consumer)
+                res.checkpoints += 1
+                print(f"checkpoint: {snap.path} (step {self.state.step}, {self.state.records_seen} "
+                      f"records)", file=self.out, flush=True)
+        self.active = False
+        consumer.close(autocommit=False)
+        if server is not None:
+            server.shutdown()
+            server.server_close()

@@ -1,0 +1,145 @@
+"""What travels between the scale-out roles: statistic deltas on a Kafka topic, λ as a file.
+
+Delta message (the value of one record on ``scaleout.deltas_topic``), no pickle::
+
+    b"SSVD1\\n"  magic and format version (6 bytes)
+    uint32 LE   length H of the JSON header
+    H bytes     UTF-8 JSON header (below)
+    raw         the arrays named in the header, float64 little-endian, C order, concatenated
+
+Header fields: ``kind`` ("delta", or "init": a proposed λ_0 from a worker when
+the applier has no state yet), ``worker`` (id), ``version`` (the λ version the
+statistics were computed at), ``ranges`` (``[[topic, partition, first, end], ...]``:
+the data-topic offsets ``first <= o < end`` the delta covers, dead letters
+included), ``records`` (records that reached the model), ``min_weight`` (the
+smallest SVI+ weight, so the applier knows when to test the domain),
+``n_total`` (the N the worker scaled by), ``arrays`` (``[[name, shape], ...]``).
+
+The arrays of a "delta" are the scaled weighted statistics (N/|S|) Σ_n w_n
+E_q[t(θ_n)] = λ̂ − η; of an "init", λ_0 itself. A delta of 0 records has no
+arrays: it only says its offset ranges were consumed (every record dead-lettered).
+
+λ versions are published as a file (``scaleout.lambda_file``), not on a
+compacted topic: written whole under a temporary name and renamed, so a reader
+sees the old or the new file, never half of one. It is the ``.npz`` of
+:mod:`streamsvi.inference.state` (engine settings, λ, step = the version) and
+is loaded with ``allow_pickle=False``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...inference.state import state_from_arrays, state_to_arrays
+from ...models.base import NatParams
+
+MAGIC = b"SSVD1\n"
+_MAX_HEADER = 1 << 20
+
+
+class DeltaFormatError(ValueError):
+    """A message on the deltas topic is not a delta this version can read."""
+
+
+@dataclass
+class Delta:
+    """One worker minibatch's contribution (see the module docs for the fields)."""
+
+    worker: str
+    version: int
+    ranges: list            # [(topic, partition, first, end)]
+    records: int
+    stats: NatParams | None = None
+    min_weight: float = 1.0
+    n_total: float = 0.0
+    kind: str = "delta"
+    extra: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        arrays = [] if self.stats is None else list(self.stats.items())   # NatParams order
+        header = {"kind": self.kind, "worker": self.worker, "version": int(self.version),
+                  "ranges": [[str(t), int(p), int(a), int(b)] for t, p, a, b in self.ranges],
+                  "records": int(self.records), "min_weight": float(self.min_weight),
+                  "n_total": float(self.n_total), "extra": self.extra,
+                  "arrays": [[k, list(np.shape(v))] for k, v in arrays]}
+        h = json.dumps(header, separators=(",", ":")).encode()
+        body = b"".join(np.ascontiguousarray(v, dtype="<f8").tobytes() for _, v in arrays)
+        return MAGIC + struct.pack("<I", len(h)) + h + body
+
+    @classmethod
+    def decode(cls, data: bytes) -> "Delta":
+        if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != MAGIC:
+            raise DeltaFormatError("not a streamsvi delta (magic SSVD1 missing)")
+        data = memoryview(data)
+        if len(data) < 10:
+            raise DeltaFormatError("delta truncated before its header length")
+        (hlen,) = struct.unpack("<I", data[6:10])
+        if hlen > _MAX_HEADER or 10 + hlen > len(data):
+            raise DeltaFormatError(f"delta header length {hlen} does not fit the message ({len(data)} bytes)")
+        try:
+            h = json.loads(bytes(data[10:10 + hlen]).decode())
+            stats, pos = {}, 10 + hlen
+            for name, shape in h["arrays"]:
+                n = int(np.prod(shape, dtype=np.int64)) * 8
+                if pos + n > len(data):
+                    raise DeltaFormatError(f"delta array {name!r} runs past the end of the message")
+                stats[str(name)] = np.frombuffer(data[pos:pos + n], dtype="<f8").reshape(shape).astype(float)
+                pos += n
+            if pos != len(data):
+                raise DeltaFormatError(f"{len(data) - pos} bytes after the last delta array")
+            ranges = [(str(t), int(p), int(a), int(b)) for t, p, a, b in h["ranges"]]
+            if h["kind"] not in ("delta", "init"):
+                raise DeltaFormatError(f"unknown delta kind {h['kind']!r}")
+            return cls(worker=str(h["worker"]), version=int(h["version"]), ranges=ranges,
+                       records=int(h["records"]), stats=NatParams(stats) if stats else None,
+                       min_weight=float(h["min_weight"]), n_total=float(h["n_total"]),
+                       kind=h["kind"], extra=dict(h.get("extra") or {}))
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            if isinstance(exc, DeltaFormatError):
+                raise
+            raise DeltaFormatError(f"bad delta header: {type(exc).__name__}: {exc}") from None
+
+
+# ------------------------------------------------------------------ λ versions
+def publish_lambda(path, engine, state) -> None:
+    """Write λ (and the engine settings) atomically to ``path``; the version is ``state.step``."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.savez(f, **state_to_arrays(engine, state))
+    os.replace(tmp, path)
+
+
+class LambdaFile:
+    """A worker's view of the published λ: reloaded when the file changes (cheap ``stat``)."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._sig = None
+        self.engine = None
+        self.state = None
+
+    def refresh(self) -> bool:
+        """Reload if the file changed since the last look; True if a new λ was loaded."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if sig == self._sig:
+            return False
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                self.engine, self.state = state_from_arrays({k: z[k] for k in z.files})
+        except FileNotFoundError:
+            return False
+        self._sig = sig
+        return True
+
+    @property
+    def version(self) -> int | None:
+        return None if self.state is None else int(self.state.step)

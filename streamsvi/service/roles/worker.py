@@ -1,0 +1,365 @@
+"""The worker role (``streamsvi run --role worker``): local steps and statistics, no λ updates.
+
+A worker is a :class:`~streamsvi.service.daemon.Daemon` whose stages
+``_learn`` and ``_advance`` do the scale-out work and which keeps no
+checkpoint of its own:
+
+* source → batch → (no hold-out) as in one process (the same ``_poll``,
+  ``_set_aside`` stages, the same consumer group settings);
+* ``_learn``: the local step and the weighted sufficient statistics at the
+  freshest published λ (``SVI.stochastic_target``), giving the delta
+  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η;
+* ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
+  and the batch's data offsets (``send_offsets_to_transaction`` with the
+  consumer's group metadata). Either both are committed or neither: a record
+  is consumed by the group exactly when its contribution is on the deltas
+  topic for read_committed readers.
+
+The group's committed offsets are the worker's whole state: a restarted
+worker (or the member the group hands its partitions to) starts where the last
+committed transaction ended. Restart a killed worker with the same worker id:
+its ``init_transactions`` (run at start, before it waits for partitions)
+aborts the transaction it left open (a real Kafka cluster also aborts it after
+``transaction.timeout.ms``; tansu 0.6.0 does not, and read_committed readers of
+the deltas topic wait until then).
+
+SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
+offset) of the batch, so a batch processed again after a crash gets the
+same weights. Before the applier has any λ, the first worker with data
+proposes λ_0 (``model.init_params`` on its first batch) in an "init" message
+and waits for the applier to publish version 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import zlib
+
+import numpy as np
+
+from ...inference.engine import EngineState
+from ..config import ConfigError, client_security
+from ..daemon import Daemon
+from ..metrics import ScaleoutMetrics
+from .transport import Delta, LambdaFile
+
+log = logging.getLogger("streamsvi.worker")
+
+#: How often a worker waiting for the first λ looks at the λ file.
+LAMBDA_WAIT_S = 0.1
+
+
+def worker_id(cfg) -> str:
+    """``scaleout.worker_id``, else ``$STREAMSVI_WORKER_ID``, else the host name."""
+    return cfg["scaleout"]["worker_id"] or os.environ.get("STREAMSVI_WORKER_ID") or socket.gethostname()
+
+
+def check_scaleout_config(cfg) -> None:
+    """Refuse configs the roles cannot run, naming the setting."""
+    if cfg["source"]["kind"] != "kafka":
+        raise ConfigError("source.kind: the worker and applier roles need a Kafka source")
+    if cfg["model"]["kind"] == "pmf":
+        raise ConfigError("model.kind: pmf updates only the rows a batch touches (a row-wise step); "
+                          "it cannot be split into worker deltas yet: run it as one process")
+    if not cfg["scaleout"]["deltas_topic"]:
+        raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
+                          "one partition that carries the workers' statistic deltas)")
+
+
+#: Longest gap between two consumer polls of a worker (one batch's local step and
+#: transaction, or a bounded wait for the first λ). kafka-python times a group join
+#: out after this + 5 s and joins again: on tansu 0.6.0 a member that missed a rebalance
+#: can otherwise wait in its JoinGroup for the default 300 s while the group goes on.
+MAX_POLL_INTERVAL_MS = 10000
+#: How long a worker must have owned no partitions before its drain check (``--until-drained``)
+#: reads the group's committed offsets with the probe consumer, and how often it does so.
+UNASSIGNED_DRAIN_CHECK_S = 5.0
+#: How long a worker with a batch in hand waits for the first λ before it gives the
+#: batch back (seeks to its first offsets) and polls again, so it keeps its group place.
+LAMBDA_WAIT_MAX_S = 2.0
+
+
+def worker_source(cfg, metrics):
+    """The daemon's Kafka source with a bounded poll interval (:data:`MAX_POLL_INTERVAL_MS`)."""
+    from ...io.sources import KafkaSource
+    from ..daemon import CONNECT_TIMEOUT_S, default_source
+
+    plain = default_source(cfg, metrics)          # validates the codec; builds codec and validator
+    plain.close()
+    src = cfg["source"]
+    return KafkaSource(src["bootstrap_servers"], topics=src["topics"], pattern=src["pattern"],
+                       group_id=src["group_id"], codec=plain.codec, validator=plain.validator,
+                       kind=plain.kind, session_timeout_ms=src["session_timeout_ms"],
+                       heartbeat_interval_ms=src["heartbeat_interval_ms"], connect_attempts=1,
+                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
+                       consumer_config={"max_poll_interval_ms": MAX_POLL_INTERVAL_MS,
+                                        "request_timeout_ms": MAX_POLL_INTERVAL_MS})
+
+
+class Worker(Daemon):
+    """One scale-out worker (module docs). Same constructor as :class:`Daemon`."""
+
+    def __init__(self, cfg, registry=None, source_factory=None, dead_sink_factory=None, out=None,
+                 allow_fresh_start: bool = False):
+        check_scaleout_config(cfg)
+        super().__init__(cfg, registry=registry, source_factory=source_factory or worker_source,
+                         dead_sink_factory=dead_sink_factory, out=out, allow_fresh_start=allow_fresh_start)
+        self.sc = cfg["scaleout"]
+        self.worker_id = worker_id(cfg)
+        self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
+        self.lam = LambdaFile(self.sc["lambda_file"] or
+                              os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
+        self.producer = None
+        self._pending = None        # (stats, records, min_weight, version) of the batch in hand
+        self._unassigned_since = None   # monotonic time this worker was first seen without partitions
+        self._last_commit_check = 0.0   # monotonic time of the last _committed_drained while unassigned
+        self._until_drained = False     # run(until_drained=...) of the current run
+        self.deltas_sent = 0
+
+    # ------------------------------------------------------- start / stop
+    def run(self, max_batches: int | None = None, timeout: float | None = None,
+            until_drained: bool = False):
+        """As :meth:`Daemon.run`; with ``until_drained`` the worker also stops when the group's
+        committed offsets cover every record, whether or not the group gives it partitions."""
+        self._until_drained = until_drained
+        return super().run(max_batches=max_batches, timeout=timeout, until_drained=until_drained)
+
+    def _await_assignment(self, source, timeout_s: float | None = None) -> bool:
+        """Start the transactional producer first, then wait for partitions.
+
+        ``init_transactions`` aborts the transaction a killed predecessor with this worker
+        id left open, so read_committed readers of the deltas topic (the applier) go on
+        even if this worker never gets a partition. With ``--until-drained``, a worker
+        that finds every record committed by the group (:meth:`_committed_drained`) while it
+        waits stops cleanly (False, ``stopped_by`` "drained") instead of timing out.
+        """
+        from ...io.sources import SourceError
+        from ..daemon import ASSIGNMENT_TIMEOUT_S
+
+        self._producer()
+        deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
+        while not self._stop.is_set():
+            try:
+                source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
+                self._unassigned_since = None
+                return True
+            except SourceError as exc:
+                if self._until_drained and self._unassigned_and_drained(source):
+                    self._close_producer()
+                    self.request_stop("drained")
+                    return False
+                if time.monotonic() >= deadline:
+                    raise SourceError(f"after {ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s:g} "
+                                      f"s: {exc}") from exc
+        return False
+
+    def _committed_drained(self, source) -> bool:
+        """True when the group's committed offset is at the highwater mark of every partition.
+
+        Read by the source's probe consumer only (metadata, fetch, offset fetch), never by
+        the group consumer, so it is safe while a join is in flight. Every record below a
+        committed offset is in a committed transaction with its delta, so nothing is left
+        for any worker. This is what lets a worker that the group never (or no longer)
+        assigns partitions finish ``--until-drained``: on tansu 0.6.0, when the group's
+        leader leaves while a rebalance is in progress, the broker keeps naming the departed
+        member as leader, and every later join of that group ends in SyncGroup
+        REBALANCE_IN_PROGRESS (README, "Scaling out", known limits).
+        """
+        from ..daemon import _transient_errors
+
+        try:
+            parts = source.partitions()
+            hw = source.highwater_marks(parts)
+            committed = source.committed([k for k in parts if hw[k] > 0])
+        except _transient_errors() as exc:
+            log.info("worker %s: cannot read the group's committed offsets (%s: %s)",
+                     self.worker_id, type(exc).__name__, exc)
+            return False
+        return all(committed.get(k, 0) >= hw[k] for k in parts)
+
+    def _unassigned_and_drained(self, source) -> bool:
+        """:meth:`_committed_drained`, asked only once this worker has owned no partitions for
+        :data:`UNASSIGNED_DRAIN_CHECK_S` and at most that often.
+
+        The probe's round trips happen outside a consumer poll, and a group join whose
+        response arrives outside a poll is started over by kafka-python 3.0.12: checking
+        at every idle turn kept three starting workers from ever completing their first
+        join (measured). A healthy join takes one to two seconds on tansu, so it is over
+        before the first check.
+        """
+        now = time.monotonic()
+        if self._unassigned_since is None:
+            self._unassigned_since = now
+        if now - self._unassigned_since < UNASSIGNED_DRAIN_CHECK_S or \
+                now - self._last_commit_check < UNASSIGNED_DRAIN_CHECK_S:
+            return False
+        self._last_commit_check = now
+        return self._committed_drained(source)
+
+    def _drained(self, source) -> bool:
+        """As one process; while this worker owns no partitions, by the group's commits alone."""
+        if super()._drained(source):
+            return True
+        if source.assignment():
+            self._unassigned_since = None
+            return False
+        return self._unassigned_and_drained(source)
+
+    def _close_producer(self):
+        if self.producer is not None:
+            self.producer.close(timeout=5)
+            self.producer = None
+
+    def _resume(self):
+        """A worker holds no state: the group's committed offsets say where to start."""
+
+    def _refuse_fresh_start(self, source):
+        """Nothing to refuse: the applier owns the checkpoint."""
+
+    def _producer(self):
+        if self.producer is None:
+            from kafka import KafkaProducer
+
+            from ..config import client_security
+
+            src = self.cfg["source"]
+            self.producer = KafkaProducer(
+                bootstrap_servers=src["bootstrap_servers"],
+                transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
+                transaction_timeout_ms=self.sc["transaction_timeout_ms"],
+                client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
+            self.producer.init_transactions()   # fences an older instance, aborts its open transaction
+        return self.producer
+
+    def _finish(self, source, dead_sink, loop):
+        """Every batch was committed in its own transaction: nothing to checkpoint."""
+        dead_sink.flush()
+        self._close_producer()
+
+    def _maybe_checkpoint(self, source, dead_sink, loop):
+        """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
+
+    def _hold_out(self, x, loop):
+        """No held-out reservoir in a worker (records_seen must count every record)."""
+        return x
+
+    # ------------------------------------------------------------- batches
+    @staticmethod
+    def _ranges(batch) -> list:
+        """(topic, partition, first, end) of every partition the batch read (dead letters included)."""
+        return [(t, int(p), int(batch.first_offsets[(t, p)]), int(end))
+                for (t, p), end in sorted(batch.next_offsets.items())]
+
+    def _wait_for_lambda(self) -> bool:
+        """True once a λ is published; False after :data:`LAMBDA_WAIT_MAX_S` or a stop."""
+        deadline = time.monotonic() + LAMBDA_WAIT_MAX_S
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            if self.lam.refresh() or self.lam.state is not None:
+                return True
+            self._stop.wait(LAMBDA_WAIT_S)
+        return False
+
+    def _learn(self, x, source, loop) -> None:
+        """The delta of ``x`` at the freshest λ (kept for :meth:`_advance`)."""
+        self._pending = None
+        n_x = self.kind.n_records(x)
+        if not n_x:
+            self._pending = (None, 0, 1.0, self.lam.version or 0)
+            return
+        self.lam.refresh()
+        if self.lam.state is None:
+            self._propose_init(x, source)
+            if not self._wait_for_lambda():
+                # no applier yet (or a stop): give the batch back, poll again (and propose again)
+                source.seek({(t, p): first for t, p, first, _ in self._batch_ranges})
+                return
+            log.info("worker %s: λ version %d published; computing deltas", self.worker_id, self.lam.version)
+        engine, lam_state = self.lam.engine, self.lam.state
+        self.engine, self.state = engine, lam_state
+        self.scaleout_metrics.lambda_version.set(lam_state.step)
+        t0 = time.perf_counter()
+        t, p, first, _ = self._batch_ranges[0]
+        seq = np.random.SeedSequence([int(self.cfg["inference"]["seed"]), zlib.crc32(t.encode()), p, first])
+        rng = np.random.Generator(np.random.PCG64(seq))
+        at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
+                         records_seen=lam_state.records_seen)
+        tg = engine.stochastic_target(at, x)
+        stats = tg.target - engine.model.prior()
+        min_w = 1.0 if tg.weights is None else float(tg.weights.min())
+        self._pending = (stats, n_x, min_w, lam_state.step)
+        self.metrics.update_seconds.observe(time.perf_counter() - t0)
+        self.metrics.records.inc(n_x)
+        self.metrics.batches.inc()
+        loop.res.records += n_x
+        loop.res.batches += 1
+        loop.progress_records += n_x
+        loop.last_info = True
+
+    def _propose_init(self, x, source):
+        """Send λ_0 from this batch for the applier to adopt if it has no state (no offsets)."""
+        from ..config import build_engine
+
+        engine = build_engine(self.cfg, self._n_total(source))
+        st = engine.init(x, seed=self.cfg["inference"]["seed"])
+        prod = self._producer()
+        prod.begin_transaction()
+        prod.send(self.sc["deltas_topic"], Delta(worker=self.worker_id, version=-1, ranges=[], records=0,
+                                                 stats=st.lam, n_total=engine.n_total,
+                                                 kind="init").encode(), partition=0)
+        prod.commit_transaction()
+        log.info("worker %s: no λ published yet; proposed λ_0 from its first batch", self.worker_id)
+
+    def _advance(self, batch, source) -> None:
+        """One transaction: the delta, the dead letters flushed, the batch's offsets."""
+        from kafka import TopicPartition
+
+        from ...io._kafka import offset_and_metadata
+
+        if self._pending is None:           # stopped while waiting for λ
+            return
+        stats, records, min_w, version = self._pending
+        self._pending = None
+        ranges = self._batch_ranges
+        delta = Delta(worker=self.worker_id, version=version, ranges=ranges, records=records,
+                      stats=stats, min_weight=min_w,
+                      n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
+        offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
+        prod = self._producer()
+        group = self.cfg["source"]["group_id"]
+        prod.begin_transaction()
+        try:
+            prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+            self._dead_sink_flush()
+            prod.send_offsets_to_transaction(offsets, group)
+            prod.commit_transaction()
+        except Exception as exc:
+            log.warning("worker %s: transaction for %s failed (%s: %s); aborting it and reading the "
+                        "batch again", self.worker_id, ranges, type(exc).__name__, exc)
+            try:
+                prod.abort_transaction()
+            except Exception:       # noqa: BLE001 - a fatal producer error: start a new producer
+                self.producer = None
+            source.seek({(t, p): first for t, p, first, _ in ranges})
+            return
+        self.deltas_sent += 1
+        self.scaleout_metrics.deltas_sent.inc()
+        self.offsets.update(batch.next_offsets)
+        self.metrics.set_lag(source.lag())
+
+    def _dead_sink_flush(self):
+        sink = getattr(self, "_dead_sink", None)
+        if sink is not None:
+            sink.flush()
+
+    def _set_aside(self, batch, dead_sink, loop):
+        """As in one process; also notes the batch's offset ranges (for the seed and the delta)."""
+        self._dead_sink = dead_sink
+        self._batch_ranges = self._ranges(batch)
+        super()._set_aside(batch, dead_sink, loop)
+
+    def _print_progress(self, source, info, rate):
+        print(f"worker {self.worker_id}  deltas {self.deltas_sent:7d}  λ version "
+              f"{self.lam.version if self.lam.version is not None else '-':>7}  {rate:10.0f} rec/s  "
+              f"lag {sum(source.lag().values())}", file=self.out, flush=True)

@@ -1,0 +1,283 @@
+"""Scale-out roles on the real broker: workers + appliers, kill -9, duplicates, takeover.
+
+Every test runs the real CLI (``streamsvi run --role worker|applier``) as
+subprocesses, or the :class:`Applier` in-process on a real deltas topic, and
+waits on conditions (the published λ, snapshots, process output), never on
+sleeps. The contract checked (docs/design.md, "Scale-out"): each produced
+record is folded into λ exactly once, whatever process is killed when.
+"""
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from streamsvi.checkpoint import load_snapshot
+from streamsvi.io import JsonCodec, produce_rows
+from streamsvi.service.roles.transport import Delta, DeltaFormatError, LambdaFile
+
+from .conftest import blob_rows, gmm_config, highwater_marks, write_config
+
+P = 3          # data partitions
+
+
+def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, **inference):
+    ck = tmp_path / "ck"
+    base = dict(inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
+                           "effective_batch_size": 20, **inference},
+                checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
+                metrics={"enabled": False, "heldout_size": 0})
+    cfgs = {}
+    for name in ["applier"] + [f"w{i}" for i in range(workers)]:
+        raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck", **base)
+        raw["checkpoint"]["directory"] = str(ck)
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000}
+        if name != "applier":
+            raw["scaleout"]["worker_id"] = name
+        cfgs[name] = write_config(tmp_path / f"{name}.toml", raw)
+    return cfgs, ck
+
+
+def _lambda(ck):
+    f = LambdaFile(ck / "lambda.npz")
+    f.refresh()
+    return f.state
+
+
+def _wait(cond, what, timeout_s=120.0, procs=()):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        for p in procs:
+            assert p.proc.poll() is None or p.proc.returncode == 0, \
+                f"{p.stderr_path.name} exited {p.proc.returncode}:\n{p.stderr()[-3000:]}"
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _check_exactly_once(ck, topic, hw, n):
+    snap = load_snapshot(ck)
+    applied = snap.extra["scaleout"]["applied"]
+    assert snap.state.records_seen == n, f"records_seen {snap.state.records_seen} != produced {n}"
+    assert applied == {f"{topic}/{p}": [[0, hw[(topic, p)]]] for p in range(P)}, applied
+    return snap
+
+
+def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic, new_group, tmp_path,
+                                                         daemons):
+    bootstrap, n = kafka_broker.bootstrap, 6000
+    topic, deltas = new_topic(P), new_topic(1, prefix="deltas")
+    produce_rows(bootstrap, topic, blob_rows(n, seed=11), JsonCodec(2), partitions=P)
+    hw = highwater_marks(bootstrap, topic, P)
+    assert sum(hw.values()) == n
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, n)
+    rng = random.Random(20261125)
+
+    a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
+    a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
+    first = _wait(lambda: next((a for a in (a1, a2) if "applier: active" in a.stderr()), None),
+                  "an active applier", 60, procs=(a1, a2))
+    standby = a2 if first is a1 else a1
+    ws = {f"w{i}": daemons(cfgs[f"w{i}"], "--role", "worker", "--until-drained", tag=f"w{i}")
+          for i in range(3)}
+    procs = [a1, a2, *ws.values()]
+
+    # kill -9 a worker at a random instant: after a random number of applied records
+    at = rng.randint(n // 10, n // 3)
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= at, f"{at} records", procs=procs)
+    time.sleep(rng.uniform(0, 0.05))      # anywhere in the batch/transaction cycle
+    victim = rng.choice(sorted(ws))
+    others = [w for k, w in ws.items() if k != victim]
+    joins = sum(w.stderr().count("partitions assigned") for w in others)
+    ws[victim].signal(signal.SIGKILL)
+    assert ws[victim].wait(10) == -signal.SIGKILL
+    # restart it once the group has handed its partitions on (tansu 0.6.0 can leave a member
+    # waiting in its join when a new member joins while a dead one's session expires)
+    _wait(lambda: sum(w.stderr().count("partitions assigned") for w in others) > joins,
+          "the group to rebalance without the killed worker", 60, procs=others)
+    ws[victim] = daemons(cfgs[victim], "--role", "worker", "--until-drained", tag=f"{victim}-again")
+    procs = [a1, a2, *ws.values()]
+
+    # kill -9 the active applier at a random instant; the standby takes over
+    at = rng.randint(n // 2, 3 * n // 4)
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= at, f"{at} records", procs=procs)
+    time.sleep(rng.uniform(0, 0.05))
+    first.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert first.wait(10) == -signal.SIGKILL
+    procs = [standby, *ws.values()]
+    _wait(lambda: "applier: active" in standby.stderr(), "the standby to take over", 60, procs=procs)
+    takeover = time.monotonic() - killed_at
+    print(f"standby applier took over {takeover:.2f} s after the kill -9")
+    assert takeover < 30.0      # the stated bound (README, "Scaling out"): generous on a shared machine
+
+    for w in ws.values():
+        assert w.wait(150) == 0, w.stderr()[-3000:]
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
+          procs=[standby])
+    standby.signal(signal.SIGTERM)
+    assert standby.wait(60) == 0, standby.stderr()[-3000:]
+    snap = _check_exactly_once(ck, topic, hw, n)
+    means = snap.state.lam  # the model learnt the three clusters, not noise
+    assert snap.state.step >= n // 50
+    assert np.isfinite(np.concatenate([np.ravel(v) for v in means.values()])).all()
+
+
+# ------------------------------------------------------------ in-process applier
+def _produce_deltas(bootstrap, topic, payloads):
+    """Write ``payloads`` to ``topic`` in one committed transaction (as a worker would)."""
+    import uuid
+
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"test-{uuid.uuid4().hex[:8]}")
+    p.init_transactions()
+    p.begin_transaction()
+    for v in payloads:
+        p.send(topic, v, partition=0)
+    p.commit_transaction()
+    p.close()
+
+
+def _applier_setup(tmp_path, bootstrap, deltas, group, **scaleout):
+    from streamsvi.service.config import build_engine, validate
+
+    raw = gmm_config(tmp_path, bootstrap=bootstrap, topic="data", group=group, name="ck",
+                     inference={"n_total": 1000, "batch_size": 50, "effective_batch_size": 20},
+                     checkpoint={"every_batches": 100, "every_seconds": 3600.0})
+    raw["scaleout"] = {"deltas_topic": deltas, **scaleout}
+    cfg = validate(raw)
+    engine = build_engine(cfg, 1000.0)
+    X = blob_rows(200, seed=5)
+    state0 = engine.init(X[:50], seed=3)
+    return cfg, engine, state0, X
+
+
+def _delta(engine, state0, X, a, b, version=0, worker="w"):
+    tg = engine.stochastic_target(state0, X[a:b])
+    stats = tg.target - engine.model.prior()
+    return Delta(worker=worker, version=version, ranges=[("data", 0, a, b)], records=b - a, stats=stats,
+                 min_weight=float(tg.weights.min()), n_total=1000.0)
+
+
+def _run_applier(cfg, registry, max_deltas):
+    from streamsvi.service.roles.applier import Applier
+
+    applier = Applier(cfg, registry=registry, out=open("/dev/null", "w"))
+    return applier, applier.run(max_deltas=max_deltas, timeout=60)
+
+
+def _metric(registry, name, **labels):
+    return registry.get_sample_value(name, labels)
+
+
+def test_a_delta_delivered_twice_is_applied_once(kafka_broker, new_topic, new_group, tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.apply import apply_delta
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    d1 = _delta(engine, state0, X, 0, 50)
+    d2 = _delta(engine, state0, X, 50, 100)
+    overlap = _delta(engine, state0, X, 25, 75)
+    d3 = _delta(engine, state0, X, 100, 150)
+    _produce_deltas(bootstrap, deltas, [init.encode(), d1.encode(), d1.encode(), b"not a delta",
+                                        overlap.encode(), d2.encode(), d3.encode()])
+    registry = CollectorRegistry()
+    _, res = _run_applier(cfg, registry, max_deltas=3)
+    assert (res.deltas, res.records, res.skipped) == (3, 150, 3), res
+    for reason in ("duplicate", "overlap", "bad"):
+        assert _metric(registry, "streamsvi_deltas_skipped_total", reason=reason) == 1.0, reason
+
+    expected = state0
+    for d in (d1, d2, d3):        # each once, in order
+        expected, _ = apply_delta(engine, expected, d.stats, d.records, d.min_weight)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.records_seen == 150 and snap.state.step == 3
+    assert snap.state.lam.array_equal(expected.lam)
+    assert snap.extra["scaleout"]["applied"] == {"data/0": [[0, 150]]}
+
+    # a restarted applier resumes from the snapshot: the same deltas again are duplicates
+    _produce_deltas(bootstrap, deltas, [d2.encode(), d3.encode()])
+    registry = CollectorRegistry()
+    from streamsvi.service.roles.applier import Applier
+    applier = Applier(cfg, registry=registry, out=open("/dev/null", "w"))
+    res = applier.run(timeout=8)      # (nothing new to apply: it stops on the timeout)
+    assert res.deltas == 0 and _metric(registry, "streamsvi_deltas_skipped_total", reason="duplicate") == 2.0
+    assert load_snapshot(cfg["checkpoint"]["directory"]).state.records_seen == 150
+
+
+@pytest.mark.parametrize("policy", ["downweight", "drop"])
+def test_stale_deltas_are_down_weighted_or_dropped(kafka_broker, new_topic, new_group, tmp_path, policy):
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.apply import apply_delta
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group(),
+                                            max_staleness=1, stale_policy=policy)
+    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1), version=0, worker=f"w{i}") for i in range(3)]
+    _produce_deltas(bootstrap, deltas, [init.encode()] + [d.encode() for d in ds])
+    registry = CollectorRegistry()
+    _, res = _run_applier(cfg, registry, max_deltas=3)
+    # all three computed at version 0, applied at versions 0, 1, 2: staleness 0, 1, 2 (> bound 1)
+    assert [_metric(registry, "streamsvi_delta_staleness", worker=f"w{i}") for i in range(3)] == [0, 1, 2]
+    expected = state0
+    for i, d in enumerate(ds[:2]):
+        expected, _ = apply_delta(engine, expected, d.stats, d.records, d.min_weight)
+    if policy == "downweight":
+        expected, _ = apply_delta(engine, expected, ds[2].stats, ds[2].records, ds[2].min_weight, 0.5)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.lam.array_equal(expected.lam)
+    assert snap.state.records_seen == (150 if policy == "downweight" else 100)
+    assert snap.extra["scaleout"]["applied"] == {"data/0": [[0, 150]]}     # consumed either way
+    if policy == "drop":
+        assert _metric(registry, "streamsvi_deltas_skipped_total", reason="stale") == 1.0
+        assert snap.extra["scaleout"]["dropped_records"] == 50
+
+
+def test_delta_codec_round_trip_and_refusals():
+    from streamsvi.models import BayesianGMM
+
+    lam = BayesianGMM(3, 2).prior()
+    d = Delta(worker="w7", version=12, ranges=[("t", 2, 100, 150)], records=50, stats=lam, min_weight=-0.3,
+              n_total=1e4)
+    back = Delta.decode(d.encode())
+    assert (back.worker, back.version, back.ranges, back.records, back.min_weight, back.n_total) == \
+        ("w7", 12, [("t", 2, 100, 150)], 50, -0.3, 1e4)
+    assert back.stats.array_equal(lam) and list(back.stats) == list(lam)
+    raw = d.encode()
+    for bad, why in ((b"PK\x03\x04", "magic"), (raw[:-8], "past the end"), (raw + b"x", "after the last"),
+                     (raw[:6] + b"\xff\xff\xff\x00" + raw[10:], "header length")):
+        with pytest.raises(DeltaFormatError, match=why):
+            Delta.decode(bad)
+
+
+def test_scaleout_metrics_pass_promtool():
+    from prometheus_client import generate_latest
+    import subprocess
+
+    from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics
+    from tests.conftest import require_tool
+
+    promtool = require_tool("promtool")
+    m = DaemonMetrics()
+    s = ScaleoutMetrics(m.registry)
+    s.staleness.labels(worker="w0").set(3)
+    s.applied.labels(worker="w0").inc()
+    s.delta_records.labels(worker="w0").inc(50)
+    s.skipped.labels(reason="duplicate").inc()
+    s.active.set(1)
+    s.lambda_version.set(7)
+    s.deltas_sent.inc()
+    text = generate_latest(m.registry)
+    assert b'streamsvi_delta_staleness{worker="w0"} 3.0' in text
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), \
+        (res.stdout.decode(), res.stderr.decode())
