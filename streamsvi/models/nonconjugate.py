@@ -122,10 +122,12 @@ def check_gaussian_state(lam, aux, n_params: int, name: str) -> None:
 
 def unit_lower_inverse(A) -> np.ndarray:
     """M = (I − A)⁻¹ for a strictly lower-triangular A (unit lower triangular)."""
-    from scipy.linalg import solve_triangular
+    from scipy.linalg import lapack
 
-    P = A.shape[0]
-    return solve_triangular(np.eye(P) - A, np.eye(P), lower=True, unit_diagonal=True)
+    M, info = lapack.dtrtri(np.eye(A.shape[0]) - A, lower=1, unitdiag=1)
+    if info != 0:
+        raise FloatingPointError(f"(I - A) could not be inverted (LAPACK dtrtri info {info})")
+    return M
 
 
 def linear_form_variance(lam, E, offset: int = 0) -> np.ndarray:
