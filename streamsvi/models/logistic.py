@@ -164,7 +164,8 @@ class BayesianLogisticRegression:
         return g_mean, g_std
 
     def expected_loglik_moment_grad(self, mean, cov, x, n_points: int = 80):
-        """Exact (∂/∂μ, ∂/∂Σ) of Σ_n E_q[log σ(ỹ_n a_n)] for q = N(μ, Σ): a_n ~ N(z_nᵀμ, z_nᵀΣz_n),
+        """Exact (∂/∂μ, ∂/∂Σ) of Σ_n E_q[log σ(ỹ_n a_n)] for q = N(μ, Σ):
+        a_n ~ N(z_nᵀμ, z_nᵀΣz_n),
         so ∂/∂Σ = Σ_n ½ E[g''(a_n)] z_n z_nᵀ (1-D Gauss–Hermite integrals, ``n_points`` nodes)."""
         Z, yt = self._split(x)
         m = Z @ mean
@@ -280,7 +281,8 @@ class CorrelatedGaussianTarget:
         return -(self.Prec @ (mean - self.m)), -np.diag(self.Prec) * std
 
     def expected_loglik_moment_grad(self, mean, cov, x=None):
-        """(∂/∂μ, ∂/∂Σ) of E_q[log p(w)] = const − ½[(μ − m)ᵀ Σ_p⁻¹ (μ − m) + tr(Σ_p⁻¹ Σ)]."""
+        """(∂/∂μ, ∂/∂Σ) of E_q[log p(w)] = const − ½[(μ − m)ᵀ Σ_p⁻¹ (μ − m) + tr(Σ_p⁻¹ Σ)]
+        (Σ_p the target's covariance)."""
         return -(self.Prec @ (mean - self.m)), -0.5 * self.Prec
 
     def exact_optimum(self) -> float:

@@ -230,4 +230,5 @@ def test_bad_covariance_settings_are_refused_with_their_name():
     big = BayesianLogisticRegression(n_features=MAX_FULL_PARAMS)      # P = MAX + 1 with the intercept
     with pytest.raises(ValueError, match="lowrank"):
         GradientVI(big, n_total=10.0, covariance="full", optimizer="adam")
-    GradientVI(BayesianLogisticRegression(n_features=MAX_FULL_PARAMS - 1), n_total=10.0, covariance="full", optimizer="adam")
+    GradientVI(BayesianLogisticRegression(n_features=MAX_FULL_PARAMS - 1), n_total=10.0, covariance="full",
+               optimizer="adam")
