@@ -541,6 +541,16 @@ def check_compatible(snapshot: Snapshot, engine: SVI) -> list[str]:
             f"snapshot {snapshot.path} was made with another model, so its parameters cannot be "
             f"resumed: " + "; ".join(diffs) + ". Set the model back to the snapshot's settings, or "
             "point the daemon at a new (empty) checkpoint directory to start afresh.")
+    own = getattr(engine, "check_state", None)       # GradientVI: q's covariance layout must match
+    if own is not None:
+        try:
+            own(snapshot.state.lam)
+        except ValueError as exc:
+            raise IncompatibleSnapshotError(
+                f"snapshot {snapshot.path} cannot be resumed with inference.covariance = "
+                f"{engine.covariance!r}: {exc}. Set inference.covariance (and rank) back to the snapshot's "
+                f"({snapshot.engine.covariance!r}), or point the daemon at a new (empty) checkpoint "
+                f"directory to start afresh.") from None
     theirs_e = snapshot.meta.get("engine") or snapshot.engine.to_dict()
     return notes + _differences("engine", theirs_e, _to_json_value("engine settings", engine.to_dict()))
 

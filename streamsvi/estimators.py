@@ -795,3 +795,150 @@ class LogisticRegression(base.MiniBatchClassifier):
         m, s = self._state.lam["mean"], np.exp(self._state.lam["log_std"])
         names = [*self._features, "intercept"]
         return {f: (float(a), float(b)) for f, a, b in zip(names, m, s)}
+
+
+class SoftmaxRegression(LogisticRegression):
+    """Multiclass Bayesian logistic (softmax) regression learned online (a river classifier).
+
+    The model is :class:`streamsvi.models.logistic.SoftmaxRegression` (one
+    weight vector per class, q mean-field Gaussian), the engine
+    :class:`streamsvi.inference.GradientVI`, with the batching, feature
+    handling and steps of :class:`LogisticRegression`. Labels are any hashable
+    values; classes are numbered in the order they first appear, and a new
+    class grows the model by one weight vector (mean 0, the prior's initial
+    deviation; Adam's moments 0), so the stream need not announce its classes.
+    Until two classes have been seen the model has one extra, never-seen
+    class, which ``predict_proba_one`` leaves out (the probabilities are
+    renormalised over the classes seen). ``predict_proba_one`` gives the
+    posterior predictive p(y | x, data) (the mean-field softmax approximation of
+    the model), not the plug-in softmax(Wμ).
+
+    Parameters
+    ----------
+    classes
+        The labels in order (a tuple), or None (default) to learn them from the stream.
+    Others
+        As for :class:`LogisticRegression`.
+
+    Examples
+    --------
+    >>> from river import datasets, metrics
+    >>> model = SoftmaxRegression(seed=0)
+    >>> acc = metrics.Accuracy()
+    >>> for x, y in datasets.ImageSegments().take(1000):
+    ...     acc.update(y, model.predict_one(x))
+    ...     model.learn_one(x, y)
+    >>> acc.get() > 0.7
+    True
+    """
+
+    def __init__(self, batch_size: int = 16, n_total: float = 10_000.0, prior_var: float = 1.0,
+                 estimator: str = "legrad", optimizer: str = "natural", learning_rate: float = 1.0,
+                 tau0: float = 1.0, kappa: float = 0.7, standardize: bool = True,
+                 features: tuple | None = None, classes: tuple | None = None, seed: int | None = None):
+        self.classes = classes
+        self._classes = list(classes) if classes is not None else []
+        if len(set(self._classes)) != len(self._classes):
+            raise ValueError(f"classes must be distinct, got {classes!r}")
+        super().__init__(batch_size=batch_size, n_total=n_total, prior_var=prior_var, estimator=estimator,
+                         optimizer=optimizer, learning_rate=learning_rate, tau0=tau0, kappa=kappa,
+                         standardize=standardize, features=features, seed=seed)
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"batch_size": 8, "seed": 0}
+        yield {"batch_size": 4, "estimator": "regrad", "optimizer": "adam", "learning_rate": 0.05, "seed": 1}
+
+    @property
+    def _multiclass(self):
+        return True
+
+    def _engine_for(self, n_classes: int):
+        from .inference.gradients import GradientVI
+        from .models.logistic import SoftmaxRegression as _Model
+
+        model = _Model(n_features=len(self._features), n_classes=n_classes, prior_var=self.prior_var)
+        return GradientVI(model, n_total=self.n_total, estimator=self.estimator, optimizer=self.optimizer,
+                          learning_rate=self.learning_rate, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa))
+
+    def _build(self):
+        self._engine = self._engine_for(max(2, len(self._classes)))
+        self._stats = {f: stats.Var() for f in self._features}
+
+    def _grow(self):
+        """One more class: the engine is rebuilt and λ (and Adam's moments) get a new block."""
+        old = self._engine
+        new = self._engine_for(len(self._classes))
+        if self._state is not None:
+            from dataclasses import replace
+
+            P = old.model.n_inputs
+            fresh = new.model.init_params(None, None, self.n_total)
+            extra = slice(old.model.n_params, new.model.n_params)
+            lam = type(self._state.lam)(
+                mean=np.concatenate([self._state.lam["mean"], fresh["mean"][extra]]),
+                log_std=np.concatenate([self._state.lam["log_std"], fresh["log_std"][extra]]))
+            aux = self._state.aux
+            if aux is not None:
+                half = old.model.n_params
+                aux = {k: np.concatenate([v[:half], np.zeros(P), v[half:], np.zeros(P)]) for k, v in aux.items()}
+            self._state = replace(self._state, lam=lam, aux=aux)
+        self._engine = new
+
+    def _label(self, y) -> float:
+        if y is None:
+            raise ValueError("SoftmaxRegression needs a label, got None")
+        if y not in self._classes:
+            self._classes.append(y)
+            if self._engine is not None and len(self._classes) > self._engine.model.n_classes:
+                self._grow()
+        return float(self._classes.index(y))
+
+    def learn_one(self, x: dict, y) -> None:
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        super().learn_one(x, y)
+
+    def _proba_rows(self, rows: np.ndarray) -> np.ndarray:
+        k = len(self._classes)
+        if self._state is None:
+            return np.full((rows.shape[0], k), 1.0 / max(k, 1))
+        p = self._engine.model.predict_proba(self._state.lam, rows)[:, :k]
+        return p / p.sum(axis=1, keepdims=True)
+
+    def predict_proba_one(self, x: dict) -> dict:
+        if self._features is None or not self._classes:
+            return {c: 1.0 / len(self._classes) for c in self._classes}
+        p = self._proba_rows(self._row(x, learn=False)[None, :])[0]
+        return {c: float(v) for c, v in zip(self._classes, p)}
+
+    def predict_proba_many(self, X):
+        """A DataFrame with one column per class seen."""
+        import pandas as pd
+
+        if self._features is None or not self._classes:
+            k = len(self._classes)
+            return pd.DataFrame({c: np.full(len(X), 1.0 / k) for c in self._classes}, index=X.index)
+        p = self._proba_rows(np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")]))
+        return pd.DataFrame(p, columns=list(self._classes), index=X.index)
+
+    def predict_many(self, X):
+        import pandas as pd
+
+        proba = self.predict_proba_many(X)
+        if proba.shape[1] == 0:
+            return pd.Series([None] * len(X), index=X.index)
+        return proba.idxmax(axis=1)
+
+    @property
+    def weights(self) -> dict | None:
+        """Per class: the posterior mean and deviation of each feature's weight (standardised units)."""
+        if self._state is None:
+            return None
+        C, P = self._engine.model.n_classes, self._engine.model.n_inputs
+        m = self._state.lam["mean"].reshape(C, P)
+        s = np.exp(self._state.lam["log_std"]).reshape(C, P)
+        names = [*self._features, "intercept"]
+        return {c: {f: (float(a), float(b)) for f, a, b in zip(names, m[i], s[i])}
+                for i, c in enumerate(self._classes)}

@@ -287,3 +287,44 @@ def test_logistic_learn_many_matches_learn_one():
     np.testing.assert_allclose(many[True].to_numpy(), [a.predict_proba_one(x)[True] for x, _ in data[:20]])
     with pytest.raises(ValueError, match="binary"):
         a.learn_one(data[0][0], "spam")
+
+
+# ------------------------------------------------------------ SoftmaxRegression
+from streamsvi.estimators import SoftmaxRegression  # noqa: E402
+
+
+@pytest.mark.parametrize("params", list(SoftmaxRegression._unit_test_params()))
+def test_softmax_river_check_estimator(params):
+    """river's whole check suite for a multiclass MiniBatchClassifier (its own data sets)."""
+    checks.check_estimator(SoftmaxRegression(**params))
+
+
+def test_softmax_face_learns_classes_as_they_come_and_beats_river():
+    """ImageSegments (7 classes, bundled with river), progressive validation, defaults: classes
+    appear one by one and grow the model; at least as accurate as river's SoftmaxRegression
+    behind a StandardScaler. learn_many = learn_one; a pickled copy predicts the same."""
+    from river import datasets, linear_model, metrics, preprocessing
+
+    data = list(datasets.ImageSegments())
+    ours, theirs = SoftmaxRegression(seed=0), preprocessing.StandardScaler() | linear_model.SoftmaxRegression()
+    acc_o, acc_t = metrics.Accuracy(), metrics.Accuracy()
+    for x, y in data:
+        acc_o.update(y, ours.predict_one(x))
+        acc_t.update(y, theirs.predict_one(x))
+        ours.learn_one(x, y)
+        theirs.learn_one(x, y)
+    assert sorted(ours._classes) == sorted({y for _, y in data}) and ours._engine.model.n_classes == 7
+    assert acc_o.get() > 0.8 and acc_o.get() >= acc_t.get() - 0.01, (acc_o.get(), acc_t.get())
+    a, b = SoftmaxRegression(batch_size=10, seed=3, optimizer="adam", learning_rate=0.05), \
+        SoftmaxRegression(batch_size=10, seed=3, optimizer="adam", learning_rate=0.05)
+    for x, y in data[:300]:
+        a.learn_one(x, y)
+    b.learn_many(pd.DataFrame([x for x, _ in data[:300]]), pd.Series([y for _, y in data[:300]]))
+    assert a._state.lam.array_equal(b._state.lam) and np.array_equal(a._state.aux["adam_m"], b._state.aux["adam_m"])
+    X = pd.DataFrame([x for x, _ in data[300:320]])
+    many = b.predict_proba_many(X)
+    one = [a.predict_proba_one(x) for x, _ in data[300:320]]
+    np.testing.assert_allclose(many[list(a._classes)].to_numpy(), [[p[c] for c in a._classes] for p in one])
+    np.testing.assert_allclose(many.sum(axis=1), 1.0)
+    c = pickle.loads(pickle.dumps(a))
+    assert [c.predict_proba_one(x) for x, _ in data[300:320]] == one

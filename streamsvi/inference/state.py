@@ -80,6 +80,8 @@ def state_from_arrays(arrays) -> tuple[SVI, EngineState]:
         aux = dict(meta["aux"])
         aux.update({k[4:]: np.array(arrays[k]) for k in arrays if k.startswith("aux/")})
     check_state_shapes(model, lam, aux)
+    if hasattr(engine, "check_state"):             # GradientVI: λ must match its covariance setting
+        engine.check_state(lam)
     state = EngineState(step=int(meta["step"]), lam=lam, rng_state=meta["rng_state"],
                         records_seen=int(meta["records_seen"]), aux=aux)
     return engine, state

@@ -45,7 +45,7 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 from .base import NatParams, check_matrix
-from .nonconjugate import check_gaussian_state, gauss_hermite, gaussian_params
+from .nonconjugate import check_gaussian_state, gauss_hermite, gaussian_params, linear_form_variance
 
 __all__ = ["BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget"]
 
@@ -163,28 +163,40 @@ class BayesianLogisticRegression:
         g_std = 2.0 * std * ((Z * Z).T @ (0.5 * d2))       # ∂/∂σ_i of h(m, s²): 2 z² σ ∂h/∂s²
         return g_mean, g_std
 
+    def expected_loglik_moment_grad(self, mean, cov, x, n_points: int = 80):
+        """Exact (∂/∂μ, ∂/∂Σ) of Σ_n E_q[log σ(ỹ_n a_n)] for q = N(μ, Σ):
+        a_n ~ N(z_nᵀμ, z_nᵀΣz_n),
+        so ∂/∂Σ = Σ_n ½ E[g''(a_n)] z_n z_nᵀ (1-D Gauss–Hermite integrals, ``n_points`` nodes)."""
+        Z, yt = self._split(x)
+        m = Z @ mean
+        s = np.sqrt(np.einsum("np,pq,nq->n", Z, cov, Z))
+        zk, pk = gauss_hermite(n_points)
+        sig = expit(-yt[:, None] * (m[:, None] + s[:, None] * zk[None, :]))
+        d1 = (yt[:, None] * sig) @ pk
+        d2 = (-(sig * (1 - sig))) @ pk
+        return Z.T @ d1, (Z * (0.5 * d2)[:, None]).T @ Z
+
     # ------------------------------------------------------------ scoring
     def _moments(self, lam, X):
         Z = self.design(X)
-        mean, std = np.asarray(lam["mean"]), np.exp(np.asarray(lam["log_std"]))
-        return Z @ mean, (Z * Z) @ (std * std)
+        return Z @ np.asarray(lam["mean"]), linear_form_variance(lam, Z)
 
-    def predict_proba(self, lam, X) -> np.ndarray:
+    def predict_proba(self, lam, X, aux=None) -> np.ndarray:
         """p(y = 1 | x, data) by the probit approximation, shape (n,)."""
         m, s2 = self._moments(lam, self.check_features(X))
         return expit(m / np.sqrt(1.0 + math.pi * s2 / 8.0))
 
-    def predict(self, lam, X) -> np.ndarray:
+    def predict(self, lam, X, aux=None) -> np.ndarray:
         return (self.predict_proba(lam, X) >= 0.5).astype(np.int64)
 
-    def predictive_logpdf(self, lam, x) -> np.ndarray:
+    def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
         """log p(y_n | x_n, data) of labelled records (probit approximation)."""
         x = self.check_batch(x)
         m, s2 = self._moments(lam, x[:, :-1])
         kappa = m / np.sqrt(1.0 + math.pi * s2 / 8.0)
         return log_expit((2.0 * x[:, -1] - 1.0) * kappa)
 
-    def score_records(self, lam, x) -> list[dict]:
+    def score_records(self, lam, x, aux=None) -> list[dict]:
         """Per record: ``proba`` [p(y=0), p(y=1)] from the posterior (probit approximation), the
         predicted class and, for a row with a label, ``log_density`` log p(y | x, data)."""
         x = np.asarray(x, float)
@@ -268,11 +280,20 @@ class CorrelatedGaussianTarget:
     def expected_loglik_grad(self, mean, std, x=None):
         return -(self.Prec @ (mean - self.m)), -np.diag(self.Prec) * std
 
+    def expected_loglik_moment_grad(self, mean, cov, x=None):
+        """(∂/∂μ, ∂/∂Σ) of E_q[log p(w)] = const − ½[(μ − m)ᵀ Σ_p⁻¹ (μ − m) + tr(Σ_p⁻¹ Σ)]
+        (Σ_p the target's covariance)."""
+        return -(self.Prec @ (mean - self.m)), -0.5 * self.Prec
+
+    def exact_optimum(self) -> float:
+        """log Z = 0, the ELBO of q = p (a full-covariance q reaches it)."""
+        return 0.0
+
     def expected_loglik(self, mean, std) -> float:
         d = mean - self.m
         return float(self._const - 0.5 * (d @ self.Prec @ d + np.diag(self.Prec) @ (std * std)))
 
-    def predictive_logpdf(self, lam, x):
+    def predictive_logpdf(self, lam, x, aux=None):
         raise ValueError("the Gaussian target has no records to predict")
 
 
@@ -362,10 +383,10 @@ class SoftmaxRegression(BayesianLogisticRegression):
         Z = self.design(X)
         C, P = self.n_classes, self.n_inputs
         mean = np.asarray(lam["mean"]).reshape(C, P)
-        var = np.exp(2 * np.asarray(lam["log_std"])).reshape(C, P)
-        return Z @ mean.T, (Z * Z) @ var.T
+        var = np.column_stack([linear_form_variance(lam, Z, offset=c * P) for c in range(C)])
+        return Z @ mean.T, var
 
-    def predict_proba(self, lam, X) -> np.ndarray:
+    def predict_proba(self, lam, X, aux=None) -> np.ndarray:
         """p(y = c | x, data), shape (n, C) (mean-field softmax approximation)."""
         m, s2 = self._class_moments(lam, self.check_features(X))
         k = m / np.sqrt(1.0 + math.pi * s2 / 8.0)
@@ -373,15 +394,15 @@ class SoftmaxRegression(BayesianLogisticRegression):
         e = np.exp(k)
         return e / e.sum(axis=1, keepdims=True)
 
-    def predict(self, lam, X) -> np.ndarray:
+    def predict(self, lam, X, aux=None) -> np.ndarray:
         return self.predict_proba(lam, X).argmax(axis=1)
 
-    def predictive_logpdf(self, lam, x) -> np.ndarray:
+    def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
         x = self.check_batch(x)
         p = self.predict_proba(lam, x[:, :-1])
         return np.log(np.maximum(p[np.arange(x.shape[0]), x[:, -1].astype(np.int64)], 1e-300))
 
-    def score_records(self, lam, x) -> list[dict]:
+    def score_records(self, lam, x, aux=None) -> list[dict]:
         x = np.asarray(x, float)
         if x.ndim == 2 and x.shape[1] == self.n_features + 1:
             X, y = x[:, :-1], x[:, -1]

@@ -139,6 +139,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            "(Adam with step learning_rate * rho_t)", choices=("natural", "sgd", "adam")),
         "learning_rate": Field("float", None, "logistic, softmax: multiplies rho_t; default 1 (natural, sgd), "
                                "0.01 (adam)", min=0),
+        "covariance": Field("str", None, "logistic, softmax: covariance of q over the weights, diagonal "
+                            "(mean field, default), full (at most 1000 weights) or lowrank "
+                            "(diag + B B^T, needs rank)", choices=("diagonal", "full", "lowrank")),
+        "rank": Field("int", None, "logistic, softmax: columns of B for covariance = lowrank", min=1),
     },
     "source": {
         "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
@@ -257,7 +261,8 @@ MODEL_KEYS: dict[str, frozenset] = {
 }
 #: model kinds learned by the gradient path (GradientVI), and the [inference] settings only they take
 GRADIENT_KINDS = frozenset({"logistic", "softmax"})
-GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate")
+GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate", "covariance",
+                 "rank")
 #: [inference] settings of the conjugate path that the gradient path has no use for
 SVI_ONLY_KEYS = ("effective_batch_size", "effective_fraction", "annealing")
 
@@ -674,13 +679,19 @@ def build_engine(cfg: dict, n_total: float):
     if cfg["model"]["kind"] in GRADIENT_KINDS:
         from ..inference.gradients import GradientVI
 
-        optimizer = inf["optimizer"] or "natural"
+        covariance = inf["covariance"] or "diagonal"
+        # the natural-gradient step is for the mean field: full and lowrank default to adam
+        optimizer = inf["optimizer"] or ("natural" if covariance == "diagonal" else "adam")
         lr = inf["learning_rate"] if inf["learning_rate"] is not None else (0.01 if optimizer == "adam" else 1.0)
+        if covariance == "lowrank" and inf["rank"] is None:
+            raise ConfigError("inference.rank: required with covariance = 'lowrank' (the columns of B in "
+                              "diag + B B^T), e.g. rank = 10")
         try:
             return GradientVI(build_model(cfg["model"]), n_total=n_total,
                               estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
                               quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
-                              learning_rate=lr, optimizer=optimizer)
+                              learning_rate=lr, optimizer=optimizer, covariance=covariance,
+                              rank=inf["rank"])
         except ValueError as exc:
             raise ConfigError(f"inference: {exc}") from None
     try:

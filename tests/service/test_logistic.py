@@ -232,3 +232,39 @@ def test_gradient_settings_are_refused_for_conjugate_models_and_svi_plus_for_log
     cfg["inference"]["effective_batch_size"] = 10
     with pytest.raises(ConfigError, match="inference.effective_batch_size: SVI"):
         validate(cfg)
+
+
+def test_structured_covariance_through_the_daemon_and_a_changed_covariance_is_refused(tmp_path):
+    """inference.covariance = lowrank (rank 2) for softmax from a JSONL file: it learns, the
+    snapshot holds B and scores; lowrank without a rank is a config error; a restart with
+    covariance = full on that checkpoint is refused with the setting named, not a traceback later."""
+    import pytest
+
+    from streamsvi.checkpoint import IncompatibleSnapshotError
+    from streamsvi.service.config import ConfigError, build_engine
+
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 3, 900)
+    X = rng.normal(size=(900, 3)) + np.array([[2.5, 0, 0], [0, 2.5, 0], [0, 0, 2.5]])[y]
+    data = tmp_path / "labelled.jsonl"
+    data.write_text("\n".join(json.dumps({"x": r.tolist(), "y": int(c)}) for r, c in zip(X, y)) + "\n")
+    cfg = logistic_config(tmp_path, source={"kind": "file", "path": str(data), "format": "jsonl"},
+                          metrics={"heldout_size": 200, "heldout_every": 1})
+    cfg["model"] = {"kind": "softmax", "n_features": 3, "n_classes": 3}
+    cfg["source"] = {k: v for k, v in cfg["source"].items() if k in ("kind", "path", "format", "codec")}
+    cfg["inference"].update({"covariance": "lowrank", "learning_rate": 0.05})
+    with pytest.raises(ConfigError, match="inference.rank: required"):
+        build_engine(validate(cfg), 900.0)
+    cfg["inference"]["rank"] = 2
+    registry = CollectorRegistry()
+    res = Daemon(validate(cfg), registry=registry, out=io.StringIO()).run(until_drained=True, timeout=60)
+    assert res.stopped_by == "drained"
+    assert registry.get_sample_value("streamsvi_heldout_accuracy") > 0.8
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.engine.covariance == "lowrank" and snap.state.lam["factor"].shape == (12, 2)
+    out = load(cfg["checkpoint"]["directory"]).score(np.array([[2.5, 0.0, 0.0]]))
+    assert out[0]["prediction"] == 0
+    cfg["inference"]["covariance"] = "full"
+    del cfg["inference"]["rank"]
+    with pytest.raises(IncompatibleSnapshotError, match="inference.covariance = 'full'"):
+        Daemon(validate(cfg), registry=CollectorRegistry(), out=io.StringIO()).run(until_drained=True, timeout=60)
