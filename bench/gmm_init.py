@@ -205,7 +205,7 @@ def svi_batch_size(N):
     return max(20, min(1000, N // 4))
 
 
-def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7):
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7, tau0=1.0, **kw):
     """LL after one pass and after ``passes``; time and steps of the whole run."""
     N = len(tr)
     S = svi_batch_size(N)
@@ -213,8 +213,8 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7):
     order = np.concatenate([np.random.default_rng(1000 + seed).permutation(N)[:per_pass * S]
                             for _ in range(passes)])
     t0 = time.perf_counter()
-    model = _model(K, tr.shape[1], init, dp)
-    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=kappa), short_batches="svi")
+    model = _model(K, tr.shape[1], init, dp, **kw)
+    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
     state, t_eval = None, 0.0
     for i in range(0, len(order), S):
         xb = tr[order[i:i + S]]
