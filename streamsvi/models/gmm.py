@@ -71,7 +71,10 @@ def _multigammaln(a: np.ndarray, d: int) -> np.ndarray:
 #: the starts of :meth:`BayesianGMM.init_params`, the default first
 INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")
 #: where m0 and W0 come from when ``mean`` / ``scale`` are not given (:class:`BayesianGMM`)
-PRIORS_FROM = ("settings", "data")
+PRIORS_FROM = ("auto", "settings", "data")
+#: ``prior_from = "auto"`` takes m0, W0 from the data when the covariance of the init data has a
+#: condition number above this (nearly collinear columns; README, "Gaussian mixtures: initialisation")
+AUTO_CONDITION = 1e3
 
 
 def _sqdist(x: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -190,12 +193,12 @@ class BayesianGMM:
         β0 > 0, how many pseudo-observations the prior mean m0 is worth.
     mean : float, sequence of D floats or None
         m0, the prior mean of the component means. None: 0, or from the data
-        with ``prior_from = "data"``.
+        (``prior_from``).
     degrees_of_freedom : float or None
         ν0 > D − 1; None means D.
     scale : float, sequence of D floats or D×D matrix, or None
         W0, the Wishart scale (E[Λ] = ν0 W0). A float s means s·I, a vector its
-        diagonal. None means I, or from the data with ``prior_from = "data"``.
+        diagonal. None means I, or from the data (``prior_from``).
     init : {"kmeans", "kmeans++", "random_from_data", "random_resp"}
         How :meth:`init_params` starts (see :data:`INITS`). Every start makes
         responsibilities r of the records it is given and turns them into λ
@@ -222,13 +225,16 @@ class BayesianGMM:
         each start before they are compared (default 5). In batch VI they are
         the first sweeps; in the daemon they fit the first minibatch before
         the first SVI step.
-    prior_from : {"settings", "data"}
+    prior_from : {"auto", "settings", "data"}
         Where m0 and W0 come from when ``mean`` / ``scale`` are None.
-        ``"settings"`` (default): m0 = 0, W0 = I. ``"data"``: scikit-learn's
+        ``"settings"``: m0 = 0, W0 = I. ``"data"``: scikit-learn's
         data-dependent prior, m0 = the mean and W0⁻¹ = the covariance of the
         records :meth:`init_params` is given (the whole set for batch VI, the
-        first minibatch in the daemon), computed once (:meth:`fit_prior`)
-        and then stored as the concrete ``mean`` and ``scale`` settings: a
+        first minibatch in the daemon). ``"auto"`` (default): ``"data"`` when
+        that covariance has a condition number above :data:`AUTO_CONDITION`
+        (nearly collinear columns, where W0⁻¹ = I swamps the small
+        directions), else ``"settings"``. Decided once (:meth:`fit_prior`)
+        and stored as the concrete ``mean`` and ``scale`` settings: a
         snapshot holds them, and a resumed daemon uses the snapshot's values
         (:meth:`adopt_prior`) instead of recomputing them. Until then the
         model's η is the ``"settings"`` one. A value given in ``mean`` or
@@ -243,7 +249,7 @@ class BayesianGMM:
 
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
                  mean_precision=1.0, mean=None, degrees_of_freedom=None, scale=None,
-                 init="kmeans", n_init=3, init_sweeps=5, prior_from="settings"):
+                 init="kmeans", n_init=3, init_sweeps=5, prior_from="auto"):
         K, D = int(n_components), int(n_features)
         if K < 1 or K != n_components:
             raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
@@ -268,11 +274,7 @@ class BayesianGMM:
         if not nu0 > D - 1:
             raise ValueError(f"degrees_of_freedom must be > n_features - 1 = {D - 1}, "
                              f"got {degrees_of_freedom}")
-        if scale is None:
-            W0 = np.eye(D)
-        else:
-            s = np.asarray(scale, float)
-            W0 = s * np.eye(D) if s.ndim == 0 else (np.diag(s) if s.ndim == 1 else s)
+        W0 = self._scale_matrix(scale, D)
         if W0.shape != (D, D) or not np.allclose(W0, W0.T) or np.any(np.linalg.eigvalsh(W0) <= 0):
             raise ValueError(f"scale must be a positive number, {D} positive numbers or a "
                              f"symmetric positive definite {D}x{D} matrix, got {scale}")
@@ -285,11 +287,14 @@ class BayesianGMM:
         self.n_components, self.n_features = K, D
         self.weight_concentration = weight_concentration
         self.mean_precision = float(mean_precision)
-        self.mean = 0.0 if mean is None and prior_from == "settings" else mean
+        # None shows as 0 until decided (fit_prior / adopt_prior); _given says what the caller set
+        self._given = (mean is not None, scale is not None)
+        self.mean = 0.0 if mean is None else mean
         self.degrees_of_freedom = degrees_of_freedom
         self.scale = scale
         self.init = init
         self.prior_from = prior_from
+        self._prior_fitted = prior_from == "settings" or all(self._given)
         self._alpha0, self._nu0 = a0, nu0
         # the pairs (i, j), i ≤ j, of t(x): the D squares first, then i < j row by row
         off = np.triu_indices(D, 1)
@@ -342,59 +347,73 @@ class BayesianGMM:
                 "init": self.init, "n_init": self.n_init, "init_sweeps": self.init_sweeps,
                 "prior_from": self.prior_from}
 
+    @staticmethod
+    def _scale_matrix(scale, D) -> np.ndarray:
+        """W0 from the ``scale`` setting: None -> I, s -> sI, a vector -> its diagonal, or the matrix."""
+        if scale is None:
+            return np.eye(D)
+        s = np.asarray(scale, float)
+        return s * np.eye(D) if s.ndim == 0 else (np.diag(s) if s.ndim == 1 else s)
+
     @property
     def prior_pending(self) -> bool:
-        """True while ``prior_from = "data"`` still has m0 or W0 to take from the init data."""
-        return self.prior_from == "data" and (self.mean is None or self.scale is None)
+        """True while ``prior_from`` ("auto", "data") has still to decide m0 or W0 from the init data."""
+        return not self._prior_fitted
 
     def fit_prior(self, x) -> None:
-        """Fill the ``mean`` and ``scale`` not given from records ``x`` (``prior_from = "data"``).
+        """Fill the ``mean`` and ``scale`` not given from records ``x`` (``prior_from``).
 
-        m0 = the mean of ``x`` and W0⁻¹ = its covariance (ddof 1, plus 1e-6 of
-        its mean variance on the diagonal so that a constant column or fewer
-        than D + 1 records still give a proper prior; W0⁻¹ = I from a single
-        record). The values become the model's ``mean`` and ``scale``
-        settings, so a snapshot holds them and a model rebuilt from it
-        (or resumed, :meth:`adopt_prior`) has the same η. Called by
-        :meth:`init_params`; does nothing once both are set.
+        ``"data"``, or ``"auto"`` when the covariance of ``x`` has a condition
+        number above :data:`AUTO_CONDITION`: m0 = the mean of ``x`` and W0⁻¹ =
+        its covariance (ddof 1, plus 1e-6 of its mean variance on the
+        diagonal so that a constant column or fewer than D + 1 records still
+        give a proper prior; W0⁻¹ = I from a single record). ``"auto"``
+        otherwise: m0 = 0 and W0 = I (``scale`` stays None). The values
+        become the model's ``mean`` and ``scale`` settings, so a snapshot
+        holds them and a model rebuilt from it (or resumed,
+        :meth:`adopt_prior`) has the same η. Called by :meth:`init_params`;
+        does nothing once decided.
         """
         if not self.prior_pending:
             return
         x = self.check_batch(x)
         D = self.n_features
-        mean = x.mean(axis=0) if self.mean is None else self._m0
-        if self.scale is None:
-            if x.shape[0] > 1:
-                cov = np.atleast_2d(np.cov(x.T))
-                cov = 0.5 * (cov + cov.T) + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
-                W0 = np.linalg.inv(cov)
-                W0 = 0.5 * (W0 + W0.T)
-            else:
-                W0 = np.eye(D)
-        else:
-            W0 = self._W0
-        self.mean = mean.tolist() if self.mean is None else self.mean
-        self.scale = W0.tolist() if self.scale is None else self.scale
+        cov = None
+        if x.shape[0] > 1:
+            cov = np.atleast_2d(np.cov(x.T))
+            cov = 0.5 * (cov + cov.T) + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
+        use_data = self.prior_from == "data"
+        if self.prior_from == "auto" and cov is not None and not any(self._given):
+            ev = np.linalg.eigvalsh(cov)                  # "auto" picks the whole prior or none of it
+            use_data = bool(ev[-1] > AUTO_CONDITION * ev[0])
+        if use_data:
+            if not self._given[0]:
+                self.mean = x.mean(axis=0).tolist()
+            if not self._given[1]:
+                W0 = np.eye(D) if cov is None else np.linalg.inv(cov)
+                self.scale = (0.5 * (W0 + W0.T)).tolist()
+        self._prior_fitted = True
         # through the settings' JSON form, so a model rebuilt from get_params is bit-identical
-        self._set_prior(np.asarray(self.mean, float) * np.ones(D), np.asarray(W0.tolist(), float))
+        self._set_prior(np.asarray(self.mean, float) * np.ones(D), self._scale_matrix(self.scale, D))
 
     def adopt_prior(self, other: "BayesianGMM") -> None:
         """On resume: take the ``mean`` and ``scale`` a snapshot's model resolved from its data.
 
-        Only the ones this model still has to fill (``prior_from = "data"`` and
-        not given), and only from a model that filled them the same way: the
-        snapshot's prior is then used as it was, never recomputed. Anything else
-        is left for ``streamsvi.checkpoint.check_compatible`` to compare.
+        Only the ones this model still has to fill (``prior_from`` "auto" or
+        "data" and not given): the snapshot's prior is used as it was, never
+        recomputed (a snapshot from before ``prior_from`` existed counts as
+        m0 = its ``mean``, W0 = its ``scale`` or I). Given values are left for
+        ``streamsvi.checkpoint.check_compatible`` to compare.
         """
-        if not self.prior_pending or getattr(other, "prior_from", None) != "data" or other.prior_pending:
+        if not self.prior_pending:
             return
-        mean = other.mean if self.mean is None else self.mean
-        scale = other.scale if self.scale is None else self.scale
-        m0 = np.asarray(mean, float) * np.ones(self.n_features)
-        s = np.asarray(scale, float)
-        W0 = s * np.eye(self.n_features) if s.ndim == 0 else (np.diag(s) if s.ndim == 1 else s)
-        self.mean, self.scale = mean, scale
-        self._set_prior(m0, W0)
+        if not self._given[0]:
+            self.mean = other.mean if other.mean is not None else 0.0
+        if not self._given[1]:
+            self.scale = other.scale
+        self._prior_fitted = True
+        self._set_prior(np.asarray(self.mean, float) * np.ones(self.n_features),
+                        self._scale_matrix(self.scale, self.n_features))
 
     @classmethod
     def paper_prior(cls, n_components, n_features, alpha=0.5, c=10.0, **kw):
@@ -442,7 +461,7 @@ class BayesianGMM:
         """
         kw.setdefault("mean_precision", 1.0 / c)
         kw.setdefault("degrees_of_freedom", n_features)
-        if kw.get("prior_from", "settings") == "settings":
+        if kw.get("prior_from", "auto") == "settings":
             kw.setdefault("scale", 1.0)
         return cls(n_components, n_features,
                    weight_concentration=concentration / n_components, **kw)

@@ -84,9 +84,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the first minibatch from each "
                              "start; default 5", min=0),
         "prior_from": Field("str", None, "gmm, gmm_dp: where m0 and W0 come from when mean / scale are "
-                            "not set: settings (m0 = 0, W0 = I) or data (the mean and inverse "
-                            "covariance of the first minibatch, computed once and kept in every "
-                            "snapshot)", choices=("settings", "data")),
+                            "not set: settings (m0 = 0, W0 = I), data (the mean and inverse "
+                            "covariance of the first minibatch) or auto (default: data when that "
+                            "covariance has a condition number above 1e3, else settings); decided "
+                            "once at start and kept in every snapshot",
+                            choices=("auto", "settings", "data")),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),

@@ -190,7 +190,7 @@ def test_dp_approximation_and_paper_prior_settings():
     (dict(n_init=0), "n_init must be an integer >= 1, got 0"),
     (dict(n_init=1.5), "n_init must be an integer >= 1, got 1.5"),
     (dict(init_sweeps=-1), "init_sweeps must be an integer >= 0, got -1"),
-    (dict(prior_from="empirical"), "prior_from must be one of 'settings', 'data', got 'empirical'"),
+    (dict(prior_from="empirical"), "prior_from must be one of 'auto', 'settings', 'data', got 'empirical'"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(kw, msg):
     args = dict(n_components=3, n_features=2) | kw
@@ -378,7 +378,9 @@ def test_start_settings_are_saved_and_do_not_block_a_resume(tmp_path):
     store.save(engine, state, [{"source": "points", "partition": 0, "offset": 60}])
     snap = store.latest()
     assert snap.engine.model.n_init == 1 and snap.engine.model.init_sweeps == 0
-    notes = check_compatible(snap, SVI(BayesianGMM(3, 2), n_total=600.0))
+    fresh = SVI(BayesianGMM(3, 2), n_total=600.0)
+    fresh.model.adopt_prior(snap.engine.model)           # as the daemon does on resume
+    notes = check_compatible(snap, fresh)
     assert sorted(n.split(":")[0] for n in notes) == ["model setting init_sweeps", "model setting n_init"]
 
 
@@ -418,7 +420,7 @@ def test_prior_from_data_is_the_empirical_prior_of_the_init_data_computed_once()
     (scikit-learn's prior, as ``empirical_prior``), stores them as settings, and keeps them."""
     X = _correlated(400, 0)
     model = BayesianGMM(3, 2, prior_from="data")
-    assert model.prior_pending and model.get_params()["mean"] is None
+    assert model.prior_pending and model.get_params()["mean"] == 0.0       # the settings' η until then
     model.init_params(np.random.default_rng(0), X[:100], n_total=400)
     assert not model.prior_pending
     ref = BayesianGMM.empirical_prior(3, X[:100])
@@ -464,6 +466,7 @@ def test_prior_from_data_round_trips_and_resumes_with_the_snapshots_prior(tmp_pa
     fresh = SVI(BayesianGMM(3, 2, prior_from="data"), n_total=300.0)
     with pytest.raises(IncompatibleSnapshotError, match="model setting mean"):
         check_compatible(snap, fresh)
+    assert fresh.model.prior_pending
     fresh.model.adopt_prior(snap.engine.model)
     assert check_compatible(snap, fresh) == []
     assert np.array_equal(fresh.model.prior()._flat, engine.model.prior()._flat)
@@ -489,7 +492,37 @@ def test_prior_from_in_the_config():
         assert m.prior_from == "data" and m.prior_pending
         m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
                                                     "prior_from": "data", "scale": 2.0}})["model"])
-        assert m.get_params()["scale"] == 2.0 and m.get_params()["mean"] is None
+        assert m.get_params()["scale"] == 2.0 and m.prior_pending
         with pytest.raises(ConfigError, match="model.prior_from: expected one of .*got 'sklearn'"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
                                         "prior_from": "sklearn"}})
+
+
+def test_prior_from_auto_takes_the_data_prior_only_for_nearly_collinear_columns():
+    """The default ``"auto"``: W0⁻¹ = the data covariance when its condition number exceeds
+    AUTO_CONDITION (as on the breast-cancer set), else m0 = 0, W0 = I exactly as before."""
+    from streamsvi.models.gmm import AUTO_CONDITION
+
+    rng = np.random.default_rng(4)
+    well = rng.normal(size=(300, 3)) @ np.diag([1.0, 2.0, 3.0])
+    model = BayesianGMM(2, 3)
+    assert model.prior_from == "auto" and model.prior_pending
+    model.init_params(np.random.default_rng(0), well, n_total=300)
+    assert not model.prior_pending
+    assert model.get_params()["mean"] == 0.0 and model.get_params()["scale"] is None
+    assert np.array_equal(model.prior()._flat, BayesianGMM(2, 3, prior_from="settings").prior()._flat)
+
+    z = rng.normal(size=(300, 2))
+    collinear = np.column_stack([z[:, 0], z[:, 1], z[:, 0] + 0.01 * z[:, 1]])
+    ev = np.linalg.eigvalsh(np.cov(collinear.T))
+    assert ev[-1] > AUTO_CONDITION * ev[0]
+    model = BayesianGMM(2, 3)
+    model.init_params(np.random.default_rng(0), collinear, n_total=300)
+    ref = BayesianGMM(2, 3, prior_from="data")
+    ref.fit_prior(collinear)
+    assert model.get_params() | {"prior_from": "data"} == ref.get_params()
+    assert np.array_equal(model.prior()._flat, ref.prior()._flat)
+    # a value given makes "auto" keep the settings
+    given = BayesianGMM(2, 3, mean=0.0)
+    given.init_params(np.random.default_rng(0), collinear, n_total=300)
+    assert given.get_params()["scale"] is None
