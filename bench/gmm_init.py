@@ -43,10 +43,16 @@ alpha = 1, c = 10), on every set and seed 0..4 (``--seeds``):
     data-dependent prior (``BayesianGMM.empirical_prior`` values of the
     training set), to show where the prior, not the start, decides.
 
-streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), m0 = 0,
-beta0 = 1 (DP: 0.1), nu0 = D, W0 = I. On sets whose columns have mean 0 and
-covariance I (the whitened ones) that is scikit-learn's mean and covariance
-prior; on standardised sets W0^-1 = I keeps only the diagonal of scikit-learn's.
+streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), beta0 = 1
+(DP: 0.1), nu0 = D and ``prior_from = "auto"``: m0 = 0, W0 = I, unless the
+covariance of the init data has a condition number above 1e3 (here: wdbc
+only), then m0 and W0^-1 = that data's mean and covariance (scikit-learn's).
+On sets whose columns have mean 0 and covariance I (the whitened ones) m0 = 0,
+W0 = I is scikit-learn's mean and covariance prior; on standardised sets
+W0^-1 = I keeps only the diagonal of scikit-learn's.
+``--study prior`` compares ``prior_from = "settings"`` and ``"data"`` on every set,
+``--study cond`` prints the condition numbers, ``--study schedule`` SVI under
+other Robbins-Monro schedules (``--batch-size`` for another |S|).
 
 Score: the mean log predictive density of the held-out records, in nats per
 record, log sum_k E[pi_k] St(x | m_k, L_k, nu_k + 1 - D) (Bishop 2006,
@@ -309,6 +315,22 @@ def study_prior(sets, seeds, passes):
                      "svi, data"], rows, left=2))
 
 
+def study_cond(sets):
+    """The condition number of the covariance ``prior_from = "auto"`` looks at (streamsvi.models.gmm.AUTO_CONDITION)."""
+    from streamsvi.models.gmm import AUTO_CONDITION
+
+    rows = []
+    for name, (tr, te, K) in sets.items():
+        S = svi_batch_size(len(tr))
+        first = tr[np.random.default_rng(1000).permutation(len(tr))[:S]]    # run_svi's seed 0 first batch
+        conds = [np.linalg.cond(np.cov(x.T)) for x in (tr, first)]
+        rows.append([name, f"{conds[0]:.3g}", f"{conds[1]:.3g}",
+                     "data" if conds[0] > AUTO_CONDITION else "settings"])
+    print(f"# bench/gmm_init.py --study cond: condition number of the covariance (auto threshold "
+          f"{AUTO_CONDITION:g})\n")
+    print(fmt_table(["set", "training set", "first SVI minibatch", "auto picks (batch)"], rows, left=1))
+
+
 SCHEDULES = ((1.0, 0.7), (1.0, 0.55), (0.0, 0.6), (0.0, 0.55), (0.0, 0.51))
 SCHEDULE_PASSES = (1, 3, 10, 30)
 
@@ -441,7 +463,7 @@ def main(argv=None):
     ap.add_argument("--no-dp", action="store_true", help="leave out the DP-GMM rows")
     ap.add_argument("--inits", action="store_true",
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
-    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule"),
+    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
@@ -455,6 +477,8 @@ def main(argv=None):
         return study_prior(sets, args.seeds, args.passes)
     if args.study == "schedule":
         return study_schedule(sets, args.seeds)
+    if args.study == "cond":
+        return study_cond(sets)
     kinds = [False] + ([] if args.no_dp else [True])
     methods = []                                          # (label, kind, init, dp)
     for dp in kinds:
