@@ -526,3 +526,20 @@ def test_prior_from_auto_takes_the_data_prior_only_for_nearly_collinear_columns(
     given = BayesianGMM(2, 3, mean=0.0)
     given.init_params(np.random.default_rng(0), collinear, n_total=300)
     assert given.get_params()["scale"] is None
+
+
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_a_snapshot_from_before_prior_from_resumes_under_the_auto_default(scale):
+    """Settings saved before ``prior_from`` existed (m0 = 0, W0 = I or scale 1): a config on
+    the new default adopts them, so nothing but the start setting prior_from differs."""
+    from streamsvi.models import model_from_dict
+
+    legacy = BayesianGMM(3, 2, prior_from="settings", scale=scale).get_params()
+    del legacy["prior_from"]
+    old = model_from_dict({"name": "gmm", "params": legacy})
+    new = BayesianGMM(3, 2)
+    assert new.prior_pending
+    new.adopt_prior(old)
+    assert not new.prior_pending
+    assert {k: v for k, v in new.get_params().items() if k != "prior_from"} == legacy
+    assert np.array_equal(new.prior()._flat, BayesianGMM(3, 2, prior_from="settings").prior()._flat)
