@@ -231,7 +231,8 @@ class BayesianGMM:
         data-dependent prior, m0 = the mean and W0⁻¹ = the covariance of the
         records :meth:`init_params` is given (the whole set for batch VI, the
         first minibatch in the daemon). ``"auto"`` (default): ``"data"`` when
-        that covariance has a condition number above :data:`AUTO_CONDITION`
+        there are more than 2D of those records and their covariance has a
+        condition number above :data:`AUTO_CONDITION`
         (nearly collinear columns, where W0⁻¹ = I swamps the small
         directions), else ``"settings"``. Decided once (:meth:`fit_prior`)
         and stored as the concrete ``mean`` and ``scale`` settings: a
@@ -363,8 +364,8 @@ class BayesianGMM:
     def fit_prior(self, x) -> None:
         """Fill the ``mean`` and ``scale`` not given from records ``x`` (``prior_from``).
 
-        ``"data"``, or ``"auto"`` when the covariance of ``x`` has a condition
-        number above :data:`AUTO_CONDITION`: m0 = the mean of ``x`` and W0⁻¹ =
+        ``"data"``, or ``"auto"`` when ``x`` has more than 2D records and
+        their covariance a condition number above :data:`AUTO_CONDITION`: m0 = the mean of ``x`` and W0⁻¹ =
         its covariance (ddof 1, plus 1e-6 of its mean variance on the
         diagonal so that a constant column or fewer than D + 1 records still
         give a proper prior; W0⁻¹ = I from a single record). ``"auto"``
@@ -383,8 +384,9 @@ class BayesianGMM:
             cov = np.atleast_2d(np.cov(x.T))
             cov = 0.5 * (cov + cov.T) + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
         use_data = self.prior_from == "data"
-        if self.prior_from == "auto" and cov is not None and not any(self._given):
-            ev = np.linalg.eigvalsh(cov)                  # "auto" picks the whole prior or none of it
+        # "auto" picks the whole prior or none of it, and never from a rank-deficient handful
+        if self.prior_from == "auto" and x.shape[0] > 2 * D and not any(self._given):
+            ev = np.linalg.eigvalsh(cov)
             use_data = bool(ev[-1] > AUTO_CONDITION * ev[0])
         if use_data:
             if not self._given[0]:

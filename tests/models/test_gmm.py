@@ -522,6 +522,10 @@ def test_prior_from_auto_takes_the_data_prior_only_for_nearly_collinear_columns(
     ref.fit_prior(collinear)
     assert model.get_params() | {"prior_from": "data"} == ref.get_params()
     assert np.array_equal(model.prior()._flat, ref.prior()._flat)
+    # a handful of records (2D or fewer, e.g. a short first minibatch) never decides it
+    few = BayesianGMM(2, 3)
+    few.init_params(np.random.default_rng(0), collinear[:6], n_total=300)
+    assert few.get_params()["scale"] is None and few.get_params()["mean"] == 0.0
     # a value given makes "auto" keep the settings
     given = BayesianGMM(2, 3, mean=0.0)
     given.init_params(np.random.default_rng(0), collinear, n_total=300)
