@@ -43,10 +43,16 @@ alpha = 1, c = 10), on every set and seed 0..4 (``--seeds``):
     data-dependent prior (``BayesianGMM.empirical_prior`` values of the
     training set), to show where the prior, not the start, decides.
 
-streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), m0 = 0,
-beta0 = 1 (DP: 0.1), nu0 = D, W0 = I. On sets whose columns have mean 0 and
-covariance I (the whitened ones) that is scikit-learn's mean and covariance
-prior; on standardised sets W0^-1 = I keeps only the diagonal of scikit-learn's.
+streamsvi's defaults are Dirichlet(alpha0 = 1) weights (DP: alpha/K), beta0 = 1
+(DP: 0.1), nu0 = D and ``prior_from = "auto"``: m0 = 0, W0 = I, unless the
+covariance of the init data has a condition number above 1e3 (here: wdbc
+only), then m0 and W0^-1 = that data's mean and covariance (scikit-learn's).
+On sets whose columns have mean 0 and covariance I (the whitened ones) m0 = 0,
+W0 = I is scikit-learn's mean and covariance prior; on standardised sets
+W0^-1 = I keeps only the diagonal of scikit-learn's.
+``--study prior`` compares ``prior_from = "settings"`` and ``"data"`` on every set,
+``--study cond`` prints the condition numbers, ``--study schedule`` SVI under
+other Robbins-Monro schedules (``--batch-size`` for another |S|).
 
 Score: the mean log predictive density of the held-out records, in nats per
 record, log sum_k E[pi_k] St(x | m_k, L_k, nu_k + 1 - D) (Bishop 2006,
@@ -93,6 +99,7 @@ T0 = time.time()
 TOL = 1e-5          # batch VI stops when the ELBO per record changes by less than this
 MAX_SWEEPS = 300
 PASSES = 10         # SVI: passes over the training stream
+TAU0, KAPPA = 1.0, 0.7   # SVI: Robbins-Monro rho_t = (tau0 + t)^-kappa
 
 
 def log(msg):
@@ -200,12 +207,15 @@ def run_batch(tr, te, K, init, seed, dp=False, sk_prior=False, **kw):
     return float(model.predictive_logpdf(state.lam, te).mean()), el, sweep
 
 
+BATCH = 1000        # SVI |S| (the daemon default), at most N/4; --batch-size
+
+
 def svi_batch_size(N):
-    """|S|: the daemon default 1,000, at most N/4 (at least 4 steps a pass), at least 20."""
-    return max(20, min(1000, N // 4))
+    """|S|: ``BATCH`` (the daemon default 1,000), at most N/4 (at least 4 steps a pass), at least 20."""
+    return max(20, min(BATCH, N // 4))
 
 
-def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7):
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, **kw):
     """LL after one pass and after ``passes``; time and steps of the whole run."""
     N = len(tr)
     S = svi_batch_size(N)
@@ -213,8 +223,8 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=0.7):
     order = np.concatenate([np.random.default_rng(1000 + seed).permutation(N)[:per_pass * S]
                             for _ in range(passes)])
     t0 = time.perf_counter()
-    model = _model(K, tr.shape[1], init, dp)
-    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=1.0, kappa=kappa), short_batches="svi")
+    model = _model(K, tr.shape[1], init, dp, **kw)
+    eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
     state, t_eval = None, 0.0
     for i in range(0, len(order), S):
         xb = tr[order[i:i + S]]
@@ -271,6 +281,95 @@ def study_starts(sets, seeds):
     for ni, sw in START_GRID:
         print(f"  n_init={ni}, init_sweeps={sw}: "
               f"{np.mean([np.mean([r[0] for r in res[(n, ni, sw)]]) for n in real]):.4f}")
+
+
+DATA_PRIOR = dict(prior_from="data", mean=None, scale=None)
+
+
+def study_prior(sets, seeds, passes):
+    """``prior_from = "settings"`` (m0 = 0, W0 = I) against ``"data"`` (m0, W0 from the init data:
+    the whole set for batch VI, the first minibatch for SVI), finite and DP mixture."""
+    rows = []
+    for name, (tr, te, K) in sets.items():
+        for dp in (False, True):
+            res = {}
+            for seed in range(seeds):                      # alternating, seed by seed
+                res.setdefault("sklearn", []).append(run_sklearn(tr, te, K, seed, dp)[:3])
+                for prior, kw in (("settings", {"prior_from": "settings"}), ("data", DATA_PRIOR)):
+                    res.setdefault(("batch", prior), []).append(run_batch(tr, te, K, None, seed, dp, **kw)[:3])
+                    res.setdefault(("svi", prior), []).append(
+                        run_svi(tr, te, K, None, seed, dp, passes, **kw)[:3])
+            sk = np.array(res["sklearn"])
+            row = [name, f"DP K={DP_K}" if dp else f"K={K}", f"{sk[:, 0].mean():.4f}"]
+            for meth in ("batch", "svi"):
+                for prior in ("settings", "data"):
+                    a = np.array(res[(meth, prior)])
+                    d = a[:, 0] - sk[:, 0]
+                    row.append(f"{d.mean():+.4f} ({int((d >= -1e-4).sum())}/{seeds}) "
+                               f"{a[:, 1].mean() / sk[:, 1].mean():.2f}x {a[:, 2].mean():.0f}")
+            rows.append(row)
+            log(f"prior: {name} {'DP' if dp else 'finite'} done")
+    print(f"# bench/gmm_init.py --study prior: {seeds} seeds, SVI {passes} passes; per cell: held-out LL "
+          f"minus scikit-learn's (seeds at or above it), time ratio, sweeps or steps\n")
+    print(fmt_table(["set", "model", "sklearn LL", "batch, settings", "batch, data", "svi, settings",
+                     "svi, data"], rows, left=2))
+
+
+def study_cond(sets):
+    """The condition number of the covariance ``prior_from = "auto"`` looks at (streamsvi.models.gmm.AUTO_CONDITION)."""
+    from streamsvi.models.gmm import AUTO_CONDITION
+
+    rows = []
+    for name, (tr, te, K) in sets.items():
+        S = svi_batch_size(len(tr))
+        first = tr[np.random.default_rng(1000).permutation(len(tr))[:S]]    # run_svi's seed 0 first batch
+        conds = [np.linalg.cond(np.cov(x.T)) for x in (tr, first)]
+        rows.append([name, f"{conds[0]:.3g}", f"{conds[1]:.3g}",
+                     "data" if conds[0] > AUTO_CONDITION else "settings"])
+    print(f"# bench/gmm_init.py --study cond: condition number of the covariance (auto threshold "
+          f"{AUTO_CONDITION:g})\n")
+    print(fmt_table(["set", "training set", "first SVI minibatch", "auto picks (batch)"], rows, left=1))
+
+
+SCHEDULES = ((1.0, 0.7), (1.0, 0.55), (0.0, 0.6), (0.0, 0.55), (0.0, 0.51))
+SCHEDULE_PASSES = (1, 3, 10, 30)
+
+
+def study_schedule(sets, seeds):
+    """SVI from the first minibatch under Robbins-Monro (tau0, kappa): held-out LL after passes."""
+    for name, (tr, te, K) in sets.items():
+        N = len(tr)
+        S = svi_batch_size(N)
+        sk = [run_sklearn(tr, te, K, seed) for seed in range(seeds)]
+        sk_ll, sk_t = np.mean([r[0] for r in sk]), np.mean([r[1] for r in sk])
+        rows = []
+        for tau0, kappa in SCHEDULES:
+            lls, times = {}, {}
+            for seed in range(seeds):
+                model = BayesianGMM(K, tr.shape[1])
+                eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
+                state, t0, t_eval = None, time.perf_counter(), 0.0
+                rng = np.random.default_rng(1000 + seed)
+                for p in range(1, max(SCHEDULE_PASSES) + 1):
+                    o = rng.permutation(N)
+                    for i in range(0, N - S + 1, S):
+                        if state is None:
+                            state = eng.init(tr[o[i:i + S]], seed=seed)
+                        state, _ = eng.update(state, tr[o[i:i + S]])
+                    if p in SCHEDULE_PASSES:
+                        te0 = time.perf_counter()
+                        lls.setdefault(p, []).append(model.predictive_logpdf(state.lam, te).mean())
+                        t_eval += time.perf_counter() - te0
+                        times.setdefault(p, []).append(time.perf_counter() - t0 - t_eval)
+            rho = RobbinsMonro(tau0=tau0, kappa=kappa)
+            rows.append([f"tau0={tau0:g}, kappa={kappa:g}"]
+                        + [f"{np.mean(lls[p]) - sk_ll:+.4f} ({np.mean(times[p]) / sk_t:.2f}x)"
+                           for p in SCHEDULE_PASSES]
+                        + [f"{sum(rho(t) for t in range(1, 10 * (N // S) + 1)):.1f}"])
+        print(f"\n# bench/gmm_init.py --study schedule: {name} ({N} x {tr.shape[1]}, K = {K}), |S| = {S}, "
+              f"{seeds} seeds; held-out LL minus scikit-learn's ({sk_ll:.4f}) after passes (time ratio)\n")
+        print(fmt_table(["schedule", *(f"{p} pass" + ("es" if p > 1 else "") for p in SCHEDULE_PASSES),
+                         "sum rho, 10 passes"], rows, left=1))
 
 
 SVI_PASSES = (1, 3, 10, 30, 100)
@@ -358,18 +457,28 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--sets", default=SETS)
     ap.add_argument("--passes", type=int, default=PASSES, help="SVI passes over the training stream")
+    ap.add_argument("--batch-size", type=int, default=BATCH, help="SVI |S| (at most N/4)")
+    ap.add_argument("--tau0", type=float, default=TAU0, help="SVI: Robbins-Monro delay")
+    ap.add_argument("--kappa", type=float, default=KAPPA, help="SVI: Robbins-Monro forgetting rate")
     ap.add_argument("--no-dp", action="store_true", help="leave out the DP-GMM rows")
     ap.add_argument("--inits", action="store_true",
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
-    ap.add_argument("--study", choices=("starts", "svi"),
+    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
+    globals()["BATCH"] = args.batch_size
     sets = load_sets(args.sets.split(","))
     if args.study == "starts":
         return study_starts(sets, args.seeds)
     if args.study == "svi":
         return study_svi(sets, args.seeds)
+    if args.study == "prior":
+        return study_prior(sets, args.seeds, args.passes)
+    if args.study == "schedule":
+        return study_schedule(sets, args.seeds)
+    if args.study == "cond":
+        return study_cond(sets)
     kinds = [False] + ([] if args.no_dp else [True])
     methods = []                                          # (label, kind, init, dp)
     for dp in kinds:
@@ -386,7 +495,7 @@ def main(argv=None):
                 elif meth in ("batch", "batch_skprior"):
                     r = run_batch(tr, te, K, init, seed, dp, sk_prior=meth == "batch_skprior")
                 else:
-                    r = run_svi(tr, te, K, init, seed, dp, args.passes)
+                    r = run_svi(tr, te, K, init, seed, dp, args.passes, args.kappa, args.tau0)
                 res.setdefault((name, label, dp), []).append(r)
             log(f"{name} seed {seed} done")
     rows = []
@@ -402,7 +511,8 @@ def main(argv=None):
                          f"{a[:, 1].mean() / sk[:, 1].mean():.2f}", f"{a[:, 2].mean():.0f}", one])
     S = {n: svi_batch_size(len(v[0])) for n, v in sets.items()}
     print(f"# bench/gmm_init.py: {args.seeds} seeds, {cpu_model()}, one BLAS thread; "
-          f"SVI |S| = " + ", ".join(f"{n} {s}" for n, s in S.items()) + f", {args.passes} passes\n")
+          f"SVI |S| = " + ", ".join(f"{n} {s}" for n, s in S.items()) + f", {args.passes} passes, "
+          f"tau0 = {args.tau0:g}, kappa = {args.kappa:g}\n")
     print(fmt_table(["set", "N x D", "model", "method", "held-out LL", "sd", "vs sklearn", ">= sk", "ms",
                      "time ratio", "sweeps/steps", "svi LL 1 pass"], rows, left=4))
 

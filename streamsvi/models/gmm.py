@@ -70,6 +70,11 @@ def _multigammaln(a: np.ndarray, d: int) -> np.ndarray:
 
 #: the starts of :meth:`BayesianGMM.init_params`, the default first
 INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")
+#: where m0 and W0 come from when ``mean`` / ``scale`` are not given (:class:`BayesianGMM`)
+PRIORS_FROM = ("auto", "settings", "data")
+#: ``prior_from = "auto"`` takes m0, W0 from the data when the covariance of the init data has a
+#: condition number above this (nearly collinear columns; README, "Gaussian mixtures: initialisation")
+AUTO_CONDITION = 1e3
 
 
 def _sqdist(x: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -186,13 +191,14 @@ class BayesianGMM:
         α0, the Dirichlet prior on the mixing weights π (per component).
     mean_precision : float
         β0 > 0, how many pseudo-observations the prior mean m0 is worth.
-    mean : float or sequence of D floats
-        m0, the prior mean of the component means.
+    mean : float, sequence of D floats or None
+        m0, the prior mean of the component means. None: 0, or from the data
+        (``prior_from``).
     degrees_of_freedom : float or None
         ν0 > D − 1; None means D.
     scale : float, sequence of D floats or D×D matrix, or None
         W0, the Wishart scale (E[Λ] = ν0 W0). A float s means s·I, a vector its
-        diagonal. None means I.
+        diagonal. None means I, or from the data (``prior_from``).
     init : {"kmeans", "kmeans++", "random_from_data", "random_resp"}
         How :meth:`init_params` starts (see :data:`INITS`). Every start makes
         responsibilities r of the records it is given and turns them into λ
@@ -219,17 +225,32 @@ class BayesianGMM:
         each start before they are compared (default 5). In batch VI they are
         the first sweeps; in the daemon they fit the first minibatch before
         the first SVI step.
+    prior_from : {"auto", "settings", "data"}
+        Where m0 and W0 come from when ``mean`` / ``scale`` are None.
+        ``"settings"``: m0 = 0, W0 = I. ``"data"``: scikit-learn's
+        data-dependent prior, m0 = the mean and W0⁻¹ = the covariance of the
+        records :meth:`init_params` is given (the whole set for batch VI, the
+        first minibatch in the daemon). ``"auto"`` (default): ``"data"`` when
+        there are more than 2D of those records and their covariance has a
+        condition number above :data:`AUTO_CONDITION`
+        (nearly collinear columns, where W0⁻¹ = I swamps the small
+        directions), else ``"settings"``. Decided once (:meth:`fit_prior`)
+        and stored as the concrete ``mean`` and ``scale`` settings: a
+        snapshot holds them, and a resumed daemon uses the snapshot's values
+        (:meth:`adopt_prior`) instead of recomputing them. Until then the
+        model's η is the ``"settings"`` one. A value given in ``mean`` or
+        ``scale`` is kept as given.
     """
 
     name = "gmm"
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
-    START_SETTINGS = ("init", "n_init", "init_sweeps")
+    START_SETTINGS = ("init", "n_init", "init_sweeps", "prior_from")
 
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
-                 mean_precision=1.0, mean=0.0, degrees_of_freedom=None, scale=None,
-                 init="kmeans", n_init=3, init_sweeps=5):
+                 mean_precision=1.0, mean=None, degrees_of_freedom=None, scale=None,
+                 init="kmeans", n_init=3, init_sweeps=5, prior_from="auto"):
         K, D = int(n_components), int(n_features)
         if K < 1 or K != n_components:
             raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
@@ -242,7 +263,10 @@ class BayesianGMM:
                              f"got {weight_concentration}")
         if not (np.isscalar(mean_precision) and mean_precision > 0 and math.isfinite(mean_precision)):
             raise ValueError(f"mean_precision must be a number > 0, got {mean_precision}")
-        m0 = np.asarray(mean, float)
+        if prior_from not in PRIORS_FROM:
+            raise ValueError(f"prior_from must be one of {', '.join(repr(p) for p in PRIORS_FROM)}, "
+                             f"got {prior_from!r}")
+        m0 = np.asarray(0.0 if mean is None else mean, float)
         if m0.ndim == 0:
             m0 = np.full(D, float(m0))
         if m0.shape != (D,) or not np.all(np.isfinite(m0)):
@@ -251,11 +275,7 @@ class BayesianGMM:
         if not nu0 > D - 1:
             raise ValueError(f"degrees_of_freedom must be > n_features - 1 = {D - 1}, "
                              f"got {degrees_of_freedom}")
-        if scale is None:
-            W0 = np.eye(D)
-        else:
-            s = np.asarray(scale, float)
-            W0 = s * np.eye(D) if s.ndim == 0 else (np.diag(s) if s.ndim == 1 else s)
+        W0 = self._scale_matrix(scale, D)
         if W0.shape != (D, D) or not np.allclose(W0, W0.T) or np.any(np.linalg.eigvalsh(W0) <= 0):
             raise ValueError(f"scale must be a positive number, {D} positive numbers or a "
                              f"symmetric positive definite {D}x{D} matrix, got {scale}")
@@ -268,13 +288,15 @@ class BayesianGMM:
         self.n_components, self.n_features = K, D
         self.weight_concentration = weight_concentration
         self.mean_precision = float(mean_precision)
-        self.mean = mean
+        # None shows as 0 until decided (fit_prior / adopt_prior); _given says what the caller set
+        self._given = (mean is not None, scale is not None)
+        self.mean = 0.0 if mean is None else mean
         self.degrees_of_freedom = degrees_of_freedom
         self.scale = scale
         self.init = init
-        # derived prior quantities
-        self._alpha0, self._m0, self._nu0, self._W0 = a0, m0, nu0, W0
-        self._W0inv = np.linalg.inv(W0)
+        self.prior_from = prior_from
+        self._prior_fitted = prior_from == "settings" or all(self._given)
+        self._alpha0, self._nu0 = a0, nu0
         # the pairs (i, j), i ≤ j, of t(x): the D squares first, then i < j row by row
         off = np.triu_indices(D, 1)
         self._triu = (np.concatenate([np.arange(D), off[0]]), np.concatenate([np.arange(D), off[1]]))
@@ -286,11 +308,26 @@ class BayesianGMM:
         sym.T[self._triu] = np.arange(T)
         self._j = np.arange(D, dtype=float)
         self._g_const = 0.5 * D * (math.log(2.0) - _LOG_2PI)
+        self._const_coef = np.array([1.0, 0.5, -1.0, -0.5 * D, -0.5])   # rows of Q, see _expectations
+        self._set_prior(m0, W0)
+        # rows of RᵀZ (K, T + D + 1), flattened, -> the flat buffer of a NatParams laid out as η
+        W1 = T + D + 1
+        base = np.arange(K)[:, None] * W1
+        cnt = (base + T + D).ravel()
+        self._stats_index = np.concatenate([cnt, cnt, (base + T + np.arange(D)).ravel(),
+                                            (base + sym.ravel()).ravel(), cnt])
+        assert self._stats_index.size == self._prior._flat.size
+
+    def _set_prior(self, m0, W0):
+        """Every quantity derived from (m0, W0) with the other prior settings: η and the ELBO's constants."""
+        K, D = self.n_components, self.n_features
+        a0, nu0 = self._alpha0, self._nu0
+        self._m0, self._W0 = m0, W0
+        self._W0inv = np.linalg.inv(W0)
         b0 = self.mean_precision
         # tr(W0⁻¹ W_k) + β0 m0ᵀ W_k m0 = W_k : (W0⁻¹ + β0 m0 m0ᵀ), one product for all k
         self._kl_quad_tiled = np.tile((self._W0inv + b0 * np.outer(m0, m0)).ravel(), K)
         self._alpha0_sum = float(a0.sum())
-        self._const_coef = np.array([1.0, 0.5, -1.0, -0.5 * D, -0.5])   # rows of Q, see _expectations
         self._m0_nonzero = bool(np.any(m0 != 0.0))
         # every term of −KL that depends on the prior only (see global_elbo)
         kl_const = (-gammaln(a0.sum()) + gammaln(a0).sum()
@@ -299,13 +336,6 @@ class BayesianGMM:
                                  + 0.5 * K * D * (1.0 + math.log(b0)))
         self._cache = None
         self._prior = self._make_prior()
-        # rows of RᵀZ (K, T + D + 1), flattened, -> the flat buffer of a NatParams laid out as η
-        W1 = T + D + 1
-        base = np.arange(K)[:, None] * W1
-        cnt = (base + T + D).ravel()
-        self._stats_index = np.concatenate([cnt, cnt, (base + T + np.arange(D)).ravel(),
-                                            (base + sym.ravel()).ravel(), cnt])
-        assert self._stats_index.size == self._prior._flat.size
 
     # ------------------------------------------------------------ settings
     def get_params(self) -> dict:
@@ -315,7 +345,77 @@ class BayesianGMM:
                 "weight_concentration": j(self.weight_concentration),
                 "mean_precision": self.mean_precision, "mean": j(self.mean),
                 "degrees_of_freedom": self.degrees_of_freedom, "scale": j(self.scale),
-                "init": self.init, "n_init": self.n_init, "init_sweeps": self.init_sweeps}
+                "init": self.init, "n_init": self.n_init, "init_sweeps": self.init_sweeps,
+                "prior_from": self.prior_from}
+
+    @staticmethod
+    def _scale_matrix(scale, D) -> np.ndarray:
+        """W0 from the ``scale`` setting: None -> I, s -> sI, a vector -> its diagonal, or the matrix."""
+        if scale is None:
+            return np.eye(D)
+        s = np.asarray(scale, float)
+        return s * np.eye(D) if s.ndim == 0 else (np.diag(s) if s.ndim == 1 else s)
+
+    @property
+    def prior_pending(self) -> bool:
+        """True while ``prior_from`` ("auto", "data") has still to decide m0 or W0 from the init data."""
+        return not self._prior_fitted
+
+    def fit_prior(self, x) -> None:
+        """Fill the ``mean`` and ``scale`` not given from records ``x`` (``prior_from``).
+
+        ``"data"``, or ``"auto"`` when ``x`` has more than 2D records and
+        their covariance a condition number above :data:`AUTO_CONDITION`: m0 = the mean of ``x`` and W0⁻¹ =
+        its covariance (ddof 1, plus 1e-6 of its mean variance on the
+        diagonal so that a constant column or fewer than D + 1 records still
+        give a proper prior; W0⁻¹ = I from a single record). ``"auto"``
+        otherwise: m0 = 0 and W0 = I (``scale`` stays None). The values
+        become the model's ``mean`` and ``scale`` settings, so a snapshot
+        holds them and a model rebuilt from it (or resumed,
+        :meth:`adopt_prior`) has the same η. Called by :meth:`init_params`;
+        does nothing once decided.
+        """
+        if not self.prior_pending:
+            return
+        x = self.check_batch(x)
+        D = self.n_features
+        cov = None
+        if x.shape[0] > 1:
+            cov = np.atleast_2d(np.cov(x.T))
+            cov = 0.5 * (cov + cov.T) + 1e-6 * max(float(np.trace(cov)) / D, 1e-12) * np.eye(D)
+        use_data = self.prior_from == "data"
+        # "auto" picks the whole prior or none of it, and never from a rank-deficient handful
+        if self.prior_from == "auto" and x.shape[0] > 2 * D and not any(self._given):
+            ev = np.linalg.eigvalsh(cov)
+            use_data = bool(ev[-1] > AUTO_CONDITION * ev[0])
+        if use_data:
+            if not self._given[0]:
+                self.mean = x.mean(axis=0).tolist()
+            if not self._given[1]:
+                W0 = np.eye(D) if cov is None else np.linalg.inv(cov)
+                self.scale = (0.5 * (W0 + W0.T)).tolist()
+        self._prior_fitted = True
+        # through the settings' JSON form, so a model rebuilt from get_params is bit-identical
+        self._set_prior(np.asarray(self.mean, float) * np.ones(D), self._scale_matrix(self.scale, D))
+
+    def adopt_prior(self, other: "BayesianGMM") -> None:
+        """On resume: take the ``mean`` and ``scale`` a snapshot's model resolved from its data.
+
+        Only the ones this model still has to fill (``prior_from`` "auto" or
+        "data" and not given): the snapshot's prior is used as it was, never
+        recomputed (a snapshot from before ``prior_from`` existed counts as
+        m0 = its ``mean``, W0 = its ``scale`` or I). Given values are left for
+        ``streamsvi.checkpoint.check_compatible`` to compare.
+        """
+        if not self.prior_pending:
+            return
+        if not self._given[0]:
+            self.mean = other.mean if other.mean is not None else 0.0
+        if not self._given[1]:
+            self.scale = other.scale
+        self._prior_fitted = True
+        self._set_prior(np.asarray(self.mean, float) * np.ones(self.n_features),
+                        self._scale_matrix(self.scale, self.n_features))
 
     @classmethod
     def paper_prior(cls, n_components, n_features, alpha=0.5, c=10.0, **kw):
@@ -363,7 +463,8 @@ class BayesianGMM:
         """
         kw.setdefault("mean_precision", 1.0 / c)
         kw.setdefault("degrees_of_freedom", n_features)
-        kw.setdefault("scale", 1.0)
+        if kw.get("prior_from", "auto") == "settings":
+            kw.setdefault("scale", 1.0)
         return cls(n_components, n_features,
                    weight_concentration=concentration / n_components, **kw)
 
@@ -416,6 +517,7 @@ class BayesianGMM:
         same seed gives the same λ.
         """
         x = self.check_batch(x)
+        self.fit_prior(x)
         scale = float(n_total) / x.shape[0]
         best_elbo, best = -math.inf, None
         for _ in range(self.n_init):

@@ -83,6 +83,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "ELBO kept; default 3", min=1),
         "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the first minibatch from each "
                              "start; default 5", min=0),
+        "prior_from": Field("str", None, "gmm, gmm_dp: where m0 and W0 come from when mean / scale are "
+                            "not set: settings (m0 = 0, W0 = I), data (the mean and inverse "
+                            "covariance of the first minibatch) or auto (default: data when that "
+                            "covariance has a condition number above 1e3, else settings); decided "
+                            "once at start and kept in every snapshot",
+                            choices=("auto", "settings", "data")),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
         "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
@@ -241,7 +247,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                       "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps"})
+                       "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps",
+                       "prior_from"})
 _GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
 #: model kind -> the values of ``model.init`` it takes
 INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}

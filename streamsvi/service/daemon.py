@@ -147,6 +147,9 @@ class Daemon:
         # N is a setting: a number in the config wins (retuning is logged below); "auto"
         # keeps the N resolved at the first start rather than re-reading a grown topic.
         engine = build_engine(self.cfg, snap.engine.n_total if n == "auto" else float(n))
+        adopt = getattr(engine.model, "adopt_prior", None)     # a prior computed from the first data
+        if adopt is not None:                                  # is the snapshot's, never recomputed
+            adopt(snap.engine.model)
         notes = check_compatible(snap, engine)
         for n in notes:
             log.warning("settings changed since the checkpoint: %s", n)

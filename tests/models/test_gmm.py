@@ -190,6 +190,7 @@ def test_dp_approximation_and_paper_prior_settings():
     (dict(n_init=0), "n_init must be an integer >= 1, got 0"),
     (dict(n_init=1.5), "n_init must be an integer >= 1, got 1.5"),
     (dict(init_sweeps=-1), "init_sweeps must be an integer >= 0, got -1"),
+    (dict(prior_from="empirical"), "prior_from must be one of 'auto', 'settings', 'data', got 'empirical'"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(kw, msg):
     args = dict(n_components=3, n_features=2) | kw
@@ -377,7 +378,9 @@ def test_start_settings_are_saved_and_do_not_block_a_resume(tmp_path):
     store.save(engine, state, [{"source": "points", "partition": 0, "offset": 60}])
     snap = store.latest()
     assert snap.engine.model.n_init == 1 and snap.engine.model.init_sweeps == 0
-    notes = check_compatible(snap, SVI(BayesianGMM(3, 2), n_total=600.0))
+    fresh = SVI(BayesianGMM(3, 2), n_total=600.0)
+    fresh.model.adopt_prior(snap.engine.model)           # as the daemon does on resume
+    notes = check_compatible(snap, fresh)
     assert sorted(n.split(":")[0] for n in notes) == ["model setting init_sweeps", "model setting n_init"]
 
 
@@ -405,3 +408,142 @@ def test_empirical_prior_is_sklearns_default_prior():
     assert model.get_params()["mean"] == pytest.approx(X.mean(axis=0).tolist())
     with pytest.raises(ValueError, match="covariance of x is singular"):
         BayesianGMM.empirical_prior(2, np.c_[X[:, 0], 2.0 * X[:, 0]])
+
+
+def _correlated(n, seed):
+    Z, _ = make_blobs(n, seed=seed)
+    return Z @ np.array([[3.0, 2.9], [0.0, 0.2]]) + np.array([50.0, -20.0])   # correlation ~0.99
+
+
+def test_prior_from_data_is_the_empirical_prior_of_the_init_data_computed_once():
+    """``prior_from = "data"``: init_params fills m0 and W0 from the records it is given
+    (scikit-learn's prior, as ``empirical_prior``), stores them as settings, and keeps them."""
+    X = _correlated(400, 0)
+    model = BayesianGMM(3, 2, prior_from="data")
+    assert model.prior_pending and model.get_params()["mean"] == 0.0       # the settings' η until then
+    model.init_params(np.random.default_rng(0), X[:100], n_total=400)
+    assert not model.prior_pending
+    ref = BayesianGMM.empirical_prior(3, X[:100])
+    for k in model.prior().keys():
+        np.testing.assert_allclose(model.prior()[k], ref.prior()[k], rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(model.get_params()["mean"], X[:100].mean(axis=0), rtol=1e-12)
+    eta = model.prior()._flat.copy()
+    model.init_params(np.random.default_rng(1), X[200:] + 100.0, n_total=400)   # other data: kept
+    assert np.array_equal(model.prior()._flat, eta)
+    # a given value is kept as given; only the other is taken from the data
+    half = BayesianGMM(3, 2, prior_from="data", mean=0.0)
+    half.fit_prior(X)
+    assert half.get_params()["mean"] == 0.0 and np.allclose(half._m0, 0.0)
+    np.testing.assert_allclose(np.linalg.inv(half._W0), np.cov(X.T), rtol=1e-5)
+    # the default is unchanged: m0 = 0, W0 = I whatever the data
+    plain = BayesianGMM(3, 2)
+    plain.init_params(np.random.default_rng(0), X, n_total=400)
+    assert np.allclose(plain._m0, 0.0) and np.array_equal(plain._W0, np.eye(2))
+    # fewer records than D + 1, or one: still a proper prior
+    tiny = BayesianGMM(1, 2, prior_from="data")
+    tiny.fit_prior(X[:1])
+    assert np.array_equal(tiny._W0, np.eye(2)) and tiny.in_domain(tiny.prior())
+
+
+def test_prior_from_data_round_trips_and_resumes_with_the_snapshots_prior(tmp_path):
+    """The concrete prior is in the snapshot; a model built again from the config (prior
+    still to fill) adopts it rather than recomputing it, and then resumes. Without
+    ``adopt_prior`` the snapshot is refused (its mean and scale differ from None)."""
+    from streamsvi.checkpoint import CheckpointStore, IncompatibleSnapshotError, check_compatible
+    from streamsvi.inference import SVI
+    from streamsvi.models import model_from_dict, model_to_dict
+
+    X = _correlated(300, 1)
+    engine = SVI(BayesianGMM(3, 2, prior_from="data"), n_total=300.0)
+    state, _ = engine.update(engine.init(X[:50], seed=0), X[50:100])
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(engine, state, [{"source": "points", "partition": 0, "offset": 100}])
+    snap = store.latest()
+    rebuilt = model_from_dict(model_to_dict(engine.model))
+    assert np.array_equal(rebuilt.prior()._flat, engine.model.prior()._flat)
+    assert np.array_equal(snap.engine.model.prior()._flat, engine.model.prior()._flat)
+
+    fresh = SVI(BayesianGMM(3, 2, prior_from="data"), n_total=300.0)
+    with pytest.raises(IncompatibleSnapshotError, match="model setting mean"):
+        check_compatible(snap, fresh)
+    assert fresh.model.prior_pending
+    fresh.model.adopt_prior(snap.engine.model)
+    assert check_compatible(snap, fresh) == []
+    assert np.array_equal(fresh.model.prior()._flat, engine.model.prior()._flat)
+    # resumed, the next update is the uninterrupted run's bit for bit
+    a, _ = engine.update(state, X[100:150])
+    b, _ = fresh.update(snap.state, X[100:150])
+    assert a.lam.array_equal(b.lam)
+    # a prior given in the config that differs from the snapshot's is still refused
+    other = SVI(BayesianGMM(3, 2, prior_from="data", mean=1.0), n_total=300.0)
+    other.model.adopt_prior(snap.engine.model)
+    with pytest.raises(IncompatibleSnapshotError, match="model setting mean"):
+        check_compatible(snap, other)
+
+
+def test_prior_from_in_the_config():
+    from streamsvi.service.config import ConfigError, build_model, validate
+
+    base = {"inference": {"n_total": 100.0}, "source": {"kind": "file", "path": "x.jsonl"},
+            "checkpoint": {"directory": "c"}}
+    for kind in ("gmm", "gmm_dp"):
+        m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
+                                                    "prior_from": "data"}})["model"])
+        assert m.prior_from == "data" and m.prior_pending
+        m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
+                                                    "prior_from": "data", "scale": 2.0}})["model"])
+        assert m.get_params()["scale"] == 2.0 and m.prior_pending
+        with pytest.raises(ConfigError, match="model.prior_from: expected one of .*got 'sklearn'"):
+            validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
+                                        "prior_from": "sklearn"}})
+
+
+def test_prior_from_auto_takes_the_data_prior_only_for_nearly_collinear_columns():
+    """The default ``"auto"``: W0⁻¹ = the data covariance when its condition number exceeds
+    AUTO_CONDITION (as on the breast-cancer set), else m0 = 0, W0 = I exactly as before."""
+    from streamsvi.models.gmm import AUTO_CONDITION
+
+    rng = np.random.default_rng(4)
+    well = rng.normal(size=(300, 3)) @ np.diag([1.0, 2.0, 3.0])
+    model = BayesianGMM(2, 3)
+    assert model.prior_from == "auto" and model.prior_pending
+    model.init_params(np.random.default_rng(0), well, n_total=300)
+    assert not model.prior_pending
+    assert model.get_params()["mean"] == 0.0 and model.get_params()["scale"] is None
+    assert np.array_equal(model.prior()._flat, BayesianGMM(2, 3, prior_from="settings").prior()._flat)
+
+    z = rng.normal(size=(300, 2))
+    collinear = np.column_stack([z[:, 0], z[:, 1], z[:, 0] + 0.01 * z[:, 1]])
+    ev = np.linalg.eigvalsh(np.cov(collinear.T))
+    assert ev[-1] > AUTO_CONDITION * ev[0]
+    model = BayesianGMM(2, 3)
+    model.init_params(np.random.default_rng(0), collinear, n_total=300)
+    ref = BayesianGMM(2, 3, prior_from="data")
+    ref.fit_prior(collinear)
+    assert model.get_params() | {"prior_from": "data"} == ref.get_params()
+    assert np.array_equal(model.prior()._flat, ref.prior()._flat)
+    # a handful of records (2D or fewer, e.g. a short first minibatch) never decides it
+    few = BayesianGMM(2, 3)
+    few.init_params(np.random.default_rng(0), collinear[:6], n_total=300)
+    assert few.get_params()["scale"] is None and few.get_params()["mean"] == 0.0
+    # a value given makes "auto" keep the settings
+    given = BayesianGMM(2, 3, mean=0.0)
+    given.init_params(np.random.default_rng(0), collinear, n_total=300)
+    assert given.get_params()["scale"] is None
+
+
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_a_snapshot_from_before_prior_from_resumes_under_the_auto_default(scale):
+    """Settings saved before ``prior_from`` existed (m0 = 0, W0 = I or scale 1): a config on
+    the new default adopts them, so nothing but the start setting prior_from differs."""
+    from streamsvi.models import model_from_dict
+
+    legacy = BayesianGMM(3, 2, prior_from="settings", scale=scale).get_params()
+    del legacy["prior_from"]
+    old = model_from_dict({"name": "gmm", "params": legacy})
+    new = BayesianGMM(3, 2)
+    assert new.prior_pending
+    new.adopt_prior(old)
+    assert not new.prior_pending
+    assert {k: v for k, v in new.get_params().items() if k != "prior_from"} == legacy
+    assert np.array_equal(new.prior()._flat, BayesianGMM(3, 2, prior_from="settings").prior()._flat)
