@@ -587,7 +587,8 @@ def test_a_snapshot_written_before_the_new_settings_resumes(tmp_path):
     engine = SVI(old, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
     state, _ = engine.update(engine.init(x, seed=0), x)
     assert not {"bias_var", "row_clock", "sweep"} & set(old.get_params())     # as the former settings
-    state.aux.pop("svi_plus_seen")                                             # as a former state
+    state = EngineState(state.step, state.lam, state.rng_state, state.records_seen,   # as a former state
+                        aux={k: v for k, v in state.aux.items() if k != "svi_plus_seen"})
     CheckpointStore(tmp_path).save(engine, state, offsets=[])
     snap = CheckpointStore(tmp_path).resume()
     assert check_compatible(snap, engine) == []
