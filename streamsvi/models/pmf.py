@@ -102,6 +102,17 @@ Per-row counters ``*_n`` (ratings), ``*_t`` (updates), ``*_N`` (last N_i)
 and, with ``remember_rated``, the rated (user row, item row) pairs (for
 top-k without already-rated items) are numpy arrays in ``aux``.
 
+Storage. A state made by an update does not hold those arrays (nor λ's) as
+such: each side's rows live in an append-only log of records shared by a
+lineage of states, and a state sees row r at ``log[where[r]]``; an update
+appends the records of the rows it touched and copies only ``where``, so its
+cost follows the rows the batch touches, not the rows the model has (see
+"row storage" below). ``state.lam`` (a NatParams) and ``state.aux`` (a
+read-only mapping) gather the full arrays on first access; snapshots hold
+plain arrays, and ``svi_step`` accepts plain arrays too (copying them into
+new logs once). Entries a state can see are never written again, so every
+state stays as it was (also while a later update runs in another thread).
+
 Metrics (``UpdateInfo``): ``elbo`` is L_t = Σ_rows −KL(q‖p) + (N/|S|) Σ_{r∈S}
 E_q[log p(y_r | u, v)] at λ before the update (new rows at their initial
 values); in batch mode it is the full ELBO (with ``row_counts="seen"`` the
@@ -1239,7 +1250,8 @@ class PMF:
         grouping ``g``) and is updated in place (λ, counters, and the cached E[X̃X̃ᵀ] and KL)."""
         f, D = self._fmt, self.dim
         uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, g, weights)
-        Wu = W[uniq]
+        every = len(uniq) == len(W)           # svi_step: every record of W is touched (uniq = 0, 1, ...)
+        Wu = W if every else W[uniq]
         n_new = Wu[:, f.n] + counts
         t_new = Wu[:, f.t] + 1
         N_old = Wu[:, f.N]
@@ -1281,17 +1293,19 @@ class PMF:
         if weights is not None or keep.any():
             L_new = None
         _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
+        # ‖λ̂ − λ^eff‖² before the records are overwritten (h_eff, P_eff may be views of them)
+        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
         Wu[:, f.h] = new_h
         Wu[:, f.P] = new_P.reshape(len(uniq), -1)
         Wu[:, f.E] = E.reshape(len(uniq), -1)
         Wu[:, f.kl], Wu[:, f.N], Wu[:, f.n], Wu[:, f.t] = kl, N_new, n_new, t_new
-        W[uniq] = Wu
-        # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
+        if not every:
+            W[uniq] = Wu
+        # metric: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|)
         mean = sums / counts[:, None]
         tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
                       / np.maximum(counts - 1, 1), 0.0)
         report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
-        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
 
     def _noisy_step(self, sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau, eta_P, report):
         """The SVI+ step of touched rows with its noise shrunk symmetrically into the domain.

@@ -748,3 +748,17 @@ def test_arrays_read_from_a_state_are_read_only():
     for arr in (state.lam["user_h"], state.aux["item_E"], state.aux["rated"], state.aux["user_n"]):
         with pytest.raises(ValueError):
             arr[0] = 1
+
+
+@pytest.mark.parametrize("sweep", ["users_first", "items_first"])
+def test_grad_norm_is_the_distance_from_the_old_lambda_to_the_target(sweep):
+    """At ρ = 1 on all ratings from the initial state (N_i unchanged, so λ^eff = λ) every row moves to its
+    target: ‖λ̂ − λ^eff‖ is the distance the update moved λ (was 0 while the metric read overwritten rows)."""
+    x = pmf_ratings(n_users=15, n_items=10, n=300, d=2, seed=2)
+    model = PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0, sweep=sweep)
+    engine = SVI(model, n_total=len(x), schedule=Constant(1.0))
+    state = engine.init(x, seed=4)
+    new, info = engine.update(state, x)
+    moved = sum(float(np.sum((np.asarray(new.lam[k]) - np.asarray(state.lam[k])) ** 2)) for k in new.lam)
+    assert moved > 1.0
+    assert info.grad_norm == pytest.approx(np.sqrt(moved), rel=1e-9)
