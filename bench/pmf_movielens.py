@@ -51,6 +51,8 @@ Run::
     python bench/pmf_movielens.py --quick    # 3 inits, 12 iterations (< 2 min)
     python bench/pmf_movielens.py --only bias    # (3) alone (~5 min)
     python bench/pmf_movielens.py --only stream  # (2) alone (~5 min)
+    python bench/pmf_movielens.py --only candidates --candidate '{"init_scale": 0.3}' ...
+                                                 # (2b) RMSE of settings on top of the defaults
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from multiprocessing import get_context  # noqa: E402
@@ -220,9 +223,9 @@ def _clipped_rmse(pred, y, clip):
     return float(np.sqrt(np.mean((np.clip(pred, *clip) - y) ** 2)))
 
 
-def run_streamsvi(train, test, clip, settings, bs=1000, M=None):
+def run_streamsvi(train, test, clip, settings, bs=1000, M=None, tau0=0.0, kappa=1.0):
     model = PMF(**settings)
-    engine = SVI(model, n_total=len(train), schedule=RobbinsMonro(tau0=0.0, kappa=1.0), short_batches="svi",
+    engine = SVI(model, n_total=len(train), schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi",
                  effective_batch_size=M)
     batches = [train[np.arange(s, min(s + bs, len(train)))] for s in range(0, len(train), bs)]
     t0 = time.perf_counter()
@@ -296,6 +299,31 @@ def stream_experiment(repeats):
             print(fmt_table(["learner", "test RMSE", "ratings/s"], rows))
 
 
+def candidates_experiment(candidates):
+    """Test RMSE of one streaming pass (the protocol of (2), streamsvi only) per candidate: each a
+    JSON object of PMF settings on top of ``DEFAULTS``, with optional engine keys ``kappa``/``tau0``."""
+    sets = {"MovieLens 100K": _ml100k_with_time(), "ml-latest-small": _ml_latest_small()}
+    streams = {}
+    for name, (x, ts, clip) in sets.items():
+        for order in ("shuffle", "time"):
+            train, test = stream_split(x, ts, order)
+            ref = min(batch_bias(train, test, clip, 2.0), batch_bias(train, test, clip, 5.0))
+            streams[f"{name} {order}"] = (train, test, clip, ref)
+    rows = [["batch bias model, best of ridge 2 / 5"] + [f"{v[3]:.4f}" for v in streams.values()]]
+    for text in candidates:
+        cand = json.loads(text)
+        engine = {k: cand.pop(k) for k in ("kappa", "tau0") if k in cand}
+        settings = dict(DEFAULTS, **cand)
+        cells = []
+        for train, test, clip, ref in streams.values():
+            r, _ = run_streamsvi(train, test, clip, settings, **engine)
+            cells.append(f"{r:.4f} ({r - ref:+.4f})")
+        rows.append([text] + cells)
+    print("\n(2b) candidates on top of configs/pmf.toml's settings: test RMSE of one streaming pass "
+          "(difference to the best batch bias model)")
+    print(fmt_table(["candidate"] + list(streams), rows))
+
+
 # ------------------------------------------------------------------ (3) bias
 def bias_experiment(draws=200, variances=(1.0, 9.0, 49.0)):
     from streamsvi.inference import EngineState
@@ -330,9 +358,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 inits, 12 iterations")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--only", choices=("batch", "stream", "bias"), default=None)
+    ap.add_argument("--only", choices=("batch", "stream", "bias", "candidates"), default=None)
+    ap.add_argument("--candidate", action="append", default=[], metavar="JSON",
+                    help='with --only candidates: PMF settings on top of the defaults, e.g. '
+                         '\'{"init_scale": 0.3}\' (keys kappa/tau0 set the schedule); repeatable')
     a = ap.parse_args(argv)
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, BLAS {blas_build()}, single-threaded")
+    if a.only == "candidates":
+        candidates_experiment(a.candidate or ["{}"])
+        return
     if a.only == "bias":
         bias_experiment()
         return

@@ -102,6 +102,17 @@ Per-row counters ``*_n`` (ratings), ``*_t`` (updates), ``*_N`` (last N_i)
 and, with ``remember_rated``, the rated (user row, item row) pairs (for
 top-k without already-rated items) are numpy arrays in ``aux``.
 
+Storage. A state made by an update does not hold those arrays (nor λ's) as
+such: each side's rows live in an append-only log of records shared by a
+lineage of states, and a state sees row r at ``log[where[r]]``; an update
+appends the records of the rows it touched and copies only ``where``, so its
+cost follows the rows the batch touches, not the rows the model has (see
+"row storage" below). ``state.lam`` (a NatParams) and ``state.aux`` (a
+read-only mapping) gather the full arrays on first access; snapshots hold
+plain arrays, and ``svi_step`` accepts plain arrays too (copying them into
+new logs once). Entries a state can see are never written again, so every
+state stays as it was (also while a later update runs in another thread).
+
 Metrics (``UpdateInfo``): ``elbo`` is L_t = Σ_rows −KL(q‖p) + (N/|S|) Σ_{r∈S}
 E_q[log p(y_r | u, v)] at λ before the update (new rows at their initial
 values); in batch mode it is the full ELBO (with ``row_counts="seen"`` the
@@ -135,8 +146,10 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from collections.abc import Mapping
 
 import numpy as np
+import scipy.sparse as _sparse
 
 from .base import NatParams
 
@@ -401,6 +414,311 @@ def _rho_rows(schedule, t) -> np.ndarray:
     return np.array([schedule(float(v)) for v in t])
 
 
+# ---------------------------------------------------------------- row storage
+# One update touches the rows of the users and items of its batch, a few hundred out of thousands.
+# States are immutable (the engine compares them, keeps the input of a failed update, and a
+# checkpoint may be written from one while the next update runs), so a state cannot share a
+# mutable array with its successor. Copying every per-row array on every update made the cost of
+# an update grow with the number of rows (MovieLens latest-small: ~7 MB per update at the end).
+# Instead each side's rows live in an append-only log of records shared by a lineage of states:
+# a state's row r is ``log.buf[where[r]]``. An update appends the new records of its touched rows
+# past the end of the log and gives its successor a ``where`` with those rows pointed at them;
+# entries a state can see are never written again, so every older state still reads its own
+# values. Per update the cost is the touched records plus one copy of ``where`` (8 bytes a row);
+# when the log is full its live records are compacted into a new, larger log (amortised O(1)
+# per appended record). A branch (an update of a state that is not the newest of its lineage)
+# compacts too, so it never writes into records another state can see.
+
+class _Log:
+    """An append-only buffer shared by a lineage of states: entries below ``used`` are never rewritten."""
+
+    __slots__ = ("buf", "used", "lock")
+
+    def __init__(self, buf, used):
+        self.buf, self.used, self.lock = buf, int(used), threading.Lock()
+
+    def __getstate__(self):                  # pickle / deepcopy: the entries in use, not the lock
+        return self.buf[:self.used], self.used
+
+    def __setstate__(self, state):
+        self.__init__(np.array(state[0]), state[1])
+
+    def claim(self, end: int, k: int) -> int:
+        """Reserve ``k`` entries after ``end`` if ``end`` is the tip and they fit: their start, or −1."""
+        with self.lock:
+            if self.used != end or end + k > len(self.buf):
+                return -1
+            self.used = end + k
+            return end
+
+
+class _Rows:
+    """One side's rows in one state: row r's record is ``log.buf[where[r]]`` (never modified)."""
+
+    __slots__ = ("log", "where", "end", "kl", "finite")
+
+    def __init__(self, log, where, end, kl, finite=None):
+        where.flags.writeable = kl.flags.writeable = False
+        self.log, self.where, self.end = log, where, int(end)
+        self.kl = kl                  # the KL column again, contiguous (the ELBO sums it every update)
+        self.finite = finite          # λ columns all finite: True/False, None = not yet known
+
+    @classmethod
+    def from_records(cls, rec, fmt) -> "_Rows":
+        n, W = rec.shape
+        buf = np.empty((2 * n + 256, W))
+        buf[:n] = rec
+        finite = bool(np.isfinite(rec[:, :fmt.n_lam]).all())
+        return cls(_Log(buf, n), np.arange(n, dtype=np.int64), n, rec[:, fmt.kl].copy(), finite)
+
+    def __len__(self):
+        return len(self.where)
+
+    def gather(self, rows) -> np.ndarray:
+        """The records of ``rows`` (a new array)."""
+        return self.log.buf[self.where[rows]]
+
+    def column(self, cols) -> np.ndarray:
+        """``cols`` of every row (a new array)."""
+        return self.log.buf[self.where, cols]
+
+    def all_finite(self, n_lam_cols) -> bool:
+        if self.finite is None:
+            self.finite = bool(np.isfinite(self.log.buf[self.where, :n_lam_cols]).all())
+        return self.finite
+
+    def with_records(self, rows, rec, fmt) -> "_Rows":
+        """The successor whose ``rows`` (sorted, unique; rows ≥ len(self) are new) have the records ``rec``.
+
+        Every new row must be among ``rows``. ``self`` is unchanged.
+        """
+        k, n_old = len(rows), len(self.where)
+        n_new = n_old if k == 0 else max(n_old, int(rows[-1]) + 1)
+        if n_new - n_old != int(np.count_nonzero(rows >= n_old)):
+            raise ValueError("every new row needs a record")
+        ok = bool(np.isfinite(rec[:, :fmt.n_lam]).all())
+        finite = ok if self.finite is True else (False if not ok else None)
+        kl = np.empty(n_new)
+        kl[:n_old] = self.kl
+        kl[rows] = rec[:, fmt.kl]
+        log = self.log
+        pos = log.claim(self.end, k)
+        if pos >= 0:                          # the tip of its lineage: append past everything visible
+            log.buf[pos:pos + k] = rec
+            where = np.empty(n_new, dtype=np.int64)
+            where[:n_old] = self.where
+            where[rows] = np.arange(pos, pos + k)
+            return _Rows(log, where, pos + k, kl, finite)
+        buf = np.empty((4 * n_new + 4 * k + 1024, log.buf.shape[1]))   # compact into a new log
+        buf[:n_old] = log.buf[self.where]
+        buf[rows] = rec
+        return _Rows(_Log(buf, n_new), np.arange(n_new, dtype=np.int64), n_new, kl, finite)
+
+
+def _pairs_append(log, end, pairs):
+    """Append (k, 2) int64 ``pairs`` to the rated-pairs log after ``end``: the new (log, end)."""
+    k = len(pairs)
+    if log is not None:
+        pos = log.claim(end, k)
+        if pos >= 0:
+            log.buf[pos:pos + k] = pairs
+            return log, pos + k
+    old = log.buf[:end] if log is not None else np.zeros((0, 2), dtype=np.int64)
+    buf = np.empty((2 * (end + k) + 1024, 2), dtype=np.int64)
+    buf[:end] = old
+    buf[end:end + k] = pairs
+    return _Log(buf, end + k), end + k
+
+
+def _readonly(a):
+    a.flags.writeable = False
+    return a
+
+
+class _RowParams(NatParams):
+    """λ of a PMF state kept in the row logs (see "row storage" above): ``lam["user_h"]`` etc.
+
+    Reading a name gathers the whole array once (cached, read-only); the update reads only the rows
+    it touches. Arithmetic and comparisons act on the gathered arrays, as for any NatParams.
+    """
+
+    __slots__ = ("_sides", "_fmt", "_cache", "_mat")
+    _NAMES = ("user_h", "user_prec", "item_h", "item_prec")
+
+    def __new__(cls, *args, **kwargs):
+        if len(args) == 3 and isinstance(args[0], _Rows):
+            return object.__new__(cls)
+        return NatParams(*args, **kwargs)       # built from arrays (``type(lam)({...})``): a plain NatParams
+
+    def __init__(self, user: _Rows, item: _Rows, fmt):
+        self._sides, self._fmt, self._cache, self._mat = {"user": user, "item": item}, fmt, {}, None
+
+    def _get(self, key):
+        a = self._cache.get(key)
+        if a is None:
+            if key not in self._NAMES:
+                raise KeyError(key)
+            side, what = key.split("_")
+            D = self._fmt.D
+            rows = self._sides[side]
+            a = rows.column(self._fmt.h) if what == "h" else rows.column(self._fmt.P).reshape(len(rows), D, D)
+            self._cache[key] = a = _readonly(a)
+        return a
+
+    def _views(self):
+        return {k: self._get(k) for k in self._NAMES}
+
+    def __getitem__(self, key):
+        return self._get(key)
+
+    def __iter__(self):
+        return iter(self._NAMES)
+
+    def __len__(self):
+        return 4
+
+    def __reduce__(self):                   # keeps sharing the logs with the state's aux in a copy
+        return _RowParams, (self._sides["user"], self._sides["item"], self._fmt)
+
+    def _flat_params(self):
+        if self._mat is None:
+            self._mat = NatParams(self._views())
+        return self._mat
+
+    # the NatParams buffer, built only when arithmetic or a comparison asks for it
+    _flat = property(lambda self: self._flat_params()._flat)
+    _layout = property(lambda self: self._flat_params()._layout)
+
+    def all_finite(self) -> bool:
+        n = self._fmt.n_lam
+        return self._sides["user"].all_finite(n) and self._sides["item"].all_finite(n)
+
+    def rows(self, side, rows):
+        """(h, Λ) of ``rows`` of ``side`` without gathering the whole side."""
+        rec = self._sides[side].gather(rows)
+        D = self._fmt.D
+        return rec[:, self._fmt.h], rec[:, self._fmt.P].reshape(-1, D, D)
+
+
+class _PMFAux(Mapping):
+    """``state.aux`` of a PMF state: the JSON values (id lists, seed, running mean, flags) and, read
+    from the row logs on first access, the per-row arrays ``{user,item}_{n,t,N,kl,E}`` and ``rated``.
+
+    A read-only mapping: ``dict(aux)`` or ``{**aux}`` gives a plain dict of plain arrays (what a
+    snapshot stores, and what ``svi_step`` also accepts).
+    """
+
+    __slots__ = ("_plain", "_sides", "_rated", "_fmt", "_cache", "_keys")
+    _ROW_KEYS = tuple(f"{s}_{c}" for s in ("user", "item") for c in ("n", "t", "N", "kl", "E"))
+
+    def __init__(self, plain: dict, user: _Rows, item: _Rows, rated, fmt):
+        self._plain, self._sides, self._rated, self._fmt = plain, {"user": user, "item": item}, rated, fmt
+        self._cache = {}
+        self._keys = tuple(plain) + self._ROW_KEYS + (("rated",) if rated is not None else ())
+
+    def __getitem__(self, key):
+        if key in self._plain:
+            return self._plain[key]
+        a = self._cache.get(key)
+        if a is not None:
+            return a
+        if key == "rated" and self._rated is not None:
+            log, end = self._rated
+            a = log.buf[:end] if log is not None else np.zeros((0, 2), dtype=np.int64)
+            a = _readonly(a.view())
+        elif key in self._ROW_KEYS:
+            side, c = key.split("_")
+            rows, f, D = self._sides[side], self._fmt, self._fmt.D
+            if c == "E":
+                a = rows.column(f.E).reshape(len(rows), D + 1, D + 1)
+            elif c == "kl":
+                a = rows.kl
+            else:
+                a = rows.column(getattr(f, c))
+                if c in ("n", "t"):
+                    a = a.astype(np.int64)
+            a = _readonly(a)
+        else:
+            raise KeyError(key)
+        self._cache[key] = a
+        return a
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __repr__(self):
+        return f"PMFAux(users={len(self._plain['users'])}, items={len(self._plain['items'])})"
+
+
+class _Format:
+    """Column layout of a row record: h (D), Λ (D²), E[X̃X̃ᵀ] ((D+1)²), KL, N, n, t."""
+
+    def __init__(self, D):
+        self.D = D
+        self.h = slice(0, D)
+        self.P = slice(D, D + D * D)
+        self.n_lam = D + D * D
+        self.E = slice(self.n_lam, self.n_lam + (D + 1) ** 2)
+        self.kl = self.E.stop
+        self.N, self.n, self.t = self.kl + 1, self.kl + 2, self.kl + 3
+        self.width = self.kl + 4
+
+
+class _Grouped:
+    """A batch's ratings grouped by the rows of one side: sparse (touched rows × other rows) matrices.
+
+    Row k of a matrix is the k-th distinct row of ``rows_self`` (ascending, ``uniq``); an entry
+    sums ``data_r`` over the ratings r of that row with the other side's row ``rows_other[r]``.
+    """
+
+    __slots__ = ("order", "starts", "uniq", "counts", "indptr", "cols", "ys", "_C1", "_Cy")
+
+    def __init__(self, rows_self, rows_other, y):
+        S = len(y)
+        self.order = order = np.argsort(rows_self, kind="stable")   # the ratings of each row, together
+        srt = rows_self[order]
+        first = np.empty(S, dtype=bool)
+        first[:1] = True
+        np.not_equal(srt[1:], srt[:-1], out=first[1:])
+        self.starts = starts = np.flatnonzero(first)
+        self.uniq = srt[starts]
+        self.indptr = np.append(starts, S)
+        self.counts = np.diff(self.indptr)
+        self.cols = rows_other[order]
+        self.ys = y[order]
+        self._C1 = self._Cy = None
+
+    def matrix(self, data, n_other):
+        """Σ_r data_r e_{row(r)} e_{other(r)}ᵀ, ``data`` in grouped order."""
+        return _sparse.csr_matrix((data, self.cols, self.indptr), shape=(len(self.uniq), n_other))
+
+    def C1(self, n_other):
+        if self._C1 is None or self._C1.shape[1] != n_other:
+            self._C1 = self.matrix(np.ones(len(self.ys)), n_other)
+        return self._C1
+
+    def Cy(self, n_other):
+        if self._Cy is None or self._Cy.shape[1] != n_other:
+            self._Cy = self.matrix(self.ys, n_other)
+        return self._Cy
+
+
+def _unique_rows(rows, n) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, return_inverse=True)`` for integer rows in [0, n), without sorting."""
+    mark = np.zeros(n, dtype=bool)
+    mark[rows] = True
+    uniq = np.flatnonzero(mark)
+    pos = np.empty(n, dtype=np.int64)
+    pos[uniq] = np.arange(len(uniq))
+    return uniq, pos[rows]
+
+
 def _as_float(name, v, positive=True):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
             or (positive and v <= 0):
@@ -511,6 +829,7 @@ class PMF:
         self._B = B
         self._perm = np.r_[0:D - 1, D, D - 1] if self.biases else None   # (v, e, 1) -> (v, 1, e)
         self._index = {"user": _RowIndex(), "item": _RowIndex()}
+        self._fmt = _Format(D)
 
     def get_params(self) -> dict:
         """The settings; those added by issue 18 only when they differ from the former behaviour, so a
@@ -566,63 +885,70 @@ class PMF:
         P = np.broadcast_to(self._eta_P, (len(ids), self.dim, self.dim))
         return m / self._pv, P
 
+    def _init_records(self, seed, side, ids) -> np.ndarray:
+        """Row records (see ``_Format``) of new ids: prior precision, hashed random mean, zero counts."""
+        f, D, k = self._fmt, self.dim, len(ids)
+        h, _ = self._new_rows(seed, side, ids)
+        m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
+        rec = np.zeros((k, f.width))
+        rec[:, f.h] = h
+        rec[:, f.P] = self._eta_P.reshape(-1)
+        E = np.empty((k, D + 1, D + 1))
+        E[:, :D, :D] = np.diag(self._pv) + m[:, :, None] * m[:, None, :]
+        E[:, :D, D] = E[:, D, :D] = m
+        E[:, D, D] = 1.0
+        rec[:, f.E] = E.reshape(k, -1)
+        rec[:, f.kl] = 0.5 * (m * m / self._pv).sum(axis=1)
+        return rec
+
     def init_state(self, rng, x, n_total):
         """λ with one row per user and item of ``x`` (first-appearance order) and the aux maps."""
         x = self.check_batch(x)
         seed = int(rng.integers(0, 2**63))
-        aux = self._empty_aux(seed)
-        lam, aux, _, _, _ = self._grow(self.prior(), aux, x)
-        return lam, aux
+        # svi_plus_seen: whether an SVI+ step ever moved this state (only then can a row's data part
+        # be indefinite, which the rescaling of a row must check; snapshots without it are checked)
+        plain = {"seed": seed, "users": [], "items": [], "svi_plus_seen": False}
+        if self.offset == "auto":
+            plain.update({"rating_sum": 0.0, "rating_count": 0})
+        sides = {}
+        for side in ("user", "item"):
+            _, new, grown = self._index[side].lookup(plain[f"{side}s"], getattr(x, side))
+            plain[f"{side}s"] = grown
+            sides[side] = _Rows.from_records(self._init_records(seed, side, new), self._fmt)
+        rated = (None, 0) if self.remember_rated else None
+        return (_RowParams(sides["user"], sides["item"], self._fmt),
+                _PMFAux(plain, sides["user"], sides["item"], rated, self._fmt))
 
     def init_params(self, rng, x, n_total) -> NatParams:
         return self.init_state(rng, x, n_total)[0]
 
-    def _empty_aux(self, seed):
-        D = self.dim
-        z = np.zeros(0, dtype=np.int64)
-        # svi_plus_seen: whether an SVI+ step ever moved this state (only then can a row's data part
-        # be indefinite, which the rescaling of a row must check; snapshots without it are checked)
-        aux = {"seed": seed, "users": [], "items": [], "svi_plus_seen": False}
-        if self.offset == "auto":
-            aux.update({"rating_sum": 0.0, "rating_count": 0})
-        for side in ("user", "item"):
-            aux.update({f"{side}_n": z, f"{side}_t": z, f"{side}_N": np.zeros(0), f"{side}_kl": np.zeros(0),
-                        f"{side}_E": np.zeros((0, D + 1, D + 1))})
-        if self.remember_rated:
-            aux["rated"] = np.zeros((0, 2), dtype=np.int64)
-        return aux
+    def _stores(self, lam, aux):
+        """(user rows, item rows, rated (log, end) or None, plain aux dict) of a state.
 
-    def _grow(self, lam, aux, x):
-        """Rows for every id of ``x`` (new ones appended): (λ, aux, user rows, item rows, grew).
-
-        Besides the counters, ``aux`` caches per row E_q[X̃X̃ᵀ] (``*_E``) and
-        KL(q‖p) (``*_kl``), refreshed whenever a row changes, so an update
-        inverts each touched precision once.
+        A state made by this model shares its logs; any other (a loaded snapshot, a hand-made
+        dict) is checked and copied into new logs once.
         """
-        urows, new_u, grown_u = self._index["user"].lookup(aux["users"], x.user)
-        irows, new_i, grown_i = self._index["item"].lookup(aux["items"], x.item)
-        if not new_u and not new_i:
-            return lam, aux, urows, irows, False
-        aux = dict(aux)
-        arrays = {k: [v] for k, v in lam.items()}
-        D = self.dim
-        for side, new, grown in (("user", new_u, grown_u), ("item", new_i, grown_i)):
-            if not new:
-                continue
-            h, P = self._new_rows(aux["seed"], side, new)
-            arrays[f"{side}_h"].append(h)
-            arrays[f"{side}_prec"].append(P)
-            aux[f"{side}s"] = grown
-            k = len(new)
-            m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
-            E = np.empty((k, D + 1, D + 1))
-            E[:, :D, :D] = np.diag(self._pv) + m[:, :, None] * m[:, None, :]
-            E[:, :D, D] = E[:, D, :D] = m
-            E[:, D, D] = 1.0
-            for name, add in (("n", np.zeros(k, np.int64)), ("t", np.zeros(k, np.int64)),
-                              ("N", np.zeros(k)), ("kl", 0.5 * (m * m / self._pv).sum(axis=1)), ("E", E)):
-                aux[f"{side}_{name}"] = np.concatenate([aux[f"{side}_{name}"], add])
-        return _concat_params(arrays), aux, urows, irows, True
+        if (isinstance(aux, _PMFAux) and isinstance(lam, _RowParams) and aux._fmt.D == self.dim
+                and lam._sides["user"] is aux._sides["user"] and lam._sides["item"] is aux._sides["item"]):
+            return aux._sides["user"], aux._sides["item"], aux._rated, dict(aux._plain)
+        self.check_state(lam, aux)
+        f = self._fmt
+        sides = {}
+        for side in ("user", "item"):
+            n = len(aux[f"{side}s"])
+            rec = np.empty((n, f.width))
+            rec[:, f.h] = lam[f"{side}_h"]
+            rec[:, f.P] = np.asarray(lam[f"{side}_prec"]).reshape(n, -1)
+            rec[:, f.E] = np.asarray(aux[f"{side}_E"]).reshape(n, -1)
+            for c in ("kl", "N", "n", "t"):
+                rec[:, getattr(f, c)] = aux[f"{side}_{c}"]
+            sides[side] = _Rows.from_records(rec, f)
+        rated = None
+        if self.remember_rated:
+            old = np.asarray(aux["rated"], dtype=np.int64).reshape(-1, 2) if "rated" in aux else None
+            rated = (None, 0) if old is None or len(old) == 0 else _pairs_append(None, 0, old)
+        plain = {k: v for k, v in aux.items() if k not in _PMFAux._ROW_KEYS and k != "rated"}
+        return sides["user"], sides["item"], rated, plain
 
     def refresh_cache(self, lam, aux) -> dict:
         """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
@@ -642,7 +968,7 @@ class PMF:
         names = {"user_h", "user_prec", "item_h", "item_prec"}
         if set(lam) != names:
             raise ValueError(f"PMF parameters must be {sorted(names)}, got {sorted(lam)}")
-        if not isinstance(aux, dict) or not {"users", "items", "seed"} <= set(aux):
+        if not isinstance(aux, Mapping) or not {"users", "items", "seed"} <= set(aux):
             raise ValueError("a PMF state needs aux with the 'users' and 'items' id lists")
         if self.offset == "auto":
             if not {"rating_sum", "rating_count"} <= set(aux):
@@ -651,6 +977,10 @@ class PMF:
             if not (math.isfinite(float(aux["rating_sum"])) and int(aux["rating_count"]) >= 0):
                 raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
+        if (isinstance(aux, _PMFAux) and isinstance(lam, _RowParams) and aux._fmt.D == D
+                and all(lam._sides[s] is aux._sides[s] and len(aux._sides[s]) == len(aux[f"{s}s"])
+                        for s in ("user", "item"))):
+            return                            # made by svi_step/init_state: consistent by construction
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
             if lam[f"{side}_h"].shape != (n, D) or lam[f"{side}_prec"].shape != (n, D, D):
@@ -681,7 +1011,9 @@ class PMF:
         S = np.swapaxes(Linv, 1, 2) @ Linv
         m = np.einsum("nij,nj->ni", S, h)
         E = np.empty((n, D + 1, D + 1))
-        E[:, :D, :D] = S + m[:, :, None] * m[:, None, :]
+        top = E[:, :D, :D]
+        np.multiply(m[:, :, None], m[:, None, :], out=top)
+        top += S
         E[:, :D, D] = m
         E[:, D, :D] = m
         E[:, D, D] = 1.0
@@ -720,25 +1052,36 @@ class PMF:
         return Q, a
 
     # ------------------------------------------------------------ statistics
-    def _block_stats(self, side, Q, a, rows_other, rows_self, y, weights):
-        """Σ_r w_r t_r per touched row of ``side``: (rows, ΣwΛ-part, Σw h-part, unweighted, sqnorm sums)."""
+    def _block_stats(self, side, Q, a, g, weights):
+        """Σ_r w_r t_r per touched row of ``side``: (rows, ΣwΛ-part, Σw h-part, unweighted, sqnorm sums).
+
+        ``g`` (:class:`_Grouped`) holds the batch's ratings grouped by the rows of ``side``, its
+        columns indexing ``Q``/``a`` (the other side's design moments). The sums are products of
+        its sparse (touched rows × rows of Q) matrices with per-row statistics of the other side,
+        so the per-rating statistics t_r (S × (D + D²)) are never formed.
+        """
         D, s2 = self.dim, self.sigma2
-        Qr = Q[rows_other]
-        A = Qr[:, :D, :D] / s2                                      # (S, D, D)
-        b = (y[:, None] * a[rows_other, :D] - Qr[:, :D, D]) / s2     # (S, D)
-        T = np.concatenate([b, A.reshape(len(y), D * D)], axis=1)
-        order = np.argsort(rows_self, kind="stable")     # the ratings of each touched row, together
-        srt = rows_self[order]
-        first = np.empty(len(srt), dtype=bool)
-        first[:1] = True
-        np.not_equal(srt[1:], srt[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        uniq = srt[starts]
-        counts = np.diff(np.append(starts, len(srt)))
-        sums = np.add.reduceat(T[order], starts, axis=0)
-        sums_w = sums if weights is None else np.add.reduceat((weights[:, None] * T)[order], starts, axis=0)
-        sq = np.add.reduceat(np.einsum("ij,ij->i", T, T)[order], starts)
-        return uniq, sums_w, sums, counts, sq
+        # t_r = (y_r a_o − q_o, A_o)/σ² with a_o = a[o, :D], q_o = Q[o, :D, D], A_o = Q[o, :D, :D]
+        G = np.empty((len(Q), D + D * D))
+        np.negative(Q[:, :D, D], out=G[:, :D])
+        G[:, D:] = Q[:, :D, :D].reshape(len(Q), D * D)
+        G /= s2
+        ad = a[:, :D] / s2
+        sums = g.C1(len(Q)) @ G
+        sums[:, :D] += g.Cy(len(Q)) @ ad
+        if weights is None:
+            sums_w = sums
+        else:
+            ws = weights[g.order]
+            sums_w = g.matrix(ws, len(Q)) @ G
+            sums_w[:, :D] += g.matrix(ws * g.ys, len(Q)) @ ad
+        # ‖t_r‖² = y² ‖a_o‖² + 2 y a_o·(−q_o) + ‖(−q_o, A_o)‖² (over σ⁴), per rating then summed per row
+        o, ys = g.cols, g.ys
+        g2 = np.einsum("ij,ij->i", G, G)
+        aa = np.einsum("ij,ij->i", ad, ad)
+        aq = np.einsum("ij,ij->i", ad, G[:, :D])
+        sq = np.add.reduceat(ys * ys * aa[o] + 2.0 * ys * aq[o] + g2[o], g.starts)
+        return g.uniq, sums_w, sums, g.counts, sq
 
     def _unpack(self, flat):
         D = self.dim
@@ -773,7 +1116,7 @@ class PMF:
         for side, E_other, rows_o, rows_s, n in (("user", local["Ev"], local["irows"], local["urows"], nu),
                                                  ("item", local["Eu"], local["urows"], local["irows"], ni)):
             Q, a = self._design_moments(E_other, side)
-            uniq, sums_w, _, _, _ = self._block_stats(side, Q, a, rows_o, rows_s, y, weights)
+            uniq, sums_w, _, _, _ = self._block_stats(side, Q, a, _Grouped(rows_s, rows_o, y), weights)
             h, P = self._unpack(sums_w)
             H = np.zeros((n, self.dim))
             PP = np.zeros((n, self.dim, self.dim))
@@ -825,72 +1168,102 @@ class PMF:
         Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
         ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
         ``domain_clipped`` and ``domain_blocks``. ``lam`` and ``aux`` are
-        new objects; the arguments are not modified.
+        new objects; the arguments are not modified. The cost is that of the
+        rows the batch touches (plus 8 bytes per row; see "row storage").
         """
         if aux is None:
             raise ValueError("a PMF state needs aux; start it with SVI.init")
-        aux_in = aux
-        lam, aux, urows, irows, grew = self._grow(lam, aux, x)
-        # per-row arrays _grow has just made (new rows appended) are this step's own: updated in place
-        fresh = frozenset(k for k, v in aux.items() if isinstance(v, np.ndarray) and v is not aux_in.get(k))
-        new = NatParams._wrap(lam._layout, lam._flat if grew else lam._flat.copy())  # one fresh buffer
-        aux = dict(aux)
+        x = self.check_batch(x)
+        U, I, rated, plain = self._stores(lam, aux)
+        f = self._fmt
+        seed = plain["seed"]
+        # rows of the batch's ids (new ids get new rows) and the records of the touched rows
+        work, inv, glob = {}, {}, {}
+        for side, rows_store in (("user", U), ("item", I)):
+            rows, new, grown = self._index[side].lookup(plain[f"{side}s"], getattr(x, side))
+            plain[f"{side}s"] = grown
+            n_old = len(rows_store)
+            uniq, inv[side] = _unique_rows(rows, n_old + len(new))
+            old = uniq < n_old
+            W = np.empty((len(uniq), f.width))
+            W[old] = rows_store.gather(uniq[old])
+            if new:                             # new rows are n_old, n_old + 1, ...: the tail of uniq
+                W[~old] = self._init_records(seed, side, new)
+            work[side], glob[side] = W, (uniq, rows, new)
         S = len(x)
         M = float(S if effective_batch_size is None else effective_batch_size)
         R = records_before + S
         if self.offset == "auto":            # μ0: the running mean of every rating seen, this batch included
-            aux["rating_sum"] = float(aux["rating_sum"]) + float(np.sum(x.rating))
-            aux["rating_count"] = int(aux["rating_count"]) + S
-        y = x.rating - self.mu0(aux)
+            plain["rating_sum"] = float(plain["rating_sum"]) + float(np.sum(x.rating))
+            plain["rating_count"] = int(plain["rating_count"]) + S
+        y = x.rating - self.mu0(plain)
         eta_P = self._eta_P
+        D = self.dim
         report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
-        # the ELBO at the old λ (new rows at their initial values), from the per-row caches
-        ut, uinv = np.unique(urows, return_inverse=True)
-        it, iinv = np.unique(irows, return_inverse=True)
-        Qv, av = self._design_moments(aux["item_E"][it], "user")
-        local = self.local_elbo_terms(aux["user_E"][urows], Qv[iinv], av[iinv], y)
-        elbo = -float(np.sum(aux["user_kl"]) + np.sum(aux["item_kl"])) + (n_total / S) * float(np.sum(local))
+        def E_of(side):
+            return work[side][:, f.E].reshape(-1, D + 1, D + 1)
 
-        # users from the current items, then items from the new users
-        check_floor = bool(aux.get("svi_plus_seen", True)) or weights is not None
+        # the ELBO at the old λ (new rows at their initial values), from the per-row caches:
+        # Σ_r E[log N(y'_r | f_r, σ²)] with E f_r = Eu_u[:, -1]·a_i and E f_r² = ⟨Eu_u, Q_i⟩ summed
+        # per user through the grouped ratings (a_i, Q_i: item i's design moments)
+        gu = _Grouped(inv["user"], inv["item"], y)
+        gi = _Grouped(inv["item"], inv["user"], y)
+        Qv, av = self._design_moments(E_of("item"), "user")
+        Eu = E_of("user")
+        nI = len(Qv)
+        sum_yEf = float(np.sum(Eu[:, :, -1] * (gu.Cy(nI) @ av)))
+        sum_Ef2 = float(np.sum(Eu.reshape(len(Eu), -1) * (gu.C1(nI) @ Qv.reshape(nI, -1))))
+        local = (-0.5 * math.log(2 * math.pi * self.sigma2) * S
+                 - (float(np.dot(y, y)) - 2.0 * sum_yEf + sum_Ef2) / (2 * self.sigma2))
+        kl = 0.0
+        for side, rows_store in (("user", U), ("item", I)):
+            uniq, _, new = glob[side]
+            kl_all = rows_store.kl
+            if new:
+                kl_all = np.concatenate([kl_all, work[side][len(uniq) - len(new):, f.kl]])
+            kl += float(np.sum(kl_all))
+        elbo = -kl + (n_total / S) * local
+
+        check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
         if weights is not None:
-            aux["svi_plus_seen"] = True
-        common = (new, aux, y, weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, fresh,
-                  check_floor)
+            plain["svi_plus_seen"] = True
+        common = (weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, check_floor)
         if self.sweep == "items_first":      # items from the current users, then users from the new items
-            Qu, au = self._design_moments(aux["user_E"][ut], "item")
-            self._step_block("item", Qu, au, uinv, irows, *common)
-            Qv, av = self._design_moments(aux["item_E"][it], "user")
-            self._step_block("user", Qv, av, iinv, urows, *common)
+            Qu, au = self._design_moments(E_of("user"), "item")
+            self._step_block("item", Qu, au, gi, work["item"], *common)
+            Qv, av = self._design_moments(E_of("item"), "user")
+            self._step_block("user", Qv, av, gu, work["user"], *common)
         else:                                 # users from the current items, then items from the new users
-            self._step_block("user", Qv, av, iinv, urows, *common)
-            Qu, au = self._design_moments(aux["user_E"][ut], "item")
-            self._step_block("item", Qu, au, uinv, irows, *common)
-        if self.remember_rated:
-            aux["rated"] = np.concatenate([aux["rated"], np.stack([urows, irows], axis=1)])
-        return {"lam": new, "aux": aux, "elbo": elbo,
+            self._step_block("user", Qv, av, gu, work["user"], *common)
+            Qu, au = self._design_moments(E_of("user"), "item")
+            self._step_block("item", Qu, au, gi, work["item"], *common)
+        # publish: nothing above wrote to a log, so a failure before here leaves no trace
+        U2 = U.with_records(glob["user"][0], work["user"], f)
+        I2 = I.with_records(glob["item"][0], work["item"], f)
+        if rated is not None:
+            rated = _pairs_append(rated[0], rated[1], np.stack([glob["user"][1], glob["item"][1]], axis=1))
+        return {"lam": _RowParams(U2, I2, f), "aux": _PMFAux(plain, U2, I2, rated, f), "elbo": elbo,
                 "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
                 "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
 
-    def _step_block(self, side, Q, a, inv_other, rows_self, new, aux, y, weights, n_total, R, M, S,
-                    schedule, tau, eta_P, report, fresh=frozenset(), check_floor=True):
-        """Step the touched rows of one side in place in ``new`` (and its caches in ``aux``).
-
-        ``aux`` arrays named in ``fresh`` belong to this step alone and are written in place;
-        the others are copied first (the caller's state is never modified).
-        """
-        uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, inv_other, rows_self, y, weights)
-        n_new = aux[f"{side}_n"][uniq] + counts
-        t_new = aux[f"{side}_t"][uniq] + 1
-        N_old = aux[f"{side}_N"][uniq]
+    def _step_block(self, side, Q, a, g, W, weights, n_total, R, M, S, schedule, tau, eta_P, report,
+                    check_floor=True):
+        """Step the touched rows of one side: ``W`` holds their records (row k ↔ local row k of the
+        grouping ``g``) and is updated in place (λ, counters, and the cached E[X̃X̃ᵀ] and KL)."""
+        f, D = self._fmt, self.dim
+        uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, g, weights)
+        every = len(uniq) == len(W)           # svi_step: every record of W is touched (uniq = 0, 1, ...)
+        Wu = W if every else W[uniq]
+        n_new = Wu[:, f.n] + counts
+        t_new = Wu[:, f.t] + 1
+        N_old = Wu[:, f.N]
         N_new = n_total * n_new / R if self.row_counts == "scaled" else n_new.astype(np.float64)
         scale = N_new / counts
         hs, Ps = self._unpack(sums_w)
         tgt_h = scale[:, None] * hs
         tgt_P = eta_P + scale[:, None, None] * Ps
-        H, P = new[f"{side}_h"], new[f"{side}_prec"]
-        h_old, P_old = H[uniq], P[uniq]
+        h_old, P_old = Wu[:, f.h], Wu[:, f.P].reshape(-1, D, D)
         r = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
         if np.any(r != 1.0):
             h_eff = r[:, None] * h_old
@@ -920,22 +1293,22 @@ class PMF:
         if keep.any():                         # last resort: the row keeps its λ (counted)
             new_h[keep], new_P[keep] = h_old[keep], P_old[keep]
             report["domain_clipped"] += int(np.count_nonzero(keep))
-        H[uniq], P[uniq] = new_h, new_P
         if weights is not None or keep.any():
             L_new = None
         _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
-        for c, v in (("n", n_new), ("t", t_new), ("N", N_new), ("kl", kl), ("E", E)):
-            arr = aux[f"{side}_{c}"]
-            if f"{side}_{c}" not in fresh:
-                arr = arr.copy()
-            arr[uniq] = v
-            aux[f"{side}_{c}"] = arr
-        # metrics: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|) and ‖λ̂ − λ^eff‖²
+        # ‖λ̂ − λ^eff‖² before the records are overwritten (h_eff, P_eff may be views of them)
+        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
+        Wu[:, f.h] = new_h
+        Wu[:, f.P] = new_P.reshape(len(uniq), -1)
+        Wu[:, f.E] = E.reshape(len(uniq), -1)
+        Wu[:, f.kl], Wu[:, f.N], Wu[:, f.n], Wu[:, f.t] = kl, N_new, n_new, t_new
+        if not every:
+            W[uniq] = Wu
+        # metric: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|)
         mean = sums / counts[:, None]
         tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
                       / np.maximum(counts - 1, 1), 0.0)
         report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
-        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
 
     def _noisy_step(self, sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau, eta_P, report):
         """The SVI+ step of touched rows with its noise shrunk symmetrically into the domain.
@@ -1000,7 +1373,9 @@ class PMF:
         E[:, D, D] = 1.0
         if known.any():
             r = rows[known]
-            E[known] = self._moments(lam[f"{side}_h"][r], lam[f"{side}_prec"][r])[2]
+            h, P = lam.rows(side, r) if isinstance(lam, _RowParams) else (lam[f"{side}_h"][r],
+                                                                         lam[f"{side}_prec"][r])
+            E[known] = self._moments(h, P)[2]
         return E
 
     def predict_rating(self, lam, users, items, aux=None):

@@ -587,7 +587,8 @@ def test_a_snapshot_written_before_the_new_settings_resumes(tmp_path):
     engine = SVI(old, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
     state, _ = engine.update(engine.init(x, seed=0), x)
     assert not {"bias_var", "row_clock", "sweep"} & set(old.get_params())     # as the former settings
-    state.aux.pop("svi_plus_seen")                                             # as a former state
+    state = EngineState(state.step, state.lam, state.rng_state, state.records_seen,   # as a former state
+                        aux={k: v for k, v in state.aux.items() if k != "svi_plus_seen"})
     CheckpointStore(tmp_path).save(engine, state, offsets=[])
     snap = CheckpointStore(tmp_path).resume()
     assert check_compatible(snap, engine) == []
@@ -615,3 +616,149 @@ def test_items_first_full_batch_at_rho_one_is_the_items_then_users_cavi_sweep():
     users_first = SVI(PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0), n_total=len(x),
                       schedule=Constant(1.0)).update(state, x)[0]
     assert not users_first.lam.array_equal(lam)          # the order matters
+
+
+# ------------------------------------------------------------ row storage (issue 18: throughput)
+def _arrays(state):
+    """Every array of a state's λ and aux, copied (what a snapshot would hold)."""
+    out = {f"lam/{k}": np.array(state.lam[k]) for k in state.lam}
+    out.update({f"aux/{k}": np.array(v) for k, v in state.aux.items() if isinstance(v, np.ndarray)})
+    out["aux/json"] = {k: (list(v) if isinstance(v, list) else v) for k, v in state.aux.items()
+                       if not isinstance(v, np.ndarray)}
+    return out
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if k == "aux/json":
+            assert a[k] == b[k]
+        else:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def _stream(n_users=60, n_items=80, n=3000, seed=11):
+    return pmf_ratings(n_users=n_users, n_items=n_items, n=n, d=2, seed=seed)
+
+
+@pytest.mark.parametrize("M", [None, 40.0])
+def test_old_states_keep_their_values_while_later_updates_and_branches_append(M):
+    """An update never changes its input state, nor any older state, also after many later updates,
+    log compactions and updates of an older state (a branch). A branch's result equals the result of
+    the same update made first."""
+    x = _stream()
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0), effective_batch_size=M)
+    batches = [x[np.arange(s, s + 100)] for s in range(0, len(x), 100)]
+    state = engine.init(batches[0], seed=0)
+    states, seen = [], []
+    for b in batches:
+        states.append(state)
+        seen.append(_arrays(state))
+        state, _ = engine.update(state, b)
+    for k in (3, 10, 0):                              # branches from old states, then the tip goes on
+        again, _ = engine.update(states[k], batches[k])
+        _assert_same(_arrays(again), _arrays(states[k + 1]))
+        other, _ = engine.update(states[k], batches[-1 - k])          # a different branch
+        other, _ = engine.update(other, batches[k])
+        state, _ = engine.update(state, batches[k])
+    for st, before in zip(states, seen):
+        _assert_same(_arrays(st), before)
+
+
+def test_an_update_touching_few_rows_allocates_memory_for_those_rows_only():
+    """Per-update memory is that of the touched rows plus a few bytes per row (the row map), not a
+    copy of every row's λ and caches (before: ~760 bytes per row at D = 6)."""
+    import tracemalloc
+
+    n_items = 20000
+    x = Ratings([f"u{k % 50}" for k in range(n_items)], list(range(n_items)), np.full(n_items, 3.0))
+    model = PMF(n_factors=5, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=10**6, schedule=RobbinsMonro(0.0, 1.0))
+    state = engine.init(x, seed=0)
+    state, _ = engine.update(state, x)
+    small = x[np.arange(0, n_items, n_items // 10)]                   # 10 ratings, 10 items
+    state, _ = engine.update(state, small)                           # warm the id-lookup cache
+    tracemalloc.start()
+    new, _ = engine.update(state, small)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 64 * n_items, peak
+    assert new.lam["item_h"].shape == (n_items, 6) and new.aux["item_n"].sum() == n_items + 20
+
+
+def test_checkpoint_resume_is_exact_across_log_compactions_and_for_every_array(tmp_path):
+    """Saving, loading and going on gives the same λ, aux and ELBOs bit for bit as not stopping,
+    with SVI+ weights, new ids arriving after the checkpoint and enough updates to compact the logs."""
+    x = _stream(n_users=90, n_items=150, n=6000, seed=4)
+    model = PMF(n_factors=3, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0), effective_batch_size=60.0)
+    batches = [x[np.arange(s, s + 150)] for s in range(0, len(x), 150)]
+    state = engine.init(batches[0], seed=3)
+    for b in batches[:7]:
+        state, _ = engine.update(state, b)
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    a, b_ = state, CheckpointStore(tmp_path).resume().state
+    _assert_same(_arrays(a), _arrays(b_))
+    for bt in batches[7:]:
+        a, ia = engine.update(a, bt)
+        b_, ib = engine.update(b_, bt)
+        assert ia.to_dict() == ib.to_dict()
+    _assert_same(_arrays(a), _arrays(b_))
+
+
+def test_scoring_a_live_state_equals_scoring_its_snapshot_and_a_plain_copy(tmp_path):
+    """predict_rating / predictive_logpdf / recommend read the same parameters from a state made by
+    updates (rows gathered from the logs), from its loaded snapshot and from plain-array copies."""
+    x = _stream(seed=8)
+    model = PMF(n_factors=2, sigma2=0.8, prior_var=0.3, biases=True, **NEW)
+    engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(0.0, 1.0))
+    state = engine.init(x[np.arange(300)], seed=1)
+    for s in range(0, len(x), 300):
+        state, _ = engine.update(state, x[np.arange(s, s + 300)])
+    CheckpointStore(tmp_path).save(engine, state, offsets=[])
+    loaded = CheckpointStore(tmp_path).resume().state
+    plain_lam, plain_aux = NatParams(dict(state.lam)), dict(state.aux)
+    users, items = list(x.user[:40]) + ["nobody"], list(x.item[:40]) + ["nothing"]
+    ref = model.predict_rating(state.lam, users, items, aux=state.aux)
+    for lam, aux in ((loaded.lam, loaded.aux), (plain_lam, plain_aux)):
+        got = model.predict_rating(lam, users, items, aux=aux)
+        np.testing.assert_array_equal(got[0], ref[0])
+        np.testing.assert_array_equal(got[1], ref[1])
+        np.testing.assert_array_equal(model.predictive_logpdf(lam, x[np.arange(50)], aux=aux),
+                                      model.predictive_logpdf(state.lam, x[np.arange(50)], aux=state.aux))
+        assert model.recommend(lam, x.user[0], k=5, aux=aux) == model.recommend(state.lam, x.user[0], k=5,
+                                                                                  aux=state.aux)
+    rated = {j for u, j in zip(x.user, x.item) if u == x.user[0]}
+    assert len(rated) < 80 and not rated & {j for j, _ in model.recommend(state.lam, x.user[0], k=80 - len(rated),
+                                                                          aux=state.aux)}
+    # a plain copy goes on learning exactly like the state it was copied from
+    nxt = x[np.arange(100)]
+    a, _ = engine.update(state, nxt)
+    b_, _ = engine.update(EngineState(state.step, plain_lam, state.rng_state, state.records_seen, aux=plain_aux),
+                          nxt)
+    _assert_same(_arrays(a), _arrays(b_))
+
+
+def test_arrays_read_from_a_state_are_read_only():
+    """The gathered arrays are cached per state: writing into one would change the state, so it raises."""
+    model = PMF(n_factors=2, sigma2=0.8, biases=True, **NEW)
+    engine = SVI(model, n_total=400, schedule=RobbinsMonro(0.0, 1.0))
+    state, _ = engine.update(engine.init(_stream(n=400), seed=0), _stream(n=400))
+    for arr in (state.lam["user_h"], state.aux["item_E"], state.aux["rated"], state.aux["user_n"]):
+        with pytest.raises(ValueError):
+            arr[0] = 1
+
+
+@pytest.mark.parametrize("sweep", ["users_first", "items_first"])
+def test_grad_norm_is_the_distance_from_the_old_lambda_to_the_target(sweep):
+    """At ρ = 1 on all ratings from the initial state (N_i unchanged, so λ^eff = λ) every row moves to its
+    target: ‖λ̂ − λ^eff‖ is the distance the update moved λ (was 0 while the metric read overwritten rows)."""
+    x = pmf_ratings(n_users=15, n_items=10, n=300, d=2, seed=2)
+    model = PMF(n_factors=2, sigma2=0.25, biases=True, offset=3.0, sweep=sweep)
+    engine = SVI(model, n_total=len(x), schedule=Constant(1.0))
+    state = engine.init(x, seed=4)
+    new, info = engine.update(state, x)
+    moved = sum(float(np.sum((np.asarray(new.lam[k]) - np.asarray(state.lam[k])) ** 2)) for k in new.lam)
+    assert moved > 1.0
+    assert info.grad_norm == pytest.approx(np.sqrt(moved), rel=1e-9)
