@@ -32,7 +32,6 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 import tracemalloc  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 from _common import cpu_model, fmt_table  # noqa: E402  (bench/ sibling)
 from lda_vocab import make_zipf_corpus  # noqa: E402

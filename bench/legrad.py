@@ -176,7 +176,7 @@ def gauss_cov(args):
         rows.append([cov, label, f"{lr_:g}", f"{-kl_to_target(eng, state.lam):.3f}", f"{err:.3f}",
                      f"{np.abs(state.lam['mean'] - 2).max():.3f}", f"{dt / steps * 1e3:.2f}"])
         if cov == "full" and S == 10:
-            q_full, eng_full = state.lam, eng
+            q_full = state.lam
     # Monte Carlo variance of each estimator under the full covariance, at the q the last full run reached
     vrows = []
     for label, est, S in (("LeGrad (K=5)", "legrad", None), ("ReGrad (S=1)", "regrad", None),
