@@ -422,25 +422,7 @@ class SVI:
         noise_var = tg.noise_var
         rng_state = tg.rng_state
         rho = self.schedule(t)
-        clipped = blocks = 0
-        tau = self.boundary_fraction
-        # fraction-to-boundary: ρ_b = min(ρ, τ·s_max). A block is shortened iff
-        # s_max < ρ/τ, i.e. iff λ + (ρ/τ)(λ̂ − λ) is outside the domain: one cheap
-        # membership test first, the closed-form s_max only when it fails.
-        if min_w < 0 and not model.in_domain(
-                NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
-            rho_arr = {}
-            for names, limit in model.max_step(lam, target):
-                limit = np.asarray(limit, float)
-                rho_b = np.minimum(rho, tau * limit)
-                clipped += int(np.count_nonzero(rho_b < rho))
-                blocks += int(limit.size)
-                for nm in names:
-                    rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
-            new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
-                                 for k in lam})
-        else:
-            new_lam = lam * (1.0 - rho) + target * rho
+        new_lam, clipped, blocks = self.step_towards(lam, target, rho, min_w)
         if not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
 
@@ -468,6 +450,35 @@ class SVI:
         new_state = EngineState(step=t, lam=new_lam, rng_state=rng_state,
                                 records_seen=state.records_seen + S)
         return new_state, info
+
+    def step_towards(self, lam: NatParams, target: NatParams, rho: float,
+                     min_weight: float = 1.0) -> tuple[NatParams, int, int]:
+        """λ ← (1 − ρ) λ + ρ λ̂, kept in the domain; returns ``(new λ, clipped, blocks)``.
+
+        The fraction-to-boundary rule of the module docs: each block takes
+        ρ_b = min(ρ, τ·s_max). A block is shortened iff s_max < ρ/τ, i.e. iff
+        λ + (ρ/τ)(λ̂ − λ) is outside the domain: one cheap membership test
+        first, the closed-form s_max only when it fails, and neither when no
+        weight was negative (``min_weight`` ≥ 0: λ̂ is inside). Shared by
+        :meth:`update` and the scale-out applier, which gets λ̂ from a worker.
+        """
+        model, tau = self.model, self.boundary_fraction
+        clipped = blocks = 0
+        if min_weight < 0 and not model.in_domain(
+                NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
+            rho_arr = {}
+            for names, limit in model.max_step(lam, target):
+                limit = np.asarray(limit, float)
+                rho_b = np.minimum(rho, tau * limit)
+                clipped += int(np.count_nonzero(rho_b < rho))
+                blocks += int(limit.size)
+                for nm in names:
+                    rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
+            new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
+                                 for k in lam})
+        else:
+            new_lam = lam * (1.0 - rho) + target * rho
+        return new_lam, clipped, blocks
 
     def _rowwise_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """:meth:`update` for a model with ``svi_step``: same weights, the model applies the step."""

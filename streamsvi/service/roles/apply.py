@@ -2,15 +2,13 @@
 
 The same step as :meth:`streamsvi.inference.SVI.update`, with the target
 λ̂ = η + (N/|S|) Σ_n w_n E_q[t(θ_n)] computed by a worker (its delta) rather
-than here, and the same fraction-to-boundary rule: when some SVI+ weight was
-negative and λ + (ρ/τ)(λ̂ − λ) leaves the domain, each block takes
-min(ρ, τ·s_max) with the model's closed-form ``max_step``.
+than here, and the same fraction-to-boundary rule (:meth:`SVI.step_towards`,
+the engine's own step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from ...inference.engine import EngineState
 from ...models.base import NatParams
@@ -41,21 +39,7 @@ def apply_delta(engine, state: EngineState, stats: NatParams, records: int, min_
     target = prior + NatParams({k: stats[k] for k in prior})     # in the model's order
     t = state.step + 1
     rho = float(engine.schedule(t)) * float(rho_scale)
-    tau = engine.boundary_fraction
-    clipped = 0
-    if min_weight < 0 and not model.in_domain(
-            NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
-        rho_arr = {}
-        for names, limit in model.max_step(lam, target):
-            limit = np.asarray(limit, float)
-            rho_b = np.minimum(rho, tau * limit)
-            clipped += int(np.count_nonzero(rho_b < rho))
-            for nm in names:
-                rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
-        new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
-                             for k in lam})
-    else:
-        new_lam = lam * (1.0 - rho) + target * rho
+    new_lam, clipped, _ = engine.step_towards(lam, target, rho, min_weight)
     if not new_lam.all_finite():
         raise FloatingPointError(f"delta step {t} would make λ non-finite; state left unchanged")
     new = EngineState(step=t, lam=new_lam, rng_state=state.rng_state,
