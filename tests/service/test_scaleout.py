@@ -281,3 +281,22 @@ def test_scaleout_metrics_pass_promtool():
     res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=30)
     assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), \
         (res.stdout.decode(), res.stderr.decode())
+
+
+@pytest.mark.parametrize("kind, why", [("pmf", "row-wise step"), ("lda", "row-wise step"),
+                                       ("logistic", "stochastic gradients")])
+def test_models_whose_steps_are_not_summed_deltas_are_refused(kind, why):
+    """PMF and LDA step only the rows a batch touches, logistic regression takes gradient
+    steps: none of them can be split into worker deltas, and the roles say so at start."""
+    from streamsvi.service.config import ConfigError, validate
+    from streamsvi.service.roles.worker import check_scaleout_config
+
+    model = {"kind": kind}
+    if kind == "lda":
+        model.update(n_components=3, n_features=50)
+    if kind == "logistic":
+        model.update(n_features=4)
+    cfg = validate({"model": model, "inference": {"n_total": 1000}, "source": {"kind": "kafka", "topics": ["t"]},
+                    "checkpoint": {"directory": "ck"}, "scaleout": {"deltas_topic": "d"}})
+    with pytest.raises(ConfigError, match=why):
+        check_scaleout_config(cfg)

@@ -40,7 +40,7 @@ import zlib
 import numpy as np
 
 from ...inference.engine import EngineState
-from ..config import ConfigError, client_security
+from ..config import GRADIENT_KINDS, ConfigError, build_model, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .transport import Delta, LambdaFile
@@ -60,9 +60,13 @@ def check_scaleout_config(cfg) -> None:
     """Refuse configs the roles cannot run, naming the setting."""
     if cfg["source"]["kind"] != "kafka":
         raise ConfigError("source.kind: the worker and applier roles need a Kafka source")
-    if cfg["model"]["kind"] == "pmf":
-        raise ConfigError("model.kind: pmf updates only the rows a batch touches (a row-wise step); "
-                          "it cannot be split into worker deltas yet: run it as one process")
+    kind = cfg["model"]["kind"]
+    if kind in GRADIENT_KINDS:
+        raise ConfigError(f"model.kind: {kind} learns by stochastic gradients (the gradient path), whose "
+                          f"steps are not sums of worker statistics: run it as one process")
+    if hasattr(build_model(cfg["model"]), "svi_step"):
+        raise ConfigError(f"model.kind: {kind} updates only the rows a batch touches (a row-wise step); "
+                          f"it cannot be split into worker deltas yet: run it as one process")
     if not cfg["scaleout"]["deltas_topic"]:
         raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
                           "one partition that carries the workers' statistic deltas)")
