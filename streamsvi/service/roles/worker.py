@@ -72,6 +72,23 @@ def check_scaleout_config(cfg) -> None:
                           "one partition that carries the workers' statistic deltas)")
 
 
+def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
+    """``(stats, min_weight)``: the delta of the minibatch ``x`` at the λ version ``lam_state``.
+
+    stats = λ̂ − η, the engine's own target (:meth:`SVI.stochastic_target`: SVI+
+    weights, a tempered local step and target, a random restart, at the level
+    of step ``lam_state.step + 1``) less the prior, so that the applier's step
+    towards η + stats is the engine's update. Its random draws are seeded by
+    (seed, topic, partition, first offset): a replayed batch gets the same delta.
+    """
+    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first)])
+    rng = np.random.Generator(np.random.PCG64(seq))
+    at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
+                     records_seen=lam_state.records_seen)
+    tg = engine.stochastic_target(at, x)
+    return tg.target - engine.model.prior(), 1.0 if tg.weights is None else float(tg.weights.min())
+
+
 #: Longest gap between two consumer polls of a worker (one batch's local step and
 #: transaction, or a bounded wait for the first λ). kafka-python times a group join
 #: out after this + 5 s and joins again: on tansu 0.6.0 a member that missed a rebalance
@@ -285,13 +302,7 @@ class Worker(Daemon):
         self.scaleout_metrics.lambda_version.set(lam_state.step)
         t0 = time.perf_counter()
         t, p, first, _ = self._batch_ranges[0]
-        seq = np.random.SeedSequence([int(self.cfg["inference"]["seed"]), zlib.crc32(t.encode()), p, first])
-        rng = np.random.Generator(np.random.PCG64(seq))
-        at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
-                         records_seen=lam_state.records_seen)
-        tg = engine.stochastic_target(at, x)
-        stats = tg.target - engine.model.prior()
-        min_w = 1.0 if tg.weights is None else float(tg.weights.min())
+        stats, min_w = batch_delta(engine, lam_state, x, self.cfg["inference"]["seed"], t, p, first)
         self._pending = (stats, n_x, min_w, lam_state.step)
         self.metrics.update_seconds.observe(time.perf_counter() - t0)
         self.metrics.records.inc(n_x)
