@@ -19,9 +19,7 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from ..checkpoint import CheckpointStore, check_compatible
 from ..io.records import record_kind
 from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
+from .signals import StopOnSignals
 
 log = logging.getLogger("streamsvi.daemon")
 
@@ -69,7 +68,7 @@ class RunResult:
     elbo_history: list = field(default_factory=list)
 
 
-class Daemon:
+class Daemon(StopOnSignals):
     """One model learning from one source.
 
     Parameters
@@ -96,9 +95,7 @@ class Daemon:
         self._source_factory = source_factory or default_source
         self._dead_sink_factory = dead_sink_factory or default_dead_sink
         self.out = out if out is not None else sys.stderr
-        self._stop = threading.Event()
-        self._stop_reason = ""
-        self._signals = 0
+        self._init_stop()
         self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
         self.engine = None
         self.state = None
@@ -109,34 +106,6 @@ class Daemon:
         self.metrics_server = None
         self._last_probe = 0.0                # last broker metadata probe (monotonic)
         self._broker_down_since = None        # monotonic time the brokers stopped answering
-
-    # ---------------------------------------------------------- signals
-    @property
-    def stop_reason(self) -> str:
-        """Why a stop was requested (``"SIGTERM"``, ...); empty while none was."""
-        return self._stop_reason if self._stop.is_set() else ""
-
-    def request_stop(self, reason="requested"):
-        self._stop_reason = reason
-        self._stop.set()
-
-    def _on_signal(self, signum, frame):
-        self._signals += 1
-        if self._signals >= 2:
-            # second signal: leave at once, without checkpoint or commit
-            os.write(2, f"streamsvi: second signal ({signal.Signals(signum).name}), exiting without commit\n".encode())
-            os._exit(130)
-        self.request_stop(signal.Signals(signum).name)
-
-    def install_signal_handlers(self):
-        """SIGTERM / SIGINT set the stop flag from now on; a signal the process recorded
-        before the daemon existed (``streamsvi.service.signals``) is honoured the same way."""
-        from .signals import take_pending
-
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        for signum in take_pending():
-            self._on_signal(signum, None)
 
     # ------------------------------------------------------------ resume
     def _resume(self):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 from .exitcodes import SECOND_SIGNAL
 
@@ -64,3 +65,42 @@ def restore_default() -> None:
     got = take_pending()
     if got:
         signal.raise_signal(got[0])
+
+
+class StopOnSignals:
+    """A stop flag that SIGTERM / SIGINT set: the daemon's and the applier's.
+
+    Call :meth:`_init_stop` in ``__init__``. The first signal requests a clean
+    stop (``stop_reason`` names it); a second one leaves at once, without
+    checkpoint or commit (exit 130).
+    """
+
+    def _init_stop(self) -> None:
+        self._stop = threading.Event()
+        self._stop_reason = ""
+        self._signals = 0
+
+    @property
+    def stop_reason(self) -> str:
+        """Why a stop was requested (``"SIGTERM"``, ...); empty while none was."""
+        return self._stop_reason if self._stop.is_set() else ""
+
+    def request_stop(self, reason="requested"):
+        self._stop_reason = reason
+        self._stop.set()
+
+    def _on_signal(self, signum, frame):
+        self._signals += 1
+        if self._signals >= 2:
+            # second signal: leave at once, without checkpoint or commit
+            os.write(2, f"streamsvi: second signal ({signal.Signals(signum).name}), exiting without commit\n".encode())
+            os._exit(SECOND_SIGNAL)
+        self.request_stop(signal.Signals(signum).name)
+
+    def install_signal_handlers(self):
+        """SIGTERM / SIGINT set the stop flag from now on; a signal the process recorded
+        before this object existed (:func:`install_early`) is honoured the same way."""
+        for s in _SIGNALS:
+            signal.signal(s, self._on_signal)
+        for signum in take_pending():
+            self._on_signal(signum, None)

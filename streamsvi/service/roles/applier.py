@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +39,7 @@ from ...inference.engine import EngineState
 from ...models.base import NatParams
 from ..config import build_engine, client_security
 from ..metrics import DaemonMetrics, ScaleoutMetrics
+from ..signals import StopOnSignals
 from .apply import apply_delta
 from .transport import Delta, DeltaFormatError, publish_lambda
 from .worker import check_scaleout_config
@@ -68,7 +67,7 @@ def _key(t, p) -> str:
     return f"{t}/{int(p)}"
 
 
-class Applier:
+class Applier(StopOnSignals):
     """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table."""
 
     def __init__(self, cfg: dict, registry=None, out=None):
@@ -80,9 +79,7 @@ class Applier:
         self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
         self.lambda_file = self.sc["lambda_file"] or os.path.join(cfg["checkpoint"]["directory"], "lambda.npz")
         self.group = self.sc["applier_group_id"] or f"{cfg['source']['group_id']}-applier"
-        self._stop = threading.Event()
-        self._stop_reason = ""
-        self._signals = 0
+        self._init_stop()
         self.active = False
         self._reset()
 
@@ -94,30 +91,6 @@ class Applier:
         self.dropped_records = 0
         self._since_ck = 0
         self._dirty = False                  # λ changed since the last publication
-
-    # ---------------------------------------------------------- signals
-    def request_stop(self, reason="requested"):
-        self._stop_reason = reason
-        self._stop.set()
-
-    def _on_signal(self, signum, frame):
-        self._signals += 1
-        if self._signals >= 2:
-            os.write(2, f"streamsvi: second signal ({signal.Signals(signum).name}), exiting without commit\n".encode())
-            os._exit(130)
-        self.request_stop(signal.Signals(signum).name)
-
-    def install_signal_handlers(self):
-        from ..signals import take_pending
-
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        for signum in take_pending():
-            self._on_signal(signum, None)
-
-    @property
-    def stop_reason(self) -> str:
-        return self._stop_reason if self._stop.is_set() else ""
 
     # -------------------------------------------------------------- run
     def run(self, max_deltas: int | None = None, timeout: float | None = None) -> ApplierResult:
