@@ -167,6 +167,9 @@ def load_sets(names):
         elif name == "fashion":
             X = load_fashion_mnist("t10k")[0][:5000]                   # the first 5,000 test images
             out[name] = (*_pca_whiten(*_split(X), 30), 10)
+        elif name == "fashion60k":
+            X = load_fashion_mnist("train")[0]                         # all 60,000 training images
+            out[name] = (*_pca_whiten(*_split(X), 30), 10)
         elif name == "wdbc":
             from sklearn.datasets import load_breast_cancer
             out[name] = (*_standardise(*_split(load_breast_cancer().data.astype(float))), 4)
@@ -215,8 +218,14 @@ def svi_batch_size(N):
     return max(20, min(BATCH, N // 4))
 
 
-def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, **kw):
-    """LL after one pass and after ``passes``; time and steps of the whole run."""
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), **kw):
+    """LL after one pass and after ``passes``; time and steps of the whole run.
+
+    The daemon's way: a shuffled stream of |S|-record batches; the start is made from the
+    first ``init_batches`` of them (the model's setting, default 4; ``--init-batches``), at
+    most N records, and then every batch, those included, is one SVI step. ``at``: passes
+    after which the LL and the time so far are also recorded (returned as a fifth item).
+    """
     N = len(tr)
     S = svi_batch_size(N)
     per_pass = N // S
@@ -225,18 +234,19 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
     t0 = time.perf_counter()
     model = _model(K, tr.shape[1], init, dp, **kw)
     eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
-    state, t_eval = None, 0.0
+    n_start = min(model.init_batches * S, N)
+    state = eng.init(tr[order[:n_start]], seed=seed)
+    t_eval, ll1, marks = 0.0, None, {}
     for i in range(0, len(order), S):
-        xb = tr[order[i:i + S]]
-        if state is None:
-            state = eng.init(xb, seed=seed)          # the daemon: the first minibatch is all init sees
-        state, _ = eng.update(state, xb)
-        if state.step == per_pass:                   # one pass (not timed)
-            te0 = time.perf_counter()
-            ll1 = float(model.predictive_logpdf(state.lam, te).mean())
-            t_eval = time.perf_counter() - te0
+        state, _ = eng.update(state, tr[order[i:i + S]])
+        if state.step % per_pass == 0 and (state.step == per_pass or state.step // per_pass in at):
+            te0 = time.perf_counter()                # held-out scoring is not timed
+            ll = float(model.predictive_logpdf(state.lam, te).mean())
+            t_eval += time.perf_counter() - te0
+            ll1 = ll if state.step == per_pass else ll1
+            marks[state.step // per_pass] = (ll, time.perf_counter() - t0 - t_eval)
     el = time.perf_counter() - t0 - t_eval
-    return float(model.predictive_logpdf(state.lam, te).mean()), el, state.step, ll1
+    return float(model.predictive_logpdf(state.lam, te).mean()), el, state.step, ll1, marks
 
 
 def run_sklearn(tr, te, K, seed, dp=False):
@@ -448,6 +458,37 @@ def study_svi(sets, seeds):
                         rows, left=1))
 
 
+def study_start(sets, seeds, passes, kinds):
+    """SVI from the daemon's start made of 1, 2, 4 (the default) or 8 first minibatches."""
+    at = tuple(p for p in (1, 3, 10, 30) if p <= passes)
+    for name, (tr, te, K) in sets.items():
+        N, D = tr.shape
+        S = svi_batch_size(N)
+        rows = []
+        for dp in kinds:
+            sk = [run_sklearn(tr, te, K, seed, dp) for seed in range(seeds)]
+            sk_ll, sk_t = np.array([r[0] for r in sk]), np.mean([r[1] for r in sk])
+            rows.append([("DP K=%d" % DP_K) if dp else f"K={K}", "sklearn (batch)", f"{sk_ll.mean():.4f}"]
+                        + [""] * (2 * len(at) + 1))
+            for nb in (1, 2, 4, 8):
+                if nb > 1 and (nb // 2) * S >= N:                # the start already holds every record
+                    continue
+                runs = [run_svi(tr, te, K, None, seed, dp, passes, at=at, init_batches=nb)
+                        for seed in range(seeds)]
+                cells = []
+                for p in at:
+                    d = np.array([r[4][p][0] for r in runs]) - sk_ll
+                    cells.append(f"{d.mean():+.4f} ({int((d >= -1e-4).sum())}/{seeds})")
+                cells += [f"{np.mean([r[4][p][1] for r in runs]) / sk_t:.2f}" for p in at]
+                rows.append(["", f"init_batches = {nb} ({min(nb * S, N)} records)", ""] + cells + [""])
+            log(f"{name} {'DP' if dp else 'finite'} done")
+        print(f"\n# bench/gmm_init.py --study start: {name} ({N} x {D}), |S| = {S}, tau0 = {TAU0:g}, "
+              f"kappa = {KAPPA:g}, {seeds} seeds; SVI held-out LL minus scikit-learn's (seeds at or above), "
+              f"then time over scikit-learn's\n")
+        print(fmt_table(["model", "start", "sklearn LL", *(f"Δ after {p}" for p in at),
+                         *(f"time {p}" for p in at), ""], rows, left=2))
+
+
 # -------------------------------------------------------------------- main
 SETS = "blobs,pima,faithful,digits,mnist5k,fashion,wdbc"
 
@@ -463,23 +504,27 @@ def main(argv=None):
     ap.add_argument("--no-dp", action="store_true", help="leave out the DP-GMM rows")
     ap.add_argument("--inits", action="store_true",
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
-    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond"),
+    ap.add_argument("--init-batches", type=int, default=None,
+                    help="SVI rows: minibatches the start is made from (default: the model's, 4)")
+    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
     globals()["BATCH"] = args.batch_size
     sets = load_sets(args.sets.split(","))
+    kinds = [False] + ([] if args.no_dp else [True])
     if args.study == "starts":
         return study_starts(sets, args.seeds)
     if args.study == "svi":
         return study_svi(sets, args.seeds)
+    if args.study == "start":
+        return study_start(sets, args.seeds, args.passes, kinds)
     if args.study == "prior":
         return study_prior(sets, args.seeds, args.passes)
     if args.study == "schedule":
         return study_schedule(sets, args.seeds)
     if args.study == "cond":
         return study_cond(sets)
-    kinds = [False] + ([] if args.no_dp else [True])
     methods = []                                          # (label, kind, init, dp)
     for dp in kinds:
         methods += [("sklearn", "sklearn", None, dp), ("batch", "batch", None, dp), ("svi", "svi", None, dp),
@@ -495,7 +540,8 @@ def main(argv=None):
                 elif meth in ("batch", "batch_skprior"):
                     r = run_batch(tr, te, K, init, seed, dp, sk_prior=meth == "batch_skprior")
                 else:
-                    r = run_svi(tr, te, K, init, seed, dp, args.passes, args.kappa, args.tau0)
+                    r = run_svi(tr, te, K, init, seed, dp, args.passes, args.kappa, args.tau0,
+                                **({} if args.init_batches is None else {"init_batches": args.init_batches}))
                 res.setdefault((name, label, dp), []).append(r)
             log(f"{name} seed {seed} done")
     rows = []

@@ -76,16 +76,19 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                  "gamma| < this; default 1e-3 (lda)", min=0),
         "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
                       "documents (topics seeded from random documents); gmm, gmm_dp: kmeans (default: "
-                      "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the first "
-                      "minibatch", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
+                      "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the start's "
+                      "records (init_batches)", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
                                             "random_resp")),
-        "n_init": Field("int", None, "gmm, gmm_dp: starts made from the first minibatch, the best "
+        "n_init": Field("int", None, "gmm, gmm_dp: starts made from the start's records, the best "
                         "ELBO kept; default 3", min=1),
-        "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the first minibatch from each "
+        "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the start's records from each "
                              "start; default 5", min=0),
+        "init_batches": Field("int", None, "gmm, gmm_dp: minibatches the daemon gathers before its "
+                              "start (init on all of them, then an update on each); 1 = the first "
+                              "minibatch alone; default 4", min=1),
         "prior_from": Field("str", None, "gmm, gmm_dp: where m0 and W0 come from when mean / scale are "
                             "not set: settings (m0 = 0, W0 = I), data (the mean and inverse "
-                            "covariance of the first minibatch) or auto (default: data when that "
+                            "covariance of the start's records) or auto (default: data when that "
                             "covariance has a condition number above 1e3, else settings); decided "
                             "once at start and kept in every snapshot",
                             choices=("auto", "settings", "data")),
@@ -248,7 +251,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
                        "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps",
-                       "prior_from"})
+                       "prior_from", "init_batches"})
 _GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
 #: model kind -> the values of ``model.init`` it takes
 INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}

@@ -103,6 +103,7 @@ class Daemon(StopOnSignals):
         self.model = build_model(cfg["model"])
         self.kind = record_kind(self.model)   # how records are counted, sliced, joined, stored
         self.heldout = None                   # a batch of the kind, or None
+        self._start_batches: list = []        # batches held back until the start (_gather_start)
         self.metrics_server = None
         self._last_probe = 0.0                # last broker metadata probe (monotonic)
         self._broker_down_since = None        # monotonic time the brokers stopped answering
@@ -486,10 +487,14 @@ class Daemon(StopOnSignals):
         return batch
 
     def _idle(self, source, loop) -> bool:
-        """No records came: probe the brokers; True to stop when ``until_drained`` and drained."""
+        """No records came: probe the brokers; start from the batches held back for the start
+        (a quiet stream does not keep it waiting); True to stop when ``until_drained`` and drained."""
         if loop.failed_poll:
             return False
         self._probe_brokers(source)
+        if self.state is None and self._start_batches:
+            for xb in self._gather_start(flush=True):
+                self._update(xb, loop)
         if loop.until_drained and self._drained(source):
             loop.res.stopped_by = "drained"
             return True
@@ -517,15 +522,42 @@ class Daemon(StopOnSignals):
         return x
 
     def _learn(self, x, source, loop) -> None:
-        """One engine update on ``x`` (if it holds records), its metrics and history row."""
-        n_x = self.kind.n_records(x)
-        if not n_x:
+        """Engine updates on ``x``: one, or, before the start, none until the start's
+        records are gathered (:meth:`_gather_start`) and then one per gathered batch."""
+        if not self.kind.n_records(x):
             return
-        inf, mc = self.cfg["inference"], self.cfg["metrics"]
         if self.engine is None:
             self.engine = build_engine(self.cfg, self._n_total(source))
-        if self.state is None:
-            self.state = self.engine.init(x, seed=inf["seed"])
+        for xb in ([x] if self.state is not None else self._gather_start(x)):
+            self._update(xb, loop)
+
+    def _gather_start(self, x=None, flush: bool = False) -> list:
+        """Hold batches back until the model's start has its records; then start from all
+        of them and return them, to be learned in order (none while still gathering).
+
+        A model's ``init_batches`` (GMM: 4; others: 1) asks for that many minibatches'
+        records, at most N. ``flush`` starts from what is held (a poll came back empty,
+        as a short batch is applied after ``max_wait_seconds``; or a stop). Nothing is checkpointed or committed before the start, so records held
+        here and lost to a crash are read again on restart.
+        """
+        if x is not None:
+            self._start_batches.append(x)
+        held = sum(self.kind.n_records(b) for b in self._start_batches)
+        want = min(getattr(self.model, "init_batches", 1) * self.cfg["inference"]["batch_size"],
+                   self.engine.n_total)
+        if not held or (held < want and not flush):
+            return []
+        batches, self._start_batches = self._start_batches, []
+        start = batches[0] if len(batches) == 1 else self.kind.concat(batches)
+        self.state = self.engine.init(start, seed=self.cfg["inference"]["seed"])
+        if len(batches) > 1:
+            log.info("started from the first %d batches (%d records)", len(batches), held)
+        return batches
+
+    def _update(self, x, loop) -> None:
+        """One engine update on ``x``, its metrics and history row."""
+        n_x = self.kind.n_records(x)
+        mc = self.cfg["metrics"]
         t0 = time.perf_counter()
         self.state, info = self.engine.update(self.state, x)
         loop.last_info = info
@@ -586,7 +618,11 @@ class Daemon(StopOnSignals):
             loop.last_progress, loop.progress_records = now, 0
 
     def _finish(self, source, dead_sink, loop) -> None:
-        """Clean shutdown: a last progress line, then checkpoint and commit what was applied."""
+        """Clean shutdown: start from any batches still held back and learn them, a last
+        progress line, then checkpoint and commit what was applied."""
+        if self.state is None and self._start_batches:
+            for xb in self._gather_start(flush=True):
+                self._update(xb, loop)
         if self.cfg["metrics"]["progress_seconds"] and loop.progress_records and loop.last_info is not None:
             self._print_progress(source, loop.last_info,             # where the run ended
                                  loop.progress_records / max(time.monotonic() - loop.last_progress, 1e-9))

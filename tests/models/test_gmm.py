@@ -190,6 +190,7 @@ def test_dp_approximation_and_paper_prior_settings():
     (dict(n_init=0), "n_init must be an integer >= 1, got 0"),
     (dict(n_init=1.5), "n_init must be an integer >= 1, got 1.5"),
     (dict(init_sweeps=-1), "init_sweeps must be an integer >= 0, got -1"),
+    (dict(init_batches=0), "init_batches must be an integer >= 1, got 0"),
     (dict(prior_from="empirical"), "prior_from must be one of 'auto', 'settings', 'data', got 'empirical'"),
 ])
 def test_bad_settings_are_refused_with_the_field_named(kw, msg):
@@ -300,8 +301,8 @@ def test_init_settings_in_the_config():
         assert build_model(validate({**base, "model": {"kind": kind, "n_components": 3,
                                                        "n_features": 2}})["model"]).init == "kmeans"
         m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
-                                                    "n_init": 2, "init_sweeps": 0}})["model"])
-        assert (m.n_init, m.init_sweeps) == (2, 0)
+                                                    "n_init": 2, "init_sweeps": 0, "init_batches": 2}})["model"])
+        assert (m.n_init, m.init_sweeps, m.init_batches) == (2, 0, 2)
         with pytest.raises(ConfigError, match="model.n_init: must be >= 1, got 0"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "n_init": 0}})
         with pytest.raises(ConfigError, match=f"model.init: kind = '{kind}' takes one of kmeans, kmeans\\+\\+, "

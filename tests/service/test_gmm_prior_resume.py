@@ -1,5 +1,6 @@
-"""``[model] prior_from = "data"`` (or "auto" on nearly collinear columns): the daemon computes m0 and W0 from its first minibatch
-once; a restarted daemon resumes with the snapshot's prior, never recomputing it.
+"""``[model] prior_from = "data"`` (or "auto" on nearly collinear columns): the daemon computes m0 and W0 from the
+records of its start (the first ``init_batches`` = 4 minibatches) once; a restarted daemon resumes with the
+snapshot's prior, never recomputing it.
 
 Real CLI (``streamsvi run --until-drained``) against the real broker. The second
 run starts on records from elsewhere (shifted by +6): a prior recomputed from its
@@ -14,6 +15,7 @@ from streamsvi.io import JsonCodec, produce_rows
 from .conftest import blob_rows, gmm_config, write_config
 
 BATCH = 25
+START = 4 * BATCH      # the GMM's default init_batches = 4: the start sees the first 100 records
 
 
 def _config(tmp_path, bootstrap, topic, group, name, prior_from):
@@ -31,7 +33,7 @@ def _collinear(x):
 
 
 @pytest.mark.parametrize("prior_from", ["data", "auto"])
-def test_resume_keeps_the_prior_computed_from_the_first_minibatch(kafka_broker, new_topic, new_group,
+def test_resume_keeps_the_prior_computed_from_the_start(kafka_broker, new_topic, new_group,
                                                                   tmp_path, daemons, prior_from):
     bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
     first = _collinear(blob_rows(200, seed=11) * np.array([1.0, 3.0]))
@@ -45,8 +47,8 @@ def test_resume_keeps_the_prior_computed_from_the_first_minibatch(kafka_broker, 
     assert before.state.records_seen == 200
     params = before.engine.model.get_params()
     assert params["prior_from"] == prior_from
-    np.testing.assert_allclose(params["mean"], first[:BATCH].mean(axis=0), rtol=1e-12)
-    np.testing.assert_allclose(np.linalg.inv(params["scale"]), np.cov(first[:BATCH].T), rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(params["mean"], first[:START].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(np.linalg.inv(params["scale"]), np.cov(first[:START].T), rtol=1e-3, atol=1e-6)
 
     produce_rows(bootstrap, topic, later, JsonCodec(3))
     d = daemons(cfg, "--until-drained", tag="second")
