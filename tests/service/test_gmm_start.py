@@ -7,7 +7,6 @@ the engine driven by hand over the same batches.
 import io
 import logging
 
-import numpy as np
 import pytest
 
 from streamsvi.checkpoint import load_snapshot
