@@ -222,8 +222,8 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
     """LL after one pass and after ``passes``; time and steps of the whole run.
 
     The daemon's way: a shuffled stream of |S|-record batches; the start is made from the
-    first ``init_batches`` of them (the model's setting, default 4; ``--init-batches``), at
-    most N records, and then every batch, those included, is one SVI step. ``at``: passes
+    first ``model.start_size(S)`` records (``init_batches`` = 4 batches, ``--init-batches``,
+    and at least 5·K·D records), at most N, and then every batch, those included, is one SVI step. ``at``: passes
     after which the LL and the time so far are also recorded (returned as a fifth item).
     """
     N = len(tr)
@@ -234,7 +234,7 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
     t0 = time.perf_counter()
     model = _model(K, tr.shape[1], init, dp, **kw)
     eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
-    n_start = min(model.init_batches * S, N)
+    n_start = min(model.start_size(S), N)
     state = eng.init(tr[order[:n_start]], seed=seed)
     t_eval, ll1, marks = 0.0, None, {}
     for i in range(0, len(order), S):
@@ -470,9 +470,12 @@ def study_start(sets, seeds, passes, kinds):
             sk_ll, sk_t = np.array([r[0] for r in sk]), np.mean([r[1] for r in sk])
             rows.append([("DP K=%d" % DP_K) if dp else f"K={K}", "sklearn (batch)", f"{sk_ll.mean():.4f}"]
                         + [""] * (2 * len(at) + 1))
+            sizes = []
             for nb in (1, 2, 4, 8):
-                if nb > 1 and (nb // 2) * S >= N:                # the start already holds every record
+                n_start = min(_model(K, D, dp=dp, init_batches=nb).start_size(S), N)
+                if n_start in sizes:                              # the same start as a smaller nb
                     continue
+                sizes.append(n_start)
                 runs = [run_svi(tr, te, K, None, seed, dp, passes, at=at, init_batches=nb)
                         for seed in range(seeds)]
                 cells = []
@@ -480,7 +483,7 @@ def study_start(sets, seeds, passes, kinds):
                     d = np.array([r[4][p][0] for r in runs]) - sk_ll
                     cells.append(f"{d.mean():+.4f} ({int((d >= -1e-4).sum())}/{seeds})")
                 cells += [f"{np.mean([r[4][p][1] for r in runs]) / sk_t:.2f}" for p in at]
-                rows.append(["", f"init_batches = {nb} ({min(nb * S, N)} records)", ""] + cells + [""])
+                rows.append(["", f"init_batches = {nb} ({n_start} records)", ""] + cells + [""])
             log(f"{name} {'DP' if dp else 'finite'} done")
         print(f"\n# bench/gmm_init.py --study start: {name} ({N} x {D}), |S| = {S}, tau0 = {TAU0:g}, "
               f"kappa = {KAPPA:g}, {seeds} seeds; SVI held-out LL minus scikit-learn's (seeds at or above), "

@@ -177,6 +177,12 @@ class GMMLocal:
         return self.resp_t.T
 
 
+#: A streaming start gathers at least this many records per component and dimension
+#: (:meth:`BayesianGMM.start_size`): the DP mixture, K = 50 in 30 dimensions, trailed
+#: scikit-learn from 4,000 records and reached it from 8,000 (bench/gmm_init.py --study start).
+START_RECORDS_PER_COMPONENT_DIM = 5
+
+
 class BayesianGMM:
     """Bayesian Gaussian mixture with Normal-Wishart components.
 
@@ -227,10 +233,10 @@ class BayesianGMM:
         the first SVI step.
     init_batches : int
         How many minibatches a streaming start gathers before :meth:`init_params`
-        (default 4): the daemon holds back its first updates until it has
-        ``init_batches`` × ``batch_size`` records (or N, or the end of a
-        drained stream), starts from all of them, then steps through them in
-        order. The model itself never reads it. 1 starts from the first
+        (default 4; :meth:`start_size`): the daemon holds back its first
+        updates until it has ``init_batches`` × ``batch_size`` records and at
+        least 5·K·D (or N, or an empty poll), starts from all of them, then
+        steps through them in order. 1 with a small K·D starts from the first
         minibatch alone; from one minibatch in 30 dimensions SVI trails
         batch VI by 0.2 to 0.6 nats per record after 10 passes (README,
         "Gaussian mixtures: initialisation").
@@ -541,6 +547,13 @@ class BayesianGMM:
             if best is None or elbo > best_elbo:
                 best_elbo, best = elbo, lam
         return best
+
+    def start_size(self, batch_size: int) -> int:
+        """Records a streaming start gathers before :meth:`init_params`: ``init_batches``
+        minibatches, and at least :data:`START_RECORDS_PER_COMPONENT_DIM` · K · D, so that
+        k-means and each component's covariance have records enough (the daemon caps it at N)."""
+        return max(self.init_batches * int(batch_size),
+                   START_RECORDS_PER_COMPONENT_DIM * self.n_components * self.n_features)
 
     def init_elbo(self, lam: NatParams, x, n_total) -> float:
         """The ELBO of λ on ``x`` as if it were the whole data set scaled to ``n_total`` records."""

@@ -535,16 +535,17 @@ class Daemon(StopOnSignals):
         """Hold batches back until the model's start has its records; then start from all
         of them and return them, to be learned in order (none while still gathering).
 
-        A model's ``init_batches`` (GMM: 4; others: 1) asks for that many minibatches'
-        records, at most N. ``flush`` starts from what is held (a poll came back empty,
+        A model's ``start_size(batch_size)`` says how many records its start wants (GMM:
+        ``init_batches`` = 4 minibatches and at least 5·K·D records; others: one minibatch),
+        at most N. ``flush`` starts from what is held (a poll came back empty,
         as a short batch is applied after ``max_wait_seconds``; or a stop). Nothing is checkpointed or committed before the start, so records held
         here and lost to a crash are read again on restart.
         """
         if x is not None:
             self._start_batches.append(x)
         held = sum(self.kind.n_records(b) for b in self._start_batches)
-        want = min(getattr(self.model, "init_batches", 1) * self.cfg["inference"]["batch_size"],
-                   self.engine.n_total)
+        S = self.cfg["inference"]["batch_size"]
+        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S, self.engine.n_total)
         if not held or (held < want and not flush):
             return []
         batches, self._start_batches = self._start_batches, []

@@ -548,3 +548,11 @@ def test_a_snapshot_from_before_prior_from_resumes_under_the_auto_default(scale)
     assert not new.prior_pending
     assert {k: v for k, v in new.get_params().items() if k != "prior_from"} == legacy
     assert np.array_equal(new.prior()._flat, BayesianGMM(3, 2, prior_from="settings").prior()._flat)
+
+
+def test_a_streaming_start_gathers_init_batches_and_five_records_per_component_and_dimension():
+    assert BayesianGMM(10, 30).start_size(1000) == 4000                  # 4 batches > 5·K·D = 1,500
+    assert BayesianGMM(50, 30).start_size(1000) == 7500                  # the DP default K = 50
+    assert BayesianGMM.dp_approximation(30).start_size(1000) == 7500
+    assert BayesianGMM(3, 2, init_batches=1).start_size(100) == 100
+    assert BayesianGMM(3, 2, init_batches=2).start_size(100) == 200
