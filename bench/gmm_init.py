@@ -218,7 +218,7 @@ def svi_batch_size(N):
     return max(20, min(BATCH, N // 4))
 
 
-def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), **kw):
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), n_start=None, **kw):
     """LL after one pass and after ``passes``; time and steps of the whole run.
 
     The daemon's way: a shuffled stream of |S|-record batches; the start is made from the
@@ -234,7 +234,7 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
     t0 = time.perf_counter()
     model = _model(K, tr.shape[1], init, dp, **kw)
     eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
-    n_start = min(model.start_size(S), N)
+    n_start = min(model.start_size(S) if n_start is None else n_start, N)
     state = eng.init(tr[order[:n_start]], seed=seed)
     t_eval, ll1, marks = 0.0, None, {}
     for i in range(0, len(order), S):
@@ -459,7 +459,8 @@ def study_svi(sets, seeds):
 
 
 def study_start(sets, seeds, passes, kinds):
-    """SVI from the daemon's start made of 1, 2, 4 (the default) or 8 first minibatches."""
+    """SVI from a start made of the first 1, 2, 4 or 8 minibatches, and from the default
+    (``BayesianGMM.start_size``: 4 batches and at least 5·K·D records) where that differs."""
     at = tuple(p for p in (1, 3, 10, 30) if p <= passes)
     for name, (tr, te, K) in sets.items():
         N, D = tr.shape
@@ -471,19 +472,22 @@ def study_start(sets, seeds, passes, kinds):
             rows.append([("DP K=%d" % DP_K) if dp else f"K={K}", "sklearn (batch)", f"{sk_ll.mean():.4f}"]
                         + [""] * (2 * len(at) + 1))
             sizes = []
-            for nb in (1, 2, 4, 8):
-                n_start = min(_model(K, D, dp=dp, init_batches=nb).start_size(S), N)
-                if n_start in sizes:                              # the same start as a smaller nb
+            default = min(_model(K, D, dp=dp).start_size(S), N)
+            for nb in (1, 2, 4, 8, "default"):
+                n_start = default if nb == "default" else min(nb * S, N)     # nb batches, no 5·K·D floor
+                if n_start in sizes:                              # the same start as a row above
                     continue
                 sizes.append(n_start)
-                runs = [run_svi(tr, te, K, None, seed, dp, passes, at=at, init_batches=nb)
+                runs = [run_svi(tr, te, K, None, seed, dp, passes, at=at, n_start=n_start)
                         for seed in range(seeds)]
                 cells = []
                 for p in at:
                     d = np.array([r[4][p][0] for r in runs]) - sk_ll
                     cells.append(f"{d.mean():+.4f} ({int((d >= -1e-4).sum())}/{seeds})")
                 cells += [f"{np.mean([r[4][p][1] for r in runs]) / sk_t:.2f}" for p in at]
-                rows.append(["", f"init_batches = {nb} ({n_start} records)", ""] + cells + [""])
+                label = (f"the default start_size ({n_start} records)" if nb == "default"
+                         else f"{nb} batch{'es' if nb > 1 else ''} ({n_start} records)")
+                rows.append(["", label, ""] + cells + [""])
             log(f"{name} {'DP' if dp else 'finite'} done")
         print(f"\n# bench/gmm_init.py --study start: {name} ({N} x {D}), |S| = {S}, tau0 = {TAU0:g}, "
               f"kappa = {KAPPA:g}, {seeds} seeds; SVI held-out LL minus scikit-learn's (seeds at or above), "
