@@ -475,7 +475,8 @@ def run_study(name, specs, args, extra_cols=(), intro=""):
             with done_path.open("a") as f:
                 f.write(json.dumps([label, seed, out]) + "\n")
         summary.clear()
-        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, time.perf_counter() - t0))
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, time.perf_counter() - t0,
+                                     len(tasks) - len(todo)))
 
     if args.jobs > 1 and len(todo) > 1:
         with get_context("spawn").Pool(args.jobs) as pool:
@@ -485,12 +486,12 @@ def run_study(name, specs, args, extra_cols=(), intro=""):
         for t in todo:
             record(run_task(t))
     if not todo:
-        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, 0.0))
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, 0.0, len(tasks)))
     print(summary.pop("_text", ""))
     return summary
 
 
-def write_outputs(name, specs, by, args, extra_cols, intro, secs):
+def write_outputs(name, specs, by, args, extra_cols, intro, secs, cached=0):
     summary, traces, md = {}, {}, [f"## {name}", "", intro, ""]
     for spec in specs:
         lab = spec["label"]
@@ -509,7 +510,8 @@ def write_outputs(name, specs, by, args, extra_cols, intro, secs):
         cmd = cmd.split("_")[0] + f" --data {args.data}" + cmd[len(cmd.split("_")[0]):].replace("_" + args.data, "")
     md.append(f"command: `python bench/annealing.py --study {cmd}{inits}"
               f"{' --quick' if args.quick else ''}`; wall time {secs:.0f} s on a shared 2-core machine "
-              "(other jobs running; timings are not results)")
+              "(other jobs running; timings are not results)"
+              + (f", {cached} tasks read from the task cache (earlier runs)" if cached else ""))
     text = "\n".join(md)
     if not args.quick or args.write_quick:
         RESULTS.mkdir(parents=True, exist_ok=True)
