@@ -742,7 +742,8 @@ def plot_traces(out=IMG / "annealing_objective.png"):
         for m, per_seed in regime["curves"].items():
             pts = np.array([[p[1] for p in c] for c in per_seed.values()])
             docs = [p[0] for p in next(iter(per_seed.values()))]
-            ax.plot(docs, pts.mean(0), label=m, lw=1.2)
+            ax.plot(docs, pts.mean(0), label=m, lw=1.2,
+                    color="tab:purple" if m.startswith("SVI+") else ("tab:blue" if "1000" in m else "tab:cyan"))
         ax.set_title(f"LDA, {regime['n_docs']:,} synthetic NYT docs: mean of {regime['inits']} inits", fontsize=9)
         ax.set_xlabel("documents seen")
         ax.set_ylabel("training ELBO per document")
