@@ -245,7 +245,7 @@ class BayesianGMM:
         ``"settings"``: m0 = 0, W0 = I. ``"data"``: scikit-learn's
         data-dependent prior, m0 = the mean and W0⁻¹ = the covariance of the
         records :meth:`init_params` is given (the whole set for batch VI, the
-        first ``init_batches`` minibatches in the daemon). ``"auto"`` (default): ``"data"`` when
+        start's records in the daemon). ``"auto"`` (default): ``"data"`` when
         there are more than 2D of those records and their covariance has a
         condition number above :data:`AUTO_CONDITION`
         (nearly collinear columns, where W0⁻¹ = I swamps the small
@@ -528,10 +528,10 @@ class BayesianGMM:
         ``init`` setting (:meth:`start_params`); each sweep is
         λ ← η + (n_total/|x|) Σ_n E_q[t(x_n)] (CAVI on ``x`` as if it were
         the whole data set); the kept start has the highest ELBO on ``x``
-        at its last λ (:meth:`init_elbo`). ``x`` is all the data
-        init sees: the full data set for batch VI, the first ``init_batches``
-        minibatches in the daemon, the first minibatch in the river face. Everything is drawn from ``rng``: the
-        same seed gives the same λ.
+        at its last λ (:meth:`init_elbo`). ``x`` is all the data init sees:
+        the full data set for batch VI, the start's records in the daemon
+        (:meth:`start_size`), the first minibatch in the river face.
+        Everything is drawn from ``rng``: the same seed gives the same λ.
         """
         x = self.check_batch(x)
         self.fit_prior(x)

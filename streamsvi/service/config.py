@@ -77,8 +77,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
                       "documents (topics seeded from random documents); gmm, gmm_dp: kmeans (default: "
                       "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the start's "
-                      "records (init_batches)", choices=("gamma", "documents", "kmeans", "kmeans++", "random_from_data",
-                                            "random_resp")),
+                      "records (init_batches)", choices=("gamma", "documents", "kmeans", "kmeans++",
+                                                         "random_from_data", "random_resp")),
         "n_init": Field("int", None, "gmm, gmm_dp: starts made from the start's records, the best "
                         "ELBO kept; default 3", min=1),
         "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the start's records from each "

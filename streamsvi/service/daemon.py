@@ -492,9 +492,7 @@ class Daemon(StopOnSignals):
         if loop.failed_poll:
             return False
         self._probe_brokers(source)
-        if self.state is None and self._start_batches:
-            for xb in self._gather_start(flush=True):
-                self._update(xb, loop)
+        self._flush_start(loop)
         if loop.until_drained and self._drained(source):
             loop.res.stopped_by = "drained"
             return True
@@ -537,15 +535,16 @@ class Daemon(StopOnSignals):
 
         A model's ``start_size(batch_size)`` says how many records its start wants (GMM:
         ``init_batches`` = 4 minibatches and at least 5·K·D records; others: one minibatch),
-        at most N. ``flush`` starts from what is held (a poll came back empty,
-        as a short batch is applied after ``max_wait_seconds``; or a stop). Nothing is checkpointed or committed before the start, so records held
-        here and lost to a crash are read again on restart.
+        at most N. ``flush`` starts from what is held (:meth:`_flush_start`). Nothing is
+        checkpointed or committed before the start, so records held here and lost to a
+        crash are read again on restart.
         """
         if x is not None:
             self._start_batches.append(x)
         held = sum(self.kind.n_records(b) for b in self._start_batches)
         S = self.cfg["inference"]["batch_size"]
-        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S, self.engine.n_total)
+        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S,
+                   self.engine.n_total)
         if not held or (held < want and not flush):
             return []
         batches, self._start_batches = self._start_batches, []
@@ -554,6 +553,14 @@ class Daemon(StopOnSignals):
         if len(batches) > 1:
             log.info("started from the first %d batches (%d records)", len(batches), held)
         return batches
+
+    def _flush_start(self, loop) -> None:
+        """Start from the batches held back, if any, and learn them: a poll came back empty
+        (a quiet stream does not keep the start waiting, as a short batch is applied after
+        ``max_wait_seconds``) or the run is ending."""
+        if self.state is None and self._start_batches:
+            for xb in self._gather_start(flush=True):
+                self._update(xb, loop)
 
     def _update(self, x, loop) -> None:
         """One engine update on ``x``, its metrics and history row."""
@@ -621,9 +628,7 @@ class Daemon(StopOnSignals):
     def _finish(self, source, dead_sink, loop) -> None:
         """Clean shutdown: start from any batches still held back and learn them, a last
         progress line, then checkpoint and commit what was applied."""
-        if self.state is None and self._start_batches:
-            for xb in self._gather_start(flush=True):
-                self._update(xb, loop)
+        self._flush_start(loop)
         if self.cfg["metrics"]["progress_seconds"] and loop.progress_records and loop.last_info is not None:
             self._print_progress(source, loop.last_info,             # where the run ended
                                  loop.progress_records / max(time.monotonic() - loop.last_progress, 1e-9))
