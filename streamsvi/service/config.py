@@ -308,7 +308,7 @@ ANNEALING: dict[str, dict[str, Field]] = {
 
 def _check_annealing(inf: dict, model_kind: str) -> None:
     """Validate ``inference.annealing`` in place: its settings, resolved with defaults."""
-    from ..inference.annealing import annealer_from_dict
+    from ..inference.annealing import annealer_from_dict, supported_kinds
 
     given = inf["annealing"]
     if given is None:
@@ -326,9 +326,11 @@ def _check_annealing(inf: dict, model_kind: str) -> None:
     if (inf["effective_batch_size"] is not None or inf["effective_fraction"] is not None):
         raise ConfigError("inference: set [inference.annealing] or effective_batch_size/effective_fraction, "
                           "not both (effective_batch_size = M is kind = 'svi+' with M0 = M)")
-    if kind in ("deterministic", "stochastic") and model_kind == "pmf":
-        raise ConfigError(f"inference.annealing.kind: {kind!r} is not defined for model.kind = 'pmf' "
-                          f"(it has no local latent assignments to temper or restart); use 'none' or 'svi+'")
+    kinds = supported_kinds(model_class(model_kind))        # the model's own declaration
+    if kind not in kinds:
+        raise ConfigError(f"inference.annealing.kind: {kind!r} is not defined for model.kind = "
+                          f"{model_kind!r} (it has no local latent assignments to temper or restart); "
+                          f"use {' or '.join(repr(k) for k in kinds)}")
     if kind == "svi+" and sec.get("schedule", "constant") == "constant" and sec.get("M0") is not None \
             and sec["M0"] > inf["batch_size"]:
         raise ConfigError(f"inference.annealing.M0: must be in (0, batch_size={inf['batch_size']}], "
@@ -648,33 +650,32 @@ def load_config(path) -> dict:
     return validate(raw, base_dir=p.resolve().parent)
 
 
-def build_model(model_cfg: dict):
-    """The model a validated ``[model]`` section describes."""
+def model_class(kind: str):
+    """The model class of a ``model.kind`` (imported on first use)."""
     from ..models import (LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
                           SoftmaxRegression)
 
+    return {"pmf": PMF, "logistic": BayesianLogisticRegression, "softmax": SoftmaxRegression,
+            "hmm": DiscreteHMM, "lda": LDA, "gauss1d": KnownVarianceGMM1D, "gmm_dp": BayesianGMM,
+            "gmm": BayesianGMM}[kind]
+
+
+def build_model(model_cfg: dict):
+    """The model a validated ``[model]`` section describes."""
     kind = model_cfg["kind"]
     _check_model_keys(model_cfg)
     given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
+    cls = model_class(kind)
     try:
-        if kind == "pmf":
-            return PMF(**given)
-        if kind == "logistic":
-            return BayesianLogisticRegression(**given)
-        if kind == "softmax":
-            return SoftmaxRegression(**given)
         if kind == "hmm":
-            return DiscreteHMM(n_states=given.pop("n_components"), **given)
-        if kind == "lda":
-            return LDA(**given)
+            return cls(n_states=given.pop("n_components"), **given)
         if kind == "gauss1d":
             given.pop("n_features", None)
-            return KnownVarianceGMM1D(**given)
         if kind == "gmm_dp":
             conc = given.pop("weight_concentration", 1.0)
-            return BayesianGMM.dp_approximation(given.pop("n_features"), concentration=conc,
-                                                n_components=given.pop("n_components"), **given)
-        return BayesianGMM(**given)
+            return cls.dp_approximation(given.pop("n_features"), concentration=conc,
+                                        n_components=given.pop("n_components"), **given)
+        return cls(**given)
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
 
