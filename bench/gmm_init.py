@@ -218,13 +218,15 @@ def svi_batch_size(N):
     return max(20, min(BATCH, N // 4))
 
 
-def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), n_start=None, **kw):
+def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), n_start=None,
+            **kw):
     """LL after one pass and after ``passes``; time and steps of the whole run.
 
     The daemon's way: a shuffled stream of |S|-record batches; the start is made from the
     first ``model.start_size(S)`` records (``init_batches`` = 4 batches, ``--init-batches``,
-    and at least 5·K·D records), at most N, and then every batch, those included, is one SVI step. ``at``: passes
-    after which the LL and the time so far are also recorded (returned as a fifth item).
+    and at least 5·K·D records; ``n_start`` instead), at most N, and then every batch,
+    those included, is one SVI step. ``at``: passes after which the LL and the time so far
+    are also recorded (returned as a fifth item).
     """
     N = len(tr)
     S = svi_batch_size(N)
@@ -246,7 +248,8 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
             ll1 = ll if state.step == per_pass else ll1
             marks[state.step // per_pass] = (ll, time.perf_counter() - t0 - t_eval)
     el = time.perf_counter() - t0 - t_eval
-    return float(model.predictive_logpdf(state.lam, te).mean()), el, state.step, ll1, marks
+    ll = marks[passes][0] if passes in marks else float(model.predictive_logpdf(state.lam, te).mean())
+    return ll, el, state.step, ll1, marks
 
 
 def run_sklearn(tr, te, K, seed, dp=False):
