@@ -77,9 +77,17 @@ class GaussianMixture(base.Clusterer):
     weight_concentration, mean_precision, degrees_of_freedom, scale
         Priors of :class:`streamsvi.models.BayesianGMM` (scale: W0 = scale·I).
     init
-        How the first minibatch starts the model: ``"kmeans"`` (k-means++
+        How the start's records start the model: ``"kmeans"`` (k-means++
         seeding then Lloyd iterations), ``"kmeans++"``, ``"random_from_data"``
         or ``"random_resp"`` (:class:`streamsvi.models.BayesianGMM`).
+    init_batches
+        The streaming start, as the daemon makes it: the first updates wait
+        until ``init_batches`` minibatches and at least 5·K·D records (at
+        most ``n_total``) have been learned (``BayesianGMM.start_size``);
+        the model starts from all of them, then takes one step per held
+        minibatch in order. Until then predictions are those of no model
+        (component 0, uniform responsibilities, NaN scores). 1 starts from
+        the first minibatch alone.
     features
         Feature names in order (a tuple); None takes the sorted keys of the
         first record.
@@ -97,7 +105,7 @@ class GaussianMixture(base.Clusterer):
                  tau0: float = 1.0, kappa: float = 0.7, weight_concentration: float = 1.0,
                  mean_precision: float = 1.0, degrees_of_freedom: float | None = None,
                  scale: float = 1.0, init: str = "kmeans", features: tuple | None = None,
-                 seed: int | None = None, annealing=None):
+                 seed: int | None = None, annealing=None, init_batches: int = 4):
         self.n_components = n_components
         self.batch_size = batch_size
         self.effective_batch_size = effective_batch_size
@@ -112,12 +120,14 @@ class GaussianMixture(base.Clusterer):
         self.features = features
         self.seed = seed
         self.annealing = annealing
+        self.init_batches = init_batches
         _check_batch_sizes(batch_size, effective_batch_size)
         self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
         self._engine = None
         self._state = None
         self._buffer: list[np.ndarray] = []
+        self._start: list[np.ndarray] = []        # minibatches held for the streaming start
         self._means: dict = {}
         if self._features is not None:
             self._build()
@@ -129,6 +139,7 @@ class GaussianMixture(base.Clusterer):
         yield {"n_components": 2, "batch_size": 8, "seed": 2,
                "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
         yield {"n_components": 2, "batch_size": 8, "seed": 3, "annealing": {"kind": "stochastic", "rho0": 0.5}}
+        yield {"n_components": 2, "batch_size": 8, "seed": 4, "init_batches": 1}
 
     # -------------------------------------------------------------- set-up
     def _build(self):
@@ -136,7 +147,7 @@ class GaussianMixture(base.Clusterer):
         model = BayesianGMM(self.n_components, D, weight_concentration=self.weight_concentration,
                             mean_precision=self.mean_precision,
                             degrees_of_freedom=self.degrees_of_freedom, scale=self.scale,
-                            init=self.init)
+                            init=self.init, init_batches=self.init_batches)
         self._engine = SVI(model, n_total=self.n_total,
                            schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
                            effective_batch_size=self.effective_batch_size, short_batches="svi",
@@ -190,7 +201,7 @@ class GaussianMixture(base.Clusterer):
                   tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
-                  init=p["init"], features=features)
+                  init=p["init"], init_batches=p.get("init_batches", 4), features=features)
         fresh = est._engine.state_from_params(fitted.lam, seed=0)
         est._state = EngineState(fitted.step, fitted.lam, fresh.rng_state, fitted.records_seen)
         return est
@@ -215,10 +226,18 @@ class GaussianMixture(base.Clusterer):
     def _flush(self):
         X = np.vstack(self._buffer)
         self._buffer = []
-        if self._state is None:
-            self._state = self._engine.init(X, seed=self.seed if self.seed is not None
-                                            else int(np.random.SeedSequence().entropy % (2**63)))
-        self._state, self.last_info_ = self._engine.update(self._state, X)
+        if self._state is not None:
+            self._state, self.last_info_ = self._engine.update(self._state, X)
+            return
+        self._start.append(X)                 # the streaming start (init_batches)
+        want = min(self._engine.model.start_size(self.batch_size), self._engine.n_total)
+        if sum(len(b) for b in self._start) < want:
+            return
+        held, self._start = self._start, []
+        self._state = self._engine.init(np.vstack(held), seed=self.seed if self.seed is not None
+                                        else int(np.random.SeedSequence().entropy % (2**63)))
+        for b in held:
+            self._state, self.last_info_ = self._engine.update(self._state, b)
 
     def learn_one(self, x: dict) -> None:
         self._buffer.append(self._row(x, learn=True))

@@ -56,6 +56,32 @@ def test_learn_many_matches_learn_one():
     assert b.predict_many(df).tolist() == [a.predict_one(x) for x, _ in data[:50]]
 
 
+@pytest.mark.parametrize("init_batches, n_start", [(1, 40), (2, 40), (3, 60), (5, 100)])
+def test_streaming_start_waits_for_its_records_as_the_daemon_does(init_batches, n_start):
+    """The first updates wait for start_size records (init_batches minibatches of 20, at
+    least 5·K·D = 30, so whole batches: 40 for 1 or 2), start from all of them, then step
+    through each held batch: the same λ, bit for bit, as the engine run by hand that way."""
+    from streamsvi import SVI, BayesianGMM, RobbinsMonro
+
+    X, _ = make_blobs(200, seed=7)
+    est = GaussianMixture(n_components=3, batch_size=20, n_total=200, seed=9, init_batches=init_batches,
+                          features=("a", "b"))
+    for a, b in X[:n_start - 1]:
+        est.learn_one({"a": a, "b": b})
+    assert est._state is None and est.predict_one({"a": 0.0, "b": 0.0}) == 0
+    for a, b in X[n_start - 1:]:
+        est.learn_one({"a": a, "b": b})
+    model = BayesianGMM(3, 2, init_batches=init_batches)
+    eng = SVI(model, n_total=200, schedule=RobbinsMonro(tau0=1.0, kappa=0.7), short_batches="svi")
+    state = eng.init(X[:n_start], seed=9)
+    for i in range(0, 200, 20):
+        state, _ = eng.update(state, X[i:i + 20])
+    assert est._state.step == state.step == 10
+    assert est._state.lam.array_equal(state.lam)
+    other = eng.init(X[:20], seed=9)                 # the first minibatch alone: another start
+    assert not other.lam.array_equal(eng.init(X[:n_start], seed=9).lam)
+
+
 def test_clusters_are_found():
     X, labels = make_blobs(2000, seed=4)
     est = GaussianMixture(n_components=4, batch_size=100, n_total=2000, seed=0)
