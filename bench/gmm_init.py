@@ -71,6 +71,8 @@ Run::
     python bench/gmm_init.py --inits             # also each init from one start as it is
     python bench/gmm_init.py --study starts      # batch VI from each (n_init, init_sweeps)
     python bench/gmm_init.py --study svi --sets mnist5k --seeds 3   # why SVI trails batch VI there
+    python bench/gmm_init.py --study start --seeds 3 --passes 30   # SVI from 1, 2, 4, 8 batches
+    python bench/gmm_init.py --study average --seeds 3   # the last λ against the last pass's average
 """
 from __future__ import annotations
 
@@ -219,14 +221,15 @@ def svi_batch_size(N):
 
 
 def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TAU0, at=(), n_start=None,
-            **kw):
+            average_last=False, **kw):
     """LL after one pass and after ``passes``; time and steps of the whole run.
 
     The daemon's way: a shuffled stream of |S|-record batches; the start is made from the
     first ``model.start_size(S)`` records (``init_batches`` = 4 batches, ``--init-batches``,
     and at least 5·K·D records; ``n_start`` instead), at most N, and then every batch,
     those included, is one SVI step. ``at``: passes after which the LL and the time so far
-    are also recorded (returned as a fifth item).
+    are also recorded (returned as a fifth item). ``average_last``: also the LL of λ averaged
+    over the last pass's steps (Polyak-Ruppert tail averaging; ``marks["avg"]``).
     """
     N = len(tr)
     S = svi_batch_size(N)
@@ -238,9 +241,11 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
     eng = SVI(model, n_total=N, schedule=RobbinsMonro(tau0=tau0, kappa=kappa), short_batches="svi")
     n_start = min(model.start_size(S) if n_start is None else n_start, N)
     state = eng.init(tr[order[:n_start]], seed=seed)
-    t_eval, ll1, marks = 0.0, None, {}
+    t_eval, ll1, marks, lam_sum = 0.0, None, {}, None
     for i in range(0, len(order), S):
         state, _ = eng.update(state, tr[order[i:i + S]])
+        if average_last and state.step > (passes - 1) * per_pass:
+            lam_sum = state.lam.copy() if lam_sum is None else lam_sum + state.lam
         if state.step % per_pass == 0 and (state.step == per_pass or state.step // per_pass in at):
             te0 = time.perf_counter()                # held-out scoring is not timed
             ll = float(model.predictive_logpdf(state.lam, te).mean())
@@ -249,6 +254,8 @@ def run_svi(tr, te, K, init, seed, dp=False, passes=PASSES, kappa=KAPPA, tau0=TA
             marks[state.step // per_pass] = (ll, time.perf_counter() - t0 - t_eval)
     el = time.perf_counter() - t0 - t_eval
     ll = marks[passes][0] if passes in marks else float(model.predictive_logpdf(state.lam, te).mean())
+    if lam_sum is not None:
+        marks["avg"] = float(model.predictive_logpdf(lam_sum * (1.0 / per_pass), te).mean())
     return ll, el, state.step, ll1, marks
 
 
@@ -499,6 +506,26 @@ def study_start(sets, seeds, passes, kinds):
                          *(f"time {p}" for p in at), ""], rows, left=2))
 
 
+def study_average(sets, seeds, passes, kinds):
+    """Is SVI's gap to scikit-learn minibatch noise in λ? The last λ against λ averaged over
+    the last pass's steps (each record once), from the default start."""
+    rows = []
+    for name, (tr, te, K) in sets.items():
+        for dp in kinds:
+            sk = np.array([run_sklearn(tr, te, K, seed, dp)[0] for seed in range(seeds)])
+            runs = [run_svi(tr, te, K, None, seed, dp, passes, average_last=True) for seed in range(seeds)]
+            last = np.array([r[0] for r in runs]) - sk
+            avg = np.array([r[4]["avg"] for r in runs]) - sk
+            rows.append([name, ("DP K=%d" % DP_K) if dp else f"K={K}", f"{last.mean():+.4f}",
+                         f"{avg.mean():+.4f}", f"{(avg - last).mean():+.4f}", f"{(avg - last).std():.4f}",
+                         f"{np.std(last):.4f}"])
+            log(f"{name} {'DP' if dp else 'finite'} done")
+    print(f"\n# bench/gmm_init.py --study average: {seeds} seeds, {passes} passes, tau0 = {TAU0:g}, "
+          f"kappa = {KAPPA:g}; held-out LL minus scikit-learn's\n")
+    print(fmt_table(["set", "model", "last λ", "λ averaged over the last pass", "average − last", "sd",
+                     "seed sd of last"], rows, left=2))
+
+
 # -------------------------------------------------------------------- main
 SETS = "blobs,pima,faithful,digits,mnist5k,fashion,wdbc"
 
@@ -516,7 +543,7 @@ def main(argv=None):
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
     ap.add_argument("--init-batches", type=int, default=None,
                     help="SVI rows: minibatches the start is made from (default: the model's, 4)")
-    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start"),
+    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start", "average"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
@@ -529,6 +556,8 @@ def main(argv=None):
         return study_svi(sets, args.seeds)
     if args.study == "start":
         return study_start(sets, args.seeds, args.passes, kinds)
+    if args.study == "average":
+        return study_average(sets, args.seeds, args.passes, kinds)
     if args.study == "prior":
         return study_prior(sets, args.seeds, args.passes)
     if args.study == "schedule":
