@@ -401,7 +401,26 @@ def inspect(args) -> int:
         order = np.argsort(w)[::-1]
         print("weights    " + ", ".join(f"k{k}={w[k]:.3f}" for k in order[:10])
               + (" ..." if len(w) > 10 else ""))
+        if hasattr(f.model, "means") and hasattr(f.model, "covariances"):
+            _print_components(f.model.means(f.lam), f.model.covariances(f.lam), w, order[:10])
     return 0
+
+
+def _vec(v, most: int = 6) -> str:
+    return "[" + ", ".join(f"{x:.3g}" for x in v[:most]) + (", ..." if len(v) > most else "") + "]"
+
+
+def _print_components(means, covs, w, ks) -> None:
+    """Per component (the heaviest ten): E[μ_k], the standard deviations √diag E[Σ_k] and
+    the largest correlation between two coordinates (the first six coordinates shown)."""
+    print(f"components {len(ks)} heaviest of {len(w)}: E[mean], sd = sqrt(diag E[cov]), "
+          f"largest |correlation|")
+    for k in ks:
+        sd = np.sqrt(np.diag(covs[k]))
+        corr = covs[k] / np.outer(sd, sd)
+        np.fill_diagonal(corr, 0.0)
+        big = f", |corr| {np.abs(corr).max():.2f}" if len(sd) > 1 else ""
+        print(f"  k{k:<3d} w={w[k]:.3f} mean {_vec(means[k])} sd {_vec(sd)}{big}")
 
 
 def produce(args) -> int:

@@ -266,3 +266,10 @@ def test_inspect_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "step 20, 800 records" in out and "gmm[2]=77" in out and "last -2.5000" in out
     assert "n_components=3" in out
+    w = engine.model.weights(state.lam)                 # the components, heaviest first, with their spread
+    k = int(np.argmax(w))
+    mean, sd = engine.model.means(state.lam)[k], np.sqrt(np.diag(engine.model.covariances(state.lam)[k]))
+    rows = [ln for ln in out.splitlines() if ln.startswith("  k") and " w=" in ln]
+    assert len(rows) == len(w) and rows[0].startswith(f"  k{k} ")
+    assert f"w={w[k]:.3f}" in rows[0] and f"mean [{mean[0]:.3g}, {mean[1]:.3g}]" in rows[0]
+    assert f"sd [{sd[0]:.3g}, {sd[1]:.3g}]" in rows[0] and "|corr|" in rows[0]
