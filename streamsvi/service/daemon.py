@@ -541,18 +541,34 @@ class Daemon(StopOnSignals):
         """
         if x is not None:
             self._start_batches.append(x)
+        batches = self._take_start(self.engine.n_total, flush)
+        if batches:
+            self.state = self.engine.init(self._start_records(batches), seed=self.cfg["inference"]["seed"])
+            if len(batches) > 1:
+                log.info("started from the first %d batches (%d records)", len(batches),
+                         sum(self.kind.n_records(b) for b in batches))
+        return batches
+
+    def _take_start(self, n_total: float, flush: bool = False) -> list:
+        """The batches held for the start, taken from the hold once they have the records the
+        start wants (or ``flush`` and any are held); [] while still gathering.
+
+        The start wants the model's ``start_size(batch_size)`` records if it has one (GMM:
+        ``init_batches`` minibatches and at least 5·K·D), else one minibatch, at most
+        ``n_total`` = N. Shared by the daemon (:meth:`_gather_start`) and the scale-out
+        worker's proposal of λ_0 (``roles.worker.Worker._gather``).
+        """
         held = sum(self.kind.n_records(b) for b in self._start_batches)
         S = self.cfg["inference"]["batch_size"]
-        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S,
-                   self.engine.n_total)
+        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S, n_total)
         if not held or (held < want and not flush):
             return []
         batches, self._start_batches = self._start_batches, []
-        start = batches[0] if len(batches) == 1 else self.kind.concat(batches)
-        self.state = self.engine.init(start, seed=self.cfg["inference"]["seed"])
-        if len(batches) > 1:
-            log.info("started from the first %d batches (%d records)", len(batches), held)
         return batches
+
+    def _start_records(self, batches: list):
+        """The records of ``batches`` as one batch of the kind (what ``engine.init`` starts from)."""
+        return batches[0] if len(batches) == 1 else self.kind.concat(batches)
 
     def _flush_start(self, loop) -> None:
         """Start from the batches held back, if any, and learn them: a poll came back empty

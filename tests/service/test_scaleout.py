@@ -24,7 +24,7 @@ from .conftest import blob_rows, gmm_config, highwater_marks, write_config
 P = 3          # data partitions
 
 
-def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, **inference):
+def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, **inference):
     ck = tmp_path / "ck"
     base = dict(inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
                            "effective_batch_size": 20, **inference},
@@ -32,7 +32,8 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, **inference)
                 metrics={"enabled": False, "heldout_size": 0})
     cfgs = {}
     for name in ["applier"] + [f"w{i}" for i in range(workers)]:
-        raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck", **base)
+        raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck",
+                         model=model or {}, **base)
         raw["checkpoint"]["directory"] = str(ck)
         raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000}
         if name != "applier":
@@ -60,11 +61,11 @@ def _wait(cond, what, timeout_s=120.0, procs=()):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _check_exactly_once(ck, topic, hw, n):
+def _check_exactly_once(ck, topic, hw, n, partitions=P):
     snap = load_snapshot(ck)
     applied = snap.extra["scaleout"]["applied"]
     assert snap.state.records_seen == n, f"records_seen {snap.state.records_seen} != produced {n}"
-    assert applied == {f"{topic}/{p}": [[0, hw[(topic, p)]]] for p in range(P)}, applied
+    assert applied == {f"{topic}/{p}": [[0, hw[(topic, p)]]] for p in range(partitions)}, applied
     return snap
 
 

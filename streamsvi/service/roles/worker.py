@@ -25,9 +25,18 @@ the deltas topic wait until then).
 
 SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
 offset) of the batch, so a batch processed again after a crash gets the
-same weights. Before the applier has any λ, the first worker with data
-proposes λ_0 (``model.init_params`` on its first batch) in an "init" message
-and waits for the applier to publish version 0.
+same weights.
+
+The start. While no λ is published, a worker holds its batches back until it
+has the records the model's start wants, by the daemon's rule
+(``Daemon._take_start``: ``model.start_size(batch_size)``, e.g. the GMM's
+``init_batches`` minibatches and at least 5·K·D records, else one minibatch; at
+most N; an empty poll starts from what is held). It then proposes λ_0
+(``engine.init`` on all of them, as one process starts) in an "init" message,
+waits for the applier to publish version 0, and seeks back to the first offsets
+of the held batches, so that every held record is read again and turned into a
+delta at the published λ exactly once. Nothing is committed (and no dead letter
+written) for a held batch.
 """
 from __future__ import annotations
 
@@ -134,6 +143,8 @@ class Worker(Daemon):
                               os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
         self.producer = None
         self._pending = None        # (stats, records, min_weight, version) of the batch in hand
+        self._holding = False       # the batch in hand is held for the start (_gather)
+        self._held_ranges: list = []    # offset ranges of every batch held for the start
         self._unassigned_since = None   # monotonic time this worker was first seen without partitions
         self._last_commit_check = 0.0   # monotonic time of the last _committed_drained while unassigned
         self._until_drained = False     # run(until_drained=...) of the current run
@@ -220,7 +231,11 @@ class Worker(Daemon):
         return self._committed_drained(source)
 
     def _drained(self, source) -> bool:
-        """As one process; while this worker owns no partitions, by the group's commits alone."""
+        """As one process; while this worker owns no partitions, by the group's commits alone.
+        Never while batches are held for the start: the source has handed them out, but
+        they are read again (:meth:`_gather`) before anything of them is committed."""
+        if self._held_ranges:
+            return False
         if super()._drained(source):
             return True
         if source.assignment():
@@ -283,20 +298,17 @@ class Worker(Daemon):
         return False
 
     def _learn(self, x, source, loop) -> None:
-        """The delta of ``x`` at the freshest λ (kept for :meth:`_advance`)."""
+        """The delta of ``x`` at the freshest λ (kept for :meth:`_advance`); before any λ,
+        ``x`` goes to the start (:meth:`_gather`) and nothing is kept."""
         self._pending = None
+        if self._holding:
+            self._gather(x, source)
+            return
         n_x = self.kind.n_records(x)
         if not n_x:
             self._pending = (None, 0, 1.0, self.lam.version or 0)
             return
-        self.lam.refresh()
-        if self.lam.state is None:
-            self._propose_init(x, source)
-            if not self._wait_for_lambda():
-                # no applier yet (or a stop): give the batch back, poll again (and propose again)
-                source.seek({(t, p): first for t, p, first, _ in self._batch_ranges})
-                return
-            log.info("worker %s: λ version %d published; computing deltas", self.worker_id, self.lam.version)
+        self.lam.refresh()                  # (a batch with records is held until λ is published)
         engine, lam_state = self.lam.engine, self.lam.state
         self.engine, self.state = engine, lam_state
         self.scaleout_metrics.lambda_version.set(lam_state.step)
@@ -312,19 +324,82 @@ class Worker(Daemon):
         loop.progress_records += n_x
         loop.last_info = True
 
-    def _propose_init(self, x, source):
-        """Send λ_0 from this batch for the applier to adopt if it has no state (no offsets)."""
-        from ..config import build_engine
+    # ------------------------------------------------------------ the start
+    def _gather(self, x, source, flush: bool = False) -> None:
+        """Hold ``x`` for the start; once the start has its records, propose λ_0 and give back.
 
-        engine = build_engine(self.cfg, self._n_total(source))
-        st = engine.init(x, seed=self.cfg["inference"]["seed"])
+        The rule is the daemon's (:meth:`Daemon._take_start`): the model's start size,
+        at most N; ``flush`` (an empty poll: :meth:`_idle`) starts from what is held.
+        λ_0 comes from all held records (:meth:`_propose_init`); then, whether this
+        worker's proposal, another's, or none (no applier yet) was published, every
+        held batch is given back (:meth:`_give_back`) and read again: at a published λ
+        as deltas, else into a new start. ``x`` None: nothing new (``flush``).
+        """
+        if x is not None:
+            self._held_ranges += self._batch_ranges
+            if self.kind.n_records(x):
+                self._start_batches.append(x)
+        if not self._held_ranges:
+            return
+        if self.engine is None:
+            from ..config import build_engine
+            self.engine = build_engine(self.cfg, self._n_total(source))
+        self.lam.refresh()
+        if self.lam.state is None:
+            batches = self._take_start(self.engine.n_total, flush)
+            if not batches:
+                return                      # still gathering
+            self._propose_init(batches)
+            if self._wait_for_lambda():
+                log.info("worker %s: λ version %d published; reading the %d held batches again "
+                         "as deltas", self.worker_id, self.lam.version, len(self._held_ranges))
+            # else no applier yet (or a stop): read them again, and propose again
+        self._give_back(source, self._held_ranges)
+        self._held_ranges, self._start_batches = [], []
+
+    def _give_back(self, source, ranges) -> None:
+        """Seek each partition of ``ranges`` (topic, partition, first, end) back to its first
+        ``first``, so its records are read again (none of them was committed).
+
+        Only partitions this worker still owns (all of them while a join is in flight: the
+        consumer keeps its old ones until the join completes): a partition the group handed
+        on is read by its new owner from the group's committed offsets, and a seek kept for
+        a later assignment of it could read committed records again.
+        """
+        firsts: dict = {}
+        for t, p, first, _ in ranges:
+            firsts[(t, p)] = min(first, firsts.get((t, p), first))
+        owned = source.assignment()
+        source.seek({k: off for k, off in firsts.items() if not owned or k in owned})
+
+    def _idle(self, source, loop) -> bool:
+        """As in one process; a quiet stream or its end does not keep the start waiting: start
+        from the batches held (:meth:`_gather` with ``flush``)."""
+        if self._held_ranges and not loop.failed_poll:
+            self._gather(None, source, flush=True)
+        return super()._idle(source, loop)
+
+    def _flush_start(self, loop) -> None:
+        """The worker flushes its start in :meth:`_idle` (it gives the batches back to the
+        source); at the end of a run, held batches are left uncommitted, to be read again."""
+
+    def _propose_init(self, batches):
+        """Send λ_0 from the held ``batches`` for the applier to adopt if it has no state (no offsets)."""
+        start = self._start_records(batches)
+        n = self.kind.n_records(start)
+        st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
         prod = self._producer()
         prod.begin_transaction()
         prod.send(self.sc["deltas_topic"], Delta(worker=self.worker_id, version=-1, ranges=[], records=0,
-                                                 stats=st.lam, n_total=engine.n_total,
+                                                 stats=st.lam, n_total=self.engine.n_total,
                                                  kind="init").encode(), partition=0)
         prod.commit_transaction()
-        log.info("worker %s: no λ published yet; proposed λ_0 from its first batch", self.worker_id)
+        if len(batches) > 1:
+            log.info("worker %s: no λ published yet; proposed λ_0 from its first %d batches (%d records)",
+                     self.worker_id, len(batches), n)
+        else:
+            log.info("worker %s: no λ published yet; proposed λ_0 from its first batch (%d records)",
+                     self.worker_id, n)
 
     def _advance(self, batch, source) -> None:
         """One transaction: the delta, the dead letters flushed, the batch's offsets."""
@@ -332,7 +407,7 @@ class Worker(Daemon):
 
         from ...io._kafka import offset_and_metadata
 
-        if self._pending is None:           # stopped while waiting for λ
+        if self._pending is None:           # held for the start (or given back): nothing to commit
             return
         stats, records, min_w, version = self._pending
         self._pending = None
@@ -369,10 +444,18 @@ class Worker(Daemon):
             sink.flush()
 
     def _set_aside(self, batch, dead_sink, loop):
-        """As in one process; also notes the batch's offset ranges (for the seed and the delta)."""
+        """As in one process; also notes the batch's offset ranges (for the seed and the delta)
+        and whether it is held for the start: while no λ is published and it has records, or
+        while batches are held already (a later batch must not commit past them). A held
+        batch's dead letters are set aside when it is read again, with its transaction."""
         self._dead_sink = dead_sink
         self._batch_ranges = self._ranges(batch)
-        super()._set_aside(batch, dead_sink, loop)
+        if self.lam.state is None:
+            self.lam.refresh()
+        self._holding = bool(self._held_ranges) or \
+            (self.lam.state is None and self.kind.n_records(batch.x) > 0)
+        if not self._holding:
+            super()._set_aside(batch, dead_sink, loop)
 
     def _print_progress(self, source, info, rate):
         print(f"worker {self.worker_id}  deltas {self.deltas_sent:7d}  λ version "
