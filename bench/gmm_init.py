@@ -31,14 +31,19 @@ alpha = 1, c = 10), on every set and seed 0..4 (``--seeds``):
     prior = the training covariance, ``reg_covar=1e-6``.
   * ``batch`` -- streamsvi batch VI (CAVI, ``batch_vi``) from the model's
     defaults (``init`` kmeans, ``n_init`` 3, ``init_sweeps`` 5: the best ELBO
-    of three k-means starts after 5 sweeps each), until the ELBO per record
-    changes by less than 1e-5 or 300 sweeps; the init sees the whole set.
+    of three k-means starts after 5 sweeps each, then ``refine_sweeps``: that
+    start swept on until its ELBO per record changes by less than 1e-4, at
+    most 100 sweeps), until the ELBO per record changes by less than 1e-5 or
+    300 sweeps; the init sees the whole set.
   * ``svi`` -- streamsvi SVI as the daemon runs it: the training set as a
     stream (shuffled per pass, 10 passes, ``--passes``), minibatches of
     |S| = min(1000, N/4) (the daemon default 1,000, at least 4 steps a pass),
-    ``engine.init`` on the *first minibatch only*, Robbins-Monro tau0 = 1,
-    kappa = 0.7 (the config defaults). "svi LL 1 pass" is the held-out LL
-    after the first pass.
+    ``engine.init`` on the streaming start (``BayesianGMM.start_size``: the
+    first ``init_batches`` = 4 minibatches and at least 5·K·D records, at
+    most N; ``--init-batches``), then one step per minibatch, those included;
+    Robbins-Monro tau0 = 1, kappa = 0.7 (the config defaults). "svi LL 1
+    pass" is the held-out LL after the first pass. ``--refine-sweeps 0``
+    gives the start without its refining sweeps (as before they were added).
   * ``batch, sklearn's prior`` -- batch VI under scikit-learn's
     data-dependent prior (``BayesianGMM.empirical_prior`` values of the
     training set), to show where the prior, not the start, decides.
@@ -186,7 +191,11 @@ def load_sets(names):
 DP_K = 50           # truncation of the DP rows (seed 000 §IV-E; configs/gmm_dp.toml)
 
 
+MODEL_KW: dict = {}     # --init-batches, --refine-sweeps: model settings for every run
+
+
 def _model(K, D, init=None, dp=False, prior_of=None, **kw):
+    kw = {**MODEL_KW, **kw}
     if init is not None:                                  # --inits: one start as it is
         kw.update(init=init, n_init=1, init_sweeps=0)
     if prior_of is not None:       # scikit-learn's data-dependent prior: m0 = mean, W0 = covariance^-1
@@ -543,11 +552,16 @@ def main(argv=None):
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
     ap.add_argument("--init-batches", type=int, default=None,
                     help="SVI rows: minibatches the start is made from (default: the model's, 4)")
+    ap.add_argument("--refine-sweeps", type=int, default=None,
+                    help="the model's refine_sweeps (default: the model's, 100; 0 = the start "
+                         "as before it)")
     ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start", "average"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
     globals()["BATCH"] = args.batch_size
+    MODEL_KW.update({k: v for k, v in (("init_batches", args.init_batches),
+                                       ("refine_sweeps", args.refine_sweeps)) if v is not None})
     sets = load_sets(args.sets.split(","))
     kinds = [False] + ([] if args.no_dp else [True])
     if args.study == "starts":
@@ -579,8 +593,7 @@ def main(argv=None):
                 elif meth in ("batch", "batch_skprior"):
                     r = run_batch(tr, te, K, init, seed, dp, sk_prior=meth == "batch_skprior")
                 else:
-                    r = run_svi(tr, te, K, init, seed, dp, args.passes, args.kappa, args.tau0,
-                                **({} if args.init_batches is None else {"init_batches": args.init_batches}))
+                    r = run_svi(tr, te, K, init, seed, dp, args.passes, args.kappa, args.tau0)
                 res.setdefault((name, label, dp), []).append(r)
             log(f"{name} seed {seed} done")
     rows = []

@@ -182,6 +182,10 @@ class GMMLocal:
 #: scikit-learn from 4,000 records and reached it from 8,000 (bench/gmm_init.py --study start).
 START_RECORDS_PER_COMPONENT_DIM = 5
 
+#: The kept start's further CAVI sweeps (``refine_sweeps``) stop once the ELBO per record of
+#: the init records changes by less than this.
+REFINE_TOL = 1e-4
+
 
 class BayesianGMM:
     """Bayesian Gaussian mixture with Normal-Wishart components.
@@ -231,6 +235,14 @@ class BayesianGMM:
         each start before they are compared (default 5). In batch VI they are
         the first sweeps; in the daemon they fit the start's records before
         the first SVI step.
+    refine_sweeps : int
+        At most this many further CAVI sweeps of the kept start on the same
+        records, until its ELBO per record changes by less than
+        :data:`REFINE_TOL` (default 100; 0: none). In batch VI they are the
+        sweeps batch VI would take next anyway; in the daemon and the river
+        face they fit the start's records to convergence before the first
+        SVI step, which the steps alone take many passes to make up for
+        (README, "The streaming start").
     init_batches : int
         How many minibatches a streaming start gathers before :meth:`init_params`
         (default 4; :meth:`start_size`): the daemon holds back its first
@@ -261,11 +273,12 @@ class BayesianGMM:
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
-    START_SETTINGS = ("init", "n_init", "init_sweeps", "prior_from", "init_batches")
+    START_SETTINGS = ("init", "n_init", "init_sweeps", "prior_from", "init_batches", "refine_sweeps")
 
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
                  mean_precision=1.0, mean=None, degrees_of_freedom=None, scale=None,
-                 init="kmeans", n_init=3, init_sweeps=5, prior_from="auto", init_batches=4):
+                 init="kmeans", n_init=3, init_sweeps=5, prior_from="auto", init_batches=4,
+                 refine_sweeps=100):
         K, D = int(n_components), int(n_features)
         if K < 1 or K != n_components:
             raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
@@ -297,11 +310,12 @@ class BayesianGMM:
         if init not in INITS:
             raise ValueError(f"init must be one of {', '.join(repr(i) for i in INITS)}, got {init!r}")
         for name, v, lo in (("n_init", n_init, 1), ("init_sweeps", init_sweeps, 0),
-                            ("init_batches", init_batches, 1)):
+                            ("init_batches", init_batches, 1), ("refine_sweeps", refine_sweeps, 0)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         self.n_init, self.init_sweeps = int(n_init), int(init_sweeps)
         self.init_batches = int(init_batches)
+        self.refine_sweeps = int(refine_sweeps)
         self.n_components, self.n_features = K, D
         self.weight_concentration = weight_concentration
         self.mean_precision = float(mean_precision)
@@ -363,7 +377,8 @@ class BayesianGMM:
                 "mean_precision": self.mean_precision, "mean": j(self.mean),
                 "degrees_of_freedom": self.degrees_of_freedom, "scale": j(self.scale),
                 "init": self.init, "n_init": self.n_init, "init_sweeps": self.init_sweeps,
-                "prior_from": self.prior_from, "init_batches": self.init_batches}
+                "prior_from": self.prior_from, "init_batches": self.init_batches,
+                "refine_sweeps": self.refine_sweeps}
 
     @staticmethod
     def _scale_matrix(scale, D) -> np.ndarray:
@@ -522,7 +537,8 @@ class BayesianGMM:
 
     # ---------------------------------------------------------------- init
     def init_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
-        """Initial λ: the best of ``n_init`` starts, each ``init_sweeps`` CAVI sweeps on ``x``.
+        """Initial λ: the best of ``n_init`` starts, each ``init_sweeps`` CAVI sweeps on ``x``,
+        then up to ``refine_sweeps`` more sweeps of the kept one (:meth:`_refine`).
 
         A start is λ = η + (n_total/|x|) Σ_n t(x_n, r_n) with r from the
         ``init`` setting (:meth:`start_params`); each sweep is
@@ -542,11 +558,29 @@ class BayesianGMM:
             for _ in range(self.init_sweeps):
                 lam = self.prior() + self.suffstats(self.local_step(lam, x), x) * scale
             if self.n_init == 1:
-                return lam
+                best = lam
+                break
             elbo = self.init_elbo(lam, x, n_total)
             if best is None or elbo > best_elbo:
                 best_elbo, best = elbo, lam
-        return best
+        return self._refine(best, x, n_total)
+
+    def _refine(self, lam: NatParams, x, n_total) -> NatParams:
+        """Up to ``refine_sweeps`` CAVI sweeps of ``lam`` on ``x`` (scaled to ``n_total``),
+        until the ELBO per record changes by less than :data:`REFINE_TOL`."""
+        if not self.refine_sweeps:
+            return lam
+        scale = float(n_total) / x.shape[0]
+        local = self.local_step(lam, x)
+        prev = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
+        for _ in range(self.refine_sweeps):
+            lam = self.prior() + self.suffstats(local, x) * scale
+            local = self.local_step(lam, x)
+            elbo = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
+            if abs(elbo - prev) < REFINE_TOL * n_total:
+                break
+            prev = elbo
+        return lam
 
     def start_size(self, batch_size: int) -> int:
         """Records a streaming start gathers before :meth:`init_params`: ``init_batches``

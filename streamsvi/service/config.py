@@ -83,6 +83,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                         "ELBO kept; default 3", min=1),
         "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the start's records from each "
                              "start; default 5", min=0),
+        "refine_sweeps": Field("int", None, "gmm, gmm_dp: at most this many more CAVI sweeps of the kept "
+                               "start on the start's records, until its ELBO per record changes by "
+                               "less than 1e-4; 0 = none; default 100", min=0),
         "init_batches": Field("int", None, "gmm, gmm_dp: minibatches the daemon gathers before its "
                               "start (init on all of them, then an update on each); 1 = the first "
                               "minibatch alone; default 4", min=1),
@@ -251,7 +254,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 _GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
                        "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps",
-                       "prior_from", "init_batches"})
+                       "prior_from", "init_batches", "refine_sweeps"})
 _GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
 #: model kind -> the values of ``model.init`` it takes
 INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}

@@ -335,8 +335,8 @@ def test_n_init_keeps_the_start_with_the_best_elbo_on_the_init_data():
     N = 10.0 * len(X)                        # x is a first minibatch of a larger stream
     gains = []
     for seed in range(6):
-        model = BayesianGMM(9, 2, init="random_from_data", n_init=4, init_sweeps=2)
-        one = BayesianGMM(9, 2, init="random_from_data", n_init=1, init_sweeps=2)
+        model = BayesianGMM(9, 2, init="random_from_data", n_init=4, init_sweeps=2, refine_sweeps=0)
+        one = BayesianGMM(9, 2, init="random_from_data", n_init=1, init_sweeps=2, refine_sweeps=0)
         lam = model.init_params(np.random.default_rng(seed), X, N)
         rng = np.random.default_rng(seed)
         starts = [one.init_params(rng, X, N) for _ in range(4)]
@@ -353,9 +353,9 @@ def test_init_sweeps_are_cavi_sweeps_on_the_first_minibatch():
     λ ← η + (N/|x|) Σ_n E_q[t(x_n)] from the start λ, and the ELBO on x does not decrease."""
     X, _ = _grid_blobs(10, seed=4)
     N = 1000.0
-    model = BayesianGMM(9, 2, n_init=1, init_sweeps=3)
+    model = BayesianGMM(9, 2, n_init=1, init_sweeps=3, refine_sweeps=0)
     lam = model.init_params(np.random.default_rng(7), X, N)
-    ref = BayesianGMM(9, 2, n_init=1, init_sweeps=0).init_params(np.random.default_rng(7), X, N)
+    ref = BayesianGMM(9, 2, n_init=1, init_sweeps=0, refine_sweeps=0).init_params(np.random.default_rng(7), X, N)
     elbos = [model.init_elbo(ref, X, N)]
     for _ in range(3):
         ref = model.prior() + model.suffstats(model.local_step(ref, X), X) * (N / len(X))
@@ -363,6 +363,34 @@ def test_init_sweeps_are_cavi_sweeps_on_the_first_minibatch():
     for k in lam.keys():
         np.testing.assert_allclose(lam[k], ref[k], rtol=1e-12)
     assert np.all(np.diff(elbos) >= -1e-9 * abs(elbos[0])), elbos
+
+
+@pytest.mark.parametrize("cap", [100, 2])
+def test_refine_sweeps_run_the_kept_start_to_convergence_on_the_init_records(cap):
+    """refine_sweeps: after the kept start, CAVI sweeps on x until the ELBO per record
+    changes by less than REFINE_TOL, at most ``cap`` of them; the ELBO never decreases."""
+    from streamsvi.models.gmm import REFINE_TOL
+
+    X, _ = _grid_blobs(10, seed=4)
+    N = 1000.0
+    lam = BayesianGMM(9, 2, init="random_from_data", init_sweeps=0, refine_sweeps=cap).init_params(
+        np.random.default_rng(7), X, N)
+    model = BayesianGMM(9, 2, init="random_from_data", init_sweeps=0, refine_sweeps=0)
+    ref = model.init_params(np.random.default_rng(7), X, N)           # the same kept start, unrefined
+    elbos = [model.init_elbo(ref, X, N)]
+    for _ in range(cap):
+        ref = model.prior() + model.suffstats(model.local_step(ref, X), X) * (N / len(X))
+        elbos.append(model.init_elbo(ref, X, N))
+        if abs(elbos[-1] - elbos[-2]) < REFINE_TOL * N:
+            break
+    for k in lam.keys():
+        np.testing.assert_allclose(lam[k], ref[k], rtol=1e-10)
+    assert np.all(np.diff(elbos) >= -1e-9 * abs(elbos[0])), elbos
+    assert elbos[-1] > elbos[0]
+    if cap == 100:
+        assert 2 < len(elbos) - 1 < cap         # converged, after more sweeps than the capped run takes
+    else:
+        assert len(elbos) - 1 == cap
 
 
 def test_start_settings_are_saved_and_do_not_block_a_resume(tmp_path):
