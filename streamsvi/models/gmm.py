@@ -552,30 +552,33 @@ class BayesianGMM:
         x = self.check_batch(x)
         self.fit_prior(x)
         scale = float(n_total) / x.shape[0]
-        best_elbo, best = -math.inf, None
+        Zt = self.features(x)                   # t(x_n) once for every sweep on x
+        best_elbo, best, best_local = -math.inf, None, None
         for _ in range(self.n_init):
-            lam = self.start_params(rng, x, n_total)
+            lam = self._start(rng, x, n_total, Zt)
             for _ in range(self.init_sweeps):
-                lam = self.prior() + self.suffstats(self.local_step(lam, x), x) * scale
+                lam = self.prior() + self.suffstats(self._local(lam, Zt), x) * scale
             if self.n_init == 1:
                 best = lam
                 break
-            elbo = self.init_elbo(lam, x, n_total)
+            local = self._local(lam, Zt)
+            elbo = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))    # init_elbo
             if best is None or elbo > best_elbo:
-                best_elbo, best = elbo, lam
-        return self._refine(best, x, n_total)
+                best_elbo, best, best_local = elbo, lam, local
+        return self._refine(best, x, n_total, Zt, best_local)
 
-    def _refine(self, lam: NatParams, x, n_total) -> NatParams:
+    def _refine(self, lam: NatParams, x, n_total, Zt, local=None) -> NatParams:
         """Up to ``refine_sweeps`` CAVI sweeps of ``lam`` on ``x`` (scaled to ``n_total``),
-        until the ELBO per record changes by less than :data:`REFINE_TOL`."""
+        until the ELBO per record changes by less than :data:`REFINE_TOL`. ``Zt``: the
+        features of ``x``; ``local``: the local step at ``lam``, if already made."""
         if not self.refine_sweeps:
             return lam
         scale = float(n_total) / x.shape[0]
-        local = self.local_step(lam, x)
+        local = self._local(lam, Zt) if local is None else local
         prev = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
         for _ in range(self.refine_sweeps):
             lam = self.prior() + self.suffstats(local, x) * scale
-            local = self.local_step(lam, x)
+            local = self._local(lam, Zt)
             elbo = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
             if abs(elbo - prev) < REFINE_TOL * n_total:
                 break
@@ -598,29 +601,35 @@ class BayesianGMM:
     def start_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """One start λ = η + (n_total/|x|) Σ_n t(x_n, r_n), r from the ``init`` setting."""
         x = self.check_batch(x)
+        return self._start(rng, x, n_total, self.features(x))
+
+    def _start(self, rng, x, n_total, Zt) -> NatParams:
+        """:meth:`start_params` given the features ``Zt`` of ``x``."""
         n, K = x.shape[0], self.n_components
         if self.init == "random_resp":
             resp = rng.uniform(size=(n, K))
             resp /= resp.sum(axis=1, keepdims=True)
-            return self.init_from_responsibilities(resp, x, n_total)
-        if self.init == "kmeans":
-            labels = kmeans(rng, x, K)[1]
         else:
-            if self.init == "kmeans++":
-                centres = x[kmeans_plusplus(rng, x, K)]
+            if self.init == "kmeans":
+                labels = kmeans(rng, x, K)[1]
             else:
-                centres = x[rng.choice(n, size=K, replace=n < K)]
-            labels = _sqdist(x, centres).argmin(axis=1)
-        resp = np.zeros((n, K))
-        resp[np.arange(n), labels] = 1.0
-        return self.init_from_responsibilities(resp, x, n_total)
+                if self.init == "kmeans++":
+                    centres = x[kmeans_plusplus(rng, x, K)]
+                else:
+                    centres = x[rng.choice(n, size=K, replace=n < K)]
+                labels = _sqdist(x, centres).argmin(axis=1)
+            resp = np.zeros((n, K))
+            resp[np.arange(n), labels] = 1.0
+        return self._from_resp(resp, x, n_total, Zt)
 
     def init_from_responsibilities(self, resp, x, n_total=None) -> NatParams:
         """λ = η + (n_total/|x|) Σ_n t(x_n, r_n) for given responsibilities."""
         x = self.check_batch(x)
-        resp = np.asarray(resp, float)
-        n_total = x.shape[0] if n_total is None else n_total
-        stats = self.suffstats(GMMLocal(np.ascontiguousarray(resp.T), np.zeros(len(x)), self.features(x)), x)
+        return self._from_resp(np.asarray(resp, float), x, x.shape[0] if n_total is None else n_total,
+                               self.features(x))
+
+    def _from_resp(self, resp, x, n_total, Zt) -> NatParams:
+        stats = self.suffstats(GMMLocal(np.ascontiguousarray(resp.T), np.zeros(len(x)), Zt), x)
         return self.prior() + stats * (n_total / x.shape[0])
 
     # ---------------------------------------------------------- local step
@@ -721,7 +730,11 @@ class BayesianGMM:
         ``log_norm`` is T log Σ_k exp(log ρ_nk / T), the tempered local
         objective at its optimum (the ELBO term only at T = 1).
         """
-        L, Zt = self._log_rho_t(lam, x)                     # (K, n), log-sum-exp in place
+        return self._local(lam, self.features(x), temperature)
+
+    def _local(self, lam: NatParams, Zt, temperature=1.0) -> GMMLocal:
+        """:meth:`local_step` given the features ``Zt`` of the records (:meth:`features`)."""
+        L, Zt = self._log_rho_t(lam, None, Zt)              # (K, n), log-sum-exp in place
         if temperature != 1.0:
             L *= 1.0 / temperature
         mx = L.max(axis=0)
