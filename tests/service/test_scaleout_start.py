@@ -102,3 +102,35 @@ def test_dead_letters_of_held_batches_are_written_once(kafka_broker, new_topic, 
     expected = build_engine(cfg, float(n)).init(rows[:int(m.group(2))], seed=cfg["inference"]["seed"]).lam
     proposed = _proposals(bootstrap, deltas)
     assert proposed and all(d.stats.array_equal(expected) for d in proposed)
+
+
+def test_a_first_batch_of_only_bad_records_is_accounted_before_lambda_0(kafka_broker, new_topic, new_group,
+                                                                       tmp_path, daemons):
+    """The stream opens with bad messages only: the worker's first batches have no valid record,
+    so they are dead-lettered and committed (an all-bad stream must still drain) as deltas
+    without statistics, before any λ_0. The applier records their offsets as applied (it
+    skipped them as "no_state", which left a hole at the start of the partition)."""
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
+    n, n_bad = 300, 30
+    produce_raw(bootstrap, topic, [b"not json"] * n_bad, partitions=1)
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 1, n,
+                        model={"init_batches": 3}, batch_size=BATCH)
+    applier = daemons(cfgs["applier"], "--role", "applier", tag="a")
+    _wait(lambda: "applier: active" in applier.stderr(), "the applier to be active", 60, procs=[applier])
+    worker = daemons(cfgs["w0"], "--role", "worker", tag="w0")
+    dl = ck / "dead-letters.jsonl"
+    _wait(lambda: dl.exists() and len(dl.read_text().splitlines()) == n_bad,
+          "the bad messages to be dead-lettered", procs=[applier, worker])
+    rows = blob_rows(n, seed=29)
+    produce_rows(bootstrap, topic, rows, JsonCodec(2), partitions=1)
+    hw = highwater_marks(bootstrap, topic, 1)
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
+          procs=[applier, worker])
+    for p in (worker, applier):
+        p.signal(signal.SIGTERM)
+        assert p.wait(60) == 0, p.stderr()[-3000:]
+
+    _check_exactly_once(ck, topic, hw, n, partitions=1)
+    assert "before any λ_0" not in applier.stderr()
+    assert sorted(json.loads(line)["offset"] for line in dl.read_text().splitlines()) == list(range(n_bad))

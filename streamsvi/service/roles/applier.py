@@ -229,11 +229,13 @@ class Applier(StopOnSignals):
                 self._dirty = True
                 log.info("applier: λ_0 proposed by worker %s adopted (N = %g)", d.worker, self.engine.n_total)
             return
-        if self.state is None:
+        if self.state is None and d.stats is not None:
             log.error("deltas topic offset %d: a delta from worker %s before any λ_0 (the checkpoint "
                       "directory was lost?); skipped", msg.offset, d.worker)
             self._skip("no_state", res)
             return
+        # (a delta without statistics, a batch whose records were all set aside, may come
+        # before λ_0: its offset ranges are recorded as applied, nothing else happens)
         ends = [self.applied_end.get(_key(t, p), -1) for t, p, _, _ in d.ranges]
         if d.ranges and all(e >= end for e, (_, _, _, end) in zip(ends, d.ranges)):
             self._skip("duplicate", res)
@@ -243,7 +245,7 @@ class Applier(StopOnSignals):
                       "%s); skipped, its records may be lost", d.worker, d.ranges, ends)
             self._skip("overlap", res)
             return
-        staleness = max(self.state.step - d.version, 0)
+        staleness = 0 if self.state is None else max(self.state.step - d.version, 0)
         self.sm.staleness.labels(worker=d.worker).set(staleness)
         bound = self.sc["max_staleness"]
         records = d.records
