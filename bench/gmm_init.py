@@ -77,7 +77,9 @@ Run::
     python bench/gmm_init.py --study starts      # batch VI from each (n_init, init_sweeps)
     python bench/gmm_init.py --study svi --sets mnist5k --seeds 3   # why SVI trails batch VI there
     python bench/gmm_init.py --study start --seeds 3 --passes 30   # SVI from 1, 2, 4, 8 batches
+    python bench/gmm_init.py --study start --sets fashion60k --dp-only --start-rows default --passes 100 --seeds 3
     python bench/gmm_init.py --study average --seeds 3   # the last λ against the last pass's average
+    python bench/gmm_init.py --study refine --sets fashion60k --seeds 8 --passes 30   # with / without refine_sweeps
 """
 from __future__ import annotations
 
@@ -221,11 +223,15 @@ def run_batch(tr, te, K, init, seed, dp=False, sk_prior=False, **kw):
     return float(model.predictive_logpdf(state.lam, te).mean()), el, sweep
 
 
-BATCH = 1000        # SVI |S| (the daemon default), at most N/4; --batch-size
+BATCH = 1000        # SVI |S| (the daemon default), at most N/4
+FIXED_BATCH = None  # --batch-size: |S| as given (at most N), instead of the rule below
 
 
 def svi_batch_size(N):
-    """|S|: ``BATCH`` (the daemon default 1,000), at most N/4 (at least 4 steps a pass), at least 20."""
+    """|S|: ``BATCH`` (the daemon default 1,000), at most N/4 (at least 4 steps a pass), at least 20;
+    or ``--batch-size`` as given, at most N."""
+    if FIXED_BATCH is not None:
+        return min(FIXED_BATCH, N)
     return max(20, min(BATCH, N // 4))
 
 
@@ -477,10 +483,11 @@ def study_svi(sets, seeds):
                         rows, left=1))
 
 
-def study_start(sets, seeds, passes, kinds):
+def study_start(sets, seeds, passes, kinds, starts=(1, 2, 4, 8, "default")):
     """SVI from a start made of the first 1, 2, 4 or 8 minibatches, and from the default
-    (``BayesianGMM.start_size``: 4 batches and at least 5·K·D records) where that differs."""
-    at = tuple(p for p in (1, 3, 10, 30) if p <= passes)
+    (``BayesianGMM.start_size``: 4 batches and at least 5·K·D records) where that differs
+    (``--start-rows``: which of them)."""
+    at = tuple(sorted({p for p in (1, 3, 10, 30) if p <= passes} | {passes}))
     for name, (tr, te, K) in sets.items():
         N, D = tr.shape
         S = svi_batch_size(N)
@@ -492,7 +499,7 @@ def study_start(sets, seeds, passes, kinds):
                         + [""] * (2 * len(at) + 1))
             sizes = []
             default = min(_model(K, D, dp=dp).start_size(S), N)
-            for nb in (1, 2, 4, 8, "default"):
+            for nb in starts:
                 n_start = default if nb == "default" else min(nb * S, N)     # nb batches, no 5·K·D floor
                 if n_start in sizes:                              # the same start as a row above
                     continue
@@ -535,6 +542,28 @@ def study_average(sets, seeds, passes, kinds):
                      "seed sd of last"], rows, left=2))
 
 
+def study_refine(sets, seeds, passes, kinds):
+    """SVI from the default start with and without ``refine_sweeps``, paired by seed (the same
+    stream order and k-means draws); no scikit-learn runs, so it is cheap on the large sets."""
+    at = tuple(p for p in (10, 30) if p <= passes) or (passes,)
+    rows = []
+    for name, (tr, te, K) in sets.items():
+        for dp in kinds:
+            runs = {rs: [run_svi(tr, te, K, None, seed, dp, passes, at=at, refine_sweeps=rs)
+                         for seed in range(seeds)] for rs in (0, 100)}
+            cells = []
+            for p in at:
+                d = np.array([a[4][p][0] - b[4][p][0] for a, b in zip(runs[100], runs[0])])
+                cells.append(f"{d.mean():+.4f} ± {d.std(ddof=1) / np.sqrt(seeds) if seeds > 1 else 0:.4f} "
+                             f"({int((d > 0).sum())}/{seeds})")
+            t = np.mean([r[1] for r in runs[100]]) / np.mean([r[1] for r in runs[0]])
+            rows.append([name, ("DP K=%d" % DP_K) if dp else f"K={K}", *cells, f"{t:.2f}"])
+            log(f"{name} {'DP' if dp else 'finite'} done")
+    print(f"\n# bench/gmm_init.py --study refine: {seeds} seeds, tau0 = {TAU0:g}, kappa = {KAPPA:g}; held-out LL "
+          f"with refine_sweeps = 100 minus without (paired by seed; ± standard error; seeds better with)\n")
+    print(fmt_table(["set", "model", *(f"after {p}" for p in at), "time with / without"], rows, left=2))
+
+
 # -------------------------------------------------------------------- main
 SETS = "blobs,pima,faithful,digits,mnist5k,fashion,wdbc"
 
@@ -544,10 +573,14 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--sets", default=SETS)
     ap.add_argument("--passes", type=int, default=PASSES, help="SVI passes over the training stream")
-    ap.add_argument("--batch-size", type=int, default=BATCH, help="SVI |S| (at most N/4)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="SVI |S| as given, at most N (default: min(1000, N/4))")
     ap.add_argument("--tau0", type=float, default=TAU0, help="SVI: Robbins-Monro delay")
     ap.add_argument("--kappa", type=float, default=KAPPA, help="SVI: Robbins-Monro forgetting rate")
     ap.add_argument("--no-dp", action="store_true", help="leave out the DP-GMM rows")
+    ap.add_argument("--dp-only", action="store_true", help="only the DP-GMM rows")
+    ap.add_argument("--start-rows", default="1,2,4,8,default",
+                    help="--study start: the starts to run, minibatch counts and/or 'default'")
     ap.add_argument("--inits", action="store_true",
                     help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
     ap.add_argument("--init-batches", type=int, default=None,
@@ -555,21 +588,24 @@ def main(argv=None):
     ap.add_argument("--refine-sweeps", type=int, default=None,
                     help="the model's refine_sweeps (default: the model's, 100; 0 = the start "
                          "as before it)")
-    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start", "average"),
+    ap.add_argument("--study", choices=("starts", "svi", "prior", "schedule", "cond", "start", "average", "refine"),
                     help="starts: batch VI from each (n_init, init_sweeps); svi: why SVI from the "
                          "first minibatch trails batch VI (use with --sets mnist5k)")
     args = ap.parse_args(argv)
-    globals()["BATCH"] = args.batch_size
+    globals()["FIXED_BATCH"] = args.batch_size
     MODEL_KW.update({k: v for k, v in (("init_batches", args.init_batches),
                                        ("refine_sweeps", args.refine_sweeps)) if v is not None})
     sets = load_sets(args.sets.split(","))
-    kinds = [False] + ([] if args.no_dp else [True])
+    kinds = [True] if args.dp_only else [False] + ([] if args.no_dp else [True])
     if args.study == "starts":
         return study_starts(sets, args.seeds)
     if args.study == "svi":
         return study_svi(sets, args.seeds)
     if args.study == "start":
-        return study_start(sets, args.seeds, args.passes, kinds)
+        return study_start(sets, args.seeds, args.passes, kinds,
+                           tuple(r if r == "default" else int(r) for r in args.start_rows.split(",")))
+    if args.study == "refine":
+        return study_refine(sets, args.seeds, args.passes, kinds)
     if args.study == "average":
         return study_average(sets, args.seeds, args.passes, kinds)
     if args.study == "prior":
