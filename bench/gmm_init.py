@@ -199,7 +199,7 @@ MODEL_KW: dict = {}     # --init-batches, --refine-sweeps: model settings for ev
 def _model(K, D, init=None, dp=False, prior_of=None, **kw):
     kw = {**MODEL_KW, **kw}
     if init is not None:                                  # --inits: one start as it is
-        kw.update(init=init, n_init=1, init_sweeps=0)
+        kw.update(init=init, n_init=1, init_sweeps=0, refine_sweeps=0)
     if prior_of is not None:       # scikit-learn's data-dependent prior: m0 = mean, W0 = covariance^-1
         p = BayesianGMM.empirical_prior(1, prior_of).get_params()
         kw.update({k: p[k] for k in ("mean", "scale", "degrees_of_freedom", "mean_precision")})
@@ -582,7 +582,7 @@ def main(argv=None):
     ap.add_argument("--start-rows", default="1,2,4,8,default",
                     help="--study start: the starts to run, minibatch counts and/or 'default'")
     ap.add_argument("--inits", action="store_true",
-                    help="also each init from one start as it is (n_init = 1, init_sweeps = 0)")
+                    help="also each init from one start as it is (n_init = 1, init_sweeps = 0, refine_sweeps = 0)")
     ap.add_argument("--init-batches", type=int, default=None,
                     help="SVI rows: minibatches the start is made from (default: the model's, 4)")
     ap.add_argument("--refine-sweeps", type=int, default=None,
