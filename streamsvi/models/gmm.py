@@ -546,7 +546,7 @@ class BayesianGMM:
         the whole data set); the kept start has the highest ELBO on ``x``
         at its last λ (:meth:`init_elbo`). ``x`` is all the data init sees:
         the full data set for batch VI, the start's records in the daemon
-        (:meth:`start_size`), the first minibatch in the river face.
+        and the river face (:meth:`start_size`).
         Everything is drawn from ``rng``: the same seed gives the same λ.
         """
         x = self.check_batch(x)
