@@ -31,6 +31,7 @@ from river import base, stats
 
 from .inference import SVI, EngineState, RobbinsMonro
 from .inference.annealing import SVIPlus, annealer_from_dict
+from .inference.engine import start_records
 from .models import BayesianGMM
 
 
@@ -230,8 +231,8 @@ class GaussianMixture(base.Clusterer):
             self._state, self.last_info_ = self._engine.update(self._state, X)
             return
         self._start.append(X)                 # the streaming start (init_batches)
-        want = min(self._engine.model.start_size(self.batch_size), self._engine.n_total)
-        if sum(len(b) for b in self._start) < want:
+        if sum(len(b) for b in self._start) < start_records(self._engine.model, self.batch_size,
+                                                            self._engine.n_total):
             return
         held, self._start = self._start, []
         self._state = self._engine.init(np.vstack(held), seed=self.seed if self.seed is not None

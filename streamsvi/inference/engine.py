@@ -583,6 +583,15 @@ class SVI:
         return d
 
 
+def start_records(model, batch_size: int, n_total: float) -> float:
+    """Records a streaming start gathers before ``engine.init``: the model's
+    ``start_size(batch_size)`` if it declares one (the GMM: ``init_batches`` minibatches
+    and at least 5·K·D records), else one minibatch; at most ``n_total`` = N. The daemon,
+    the scale-out worker and the river face all hold their first minibatches to this."""
+    size = getattr(model, "start_size", None)
+    return min(size(batch_size) if size is not None else batch_size, n_total)
+
+
 def batch_vi(model, n_total) -> SVI:
     """Batch VI (CAVI): ρ = 1, use with ``fit(..., batch_size=None)`` and N = len(X)."""
     return SVI(model, n_total, schedule=Constant(1.0))

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible
+from ..inference.engine import start_records
 from ..io.records import record_kind
 from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
@@ -553,14 +554,14 @@ class Daemon(StopOnSignals):
         """The batches held for the start, taken from the hold once they have the records the
         start wants (or ``flush`` and any are held); [] while still gathering.
 
-        The start wants the model's ``start_size(batch_size)`` records if it has one (GMM:
-        ``init_batches`` minibatches and at least 5·K·D), else one minibatch, at most
-        ``n_total`` = N. Shared by the daemon (:meth:`_gather_start`) and the scale-out
-        worker's proposal of λ_0 (``roles.worker.Worker._gather``).
+        The start wants ``inference.engine.start_records`` records: the model's
+        ``start_size(batch_size)`` if it has one (GMM: ``init_batches`` minibatches and at
+        least 5·K·D), else one minibatch, at most ``n_total`` = N. Shared by the daemon
+        (:meth:`_gather_start`) and the scale-out worker's proposal of λ_0
+        (``roles.worker.Worker._gather``); the river face uses the same rule.
         """
         held = sum(self.kind.n_records(b) for b in self._start_batches)
-        S = self.cfg["inference"]["batch_size"]
-        want = min(self.model.start_size(S) if hasattr(self.model, "start_size") else S, n_total)
+        want = start_records(self.model, self.cfg["inference"]["batch_size"], n_total)
         if not held or (held < want and not flush):
             return []
         batches, self._start_batches = self._start_batches, []
