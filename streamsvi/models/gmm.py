@@ -562,7 +562,7 @@ class BayesianGMM:
                 best = lam
                 break
             local = self._local(lam, Zt)
-            elbo = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))    # init_elbo
+            elbo = self._scaled_elbo(lam, local, scale)
             if best is None or elbo > best_elbo:
                 best_elbo, best, best_local = elbo, lam, local
         return self._refine(best, x, n_total, Zt, best_local)
@@ -575,11 +575,11 @@ class BayesianGMM:
             return lam
         scale = float(n_total) / x.shape[0]
         local = self._local(lam, Zt) if local is None else local
-        prev = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
+        prev = self._scaled_elbo(lam, local, scale)
         for _ in range(self.refine_sweeps):
             lam = self.prior() + self.suffstats(local, x) * scale
             local = self._local(lam, Zt)
-            elbo = self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
+            elbo = self._scaled_elbo(lam, local, scale)
             if abs(elbo - prev) < REFINE_TOL * n_total:
                 break
             prev = elbo
@@ -596,7 +596,11 @@ class BayesianGMM:
         """The ELBO of λ on ``x`` as if it were the whole data set scaled to ``n_total`` records."""
         x = self.check_batch(x)
         local = self.local_step(lam, x)
-        return self.global_elbo(lam) + float(n_total) / x.shape[0] * float(np.add.reduce(local.log_norm))
+        return self._scaled_elbo(lam, local, float(n_total) / x.shape[0])
+
+    def _scaled_elbo(self, lam: NatParams, local: GMMLocal, scale: float) -> float:
+        """The ELBO of λ with its local step on records scaled by ``scale`` = n_total/|x|."""
+        return self.global_elbo(lam) + scale * float(np.add.reduce(local.log_norm))
 
     def start_params(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """One start λ = η + (n_total/|x|) Σ_n t(x_n, r_n), r from the ``init`` setting."""
