@@ -354,7 +354,8 @@ class LineScorer:
                                              dict(fitted.config.get("validation") or {}))
 
     def __call__(self, lines) -> list[dict]:
-        from .io.codecs import DecodeError
+        from .io.codecs import DecodeError, decode_many_safely, decode_rows_safely
+        from .io.validate import all_valid_safely, validate_safely
 
         numbers, payloads = [], []
         for n, text in lines:
@@ -367,8 +368,8 @@ class LineScorer:
         kind = self.kind
         fast = None
         if max(map(len, payloads)) <= self.validator.max_message_bytes:
-            fast = self.codec.decode_many(payloads)
-        if fast is not None and kind.n_records(fast) == len(payloads) and self.validator.all_valid(fast):
+            fast = decode_many_safely(self.codec, payloads)
+        if fast is not None and kind.n_records(fast) == len(payloads) and all_valid_safely(self.validator, fast):
             return [{"line": n, **sc} for n, sc in zip(numbers, self._score(fast))]
         out, parts, where = {}, [], []
         for n, payload in zip(numbers, payloads):
@@ -377,7 +378,7 @@ class LineScorer:
                 out[n] = _error(n, *problem)
                 continue
             try:
-                part = self.codec.decode_rows(payload)
+                part = decode_rows_safely(self.codec, payload)
             except DecodeError as exc:
                 out[n] = _error(n, exc.reason, exc.message)
                 continue
@@ -387,7 +388,7 @@ class LineScorer:
             parts.append(part)
             where.append(n)
         if parts:
-            good, rejected = self.validator.validate(kind.concat(parts))
+            good, rejected = validate_safely(self.validator, kind, kind.concat(parts))
             bad = {i for i, _, _ in rejected}
             for i, reason, message in rejected:
                 out[where[i]] = _error(where[i], reason, message)

@@ -26,7 +26,7 @@ Raised by the codecs (:class:`~streamsvi.io.codecs.DecodeError`):
 ``json_invalid``, ``missing_field`` (no ``ids``), ``wrong_shape`` (``ids`` and
 ``counts`` differ in length, or are not arrays), ``not_numeric`` (a count is
 not a number), ``not_integer`` (an id is not an integer), ``id_out_of_range``
-(a negative id), ``not_text`` (text codec: not UTF-8), and for binary
+(a negative id, or one at or above 2**32, :data:`MAX_WORD_ID`), ``not_text`` (text codec: not UTF-8), and for binary
 messages ``truncated``, ``trailing_data``, ``bad_header``, ``bad_version``,
 ``bad_dtype``, ``bad_indptr``, ``empty_batch`` (no documents).
 
@@ -99,6 +99,12 @@ def concat_csr(parts: Sequence, n_features: int) -> sp.csr_matrix:
                          shape=(int(sum(p.shape[0] for p in parts)), width))
 
 
+#: Word ids at or above this are refused while decoding (``id_out_of_range``): no
+#: vocabulary is that large, a binary message cannot carry them (its ids are
+#: uint32), and a JSON id such as ``1e300`` or ``10**30`` would not fit an int64.
+MAX_WORD_ID = 2 ** 32
+
+
 def _doc_from_obj(obj, where="document"):
     """(ids list, counts list) from a decoded JSON value."""
     if isinstance(obj, list):
@@ -117,18 +123,18 @@ def _doc_from_obj(obj, where="document"):
         raise DecodeError("wrong_shape", f"{where} has {len(ids)} ids but {len(counts)} counts")
     for i in ids:
         if type(i) is not int:
-            if isinstance(i, float) and i.is_integer():
-                continue
-            raise DecodeError("not_integer", f"{where}: word id {json.dumps(i)[:40]} is not an integer")
+            if not (isinstance(i, float) and i.is_integer()):
+                raise DecodeError("not_integer", f"{where}: word id {json.dumps(i)[:40]} is not an integer")
         if i < 0:
-            raise DecodeError("id_out_of_range", f"{where}: word id {i} is negative")
+            raise DecodeError("id_out_of_range", f"{where}: word id {json.dumps(i)[:40]} is negative")
+        if i >= MAX_WORD_ID:
+            raise DecodeError("id_out_of_range", f"{where}: word id {json.dumps(i)[:40]} is beyond any "
+                                                 f"vocabulary (ids must be < 2**32)")
     for c in counts:
         if isinstance(c, bool) or not isinstance(c, (int, float)):
             raise DecodeError("not_numeric", f"{where}: count {json.dumps(c)[:40]} is not a number")
         if isinstance(c, int) and abs(c) > 2 ** 53:
             raise DecodeError("out_of_range", f"{where}: count {c} is too large")
-    if ids and min(ids) < 0:
-        raise DecodeError("id_out_of_range", f"{where}: word id {min(ids)} is negative")
     return ids, counts
 
 
@@ -170,7 +176,7 @@ class BowJsonCodec:
                 ids.extend(i)
                 counts.extend(c)
                 indptr.append(len(ids))
-        except (DecodeError, TypeError):
+        except (DecodeError, TypeError, ValueError, OverflowError):
             return None
         return _csr(ids, counts, indptr, self.n_features)
 

@@ -30,6 +30,11 @@ Reason codes shared by the kinds
 ``trailing_data``  binary: more bytes than the header announces
 ``empty_batch``    binary: the message holds no records (dead-lettered and counted
                    like any bad message, so nothing is dropped silently)
+``codec_error``    a codec raised something other than :class:`DecodeError`: a
+                   defect in a decoder, met by an input nobody foresaw. The
+                   record is dead-lettered with the exception named
+                   (:func:`decode_rows_safely`), so one record never stops a
+                   reader; report it as a bug.
 
 Examples
 --------
@@ -51,7 +56,8 @@ try:  # optional: parses a fetch of JSON records several times faster than the s
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-__all__ = ["DecodeError", "Codec", "load_json_message", "join_json_arrays",
+__all__ = ["DecodeError", "Codec", "decode_rows_safely", "decode_many_safely",
+           "load_json_message", "join_json_arrays",
            "unpack_binary_header", "check_binary_length", "check_binary_rows",
            "check_encodable_rows"]
 
@@ -122,6 +128,10 @@ class Codec:
         """Encode a (n, D) array into one message."""
         raise NotImplementedError
 
+    def empty(self) -> np.ndarray:
+        """A part holding no records: a float64 array of shape (0, D)."""
+        return np.empty((0, self.n_features))
+
     def get_params(self) -> dict:
         """The constructor settings as JSON-serialisable values."""
         return {"n_features": self.n_features}
@@ -129,6 +139,33 @@ class Codec:
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
+
+
+def decode_rows_safely(codec, payload):
+    """``codec.decode_rows(payload)``; whatever else it raises becomes ``DecodeError("codec_error")``.
+
+    Every reader (the sources' batch builder, ``streamsvi score``) decodes a
+    message through this, so an exception a codec did not foresee dead-letters
+    that one record, named, instead of stopping the reader on it again and
+    again (a poison pill).
+    """
+    try:
+        return codec.decode_rows(payload)
+    except DecodeError:
+        raise
+    except RecursionError:
+        raise DecodeError("json_invalid", "message is nested too deeply") from None
+    except Exception as exc:  # noqa: BLE001 - the point: nothing a record holds may escape
+        raise DecodeError("codec_error", f"{type(codec).__name__} raised {type(exc).__name__}: "
+                                         f"{str(exc)[:200]}") from None
+
+
+def decode_many_safely(codec, payloads):
+    """``codec.decode_many(payloads)``, or None (decode one by one) if it raises anything."""
+    try:
+        return codec.decode_many(payloads)
+    except Exception:  # noqa: BLE001 - the slow path finds and names the culprit
+        return None
 
 
 def short_json(value, limit: int = 40) -> str:

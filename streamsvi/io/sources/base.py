@@ -12,9 +12,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..codecs import Codec, DecodeError
+from ..codecs import Codec, DecodeError, decode_many_safely, decode_rows_safely
 from ..dense import DenseKind, RecordValidator
 from ..records import KINDS, RecordKind
+from ..validate import all_valid_safely, validate_safely
 
 
 
@@ -198,10 +199,10 @@ class _BatchBuilder:
         x = None
         try:
             if max(map(len, payloads)) <= self.validator.max_message_bytes:
-                x = self.codec.decode_many(payloads)
+                x = decode_many_safely(self.codec, payloads)
         except TypeError:                       # a None payload: one by one
             x = None
-        if x is not None and self.validator.all_valid(x):
+        if x is not None and all_valid_safely(self.validator, x):
             self.n_messages += n
             self.next_offsets[(source, partition)] = offsets[-1] + 1
             self._append(x, fresh=True)
@@ -228,7 +229,7 @@ class _BatchBuilder:
                 dead.append((seq, DeadLetter(pos, too_large[0], too_large[1], payload)))
                 continue
             try:
-                x = self.codec.decode_rows(payload)
+                x = decode_rows_safely(self.codec, payload)
             except DecodeError as exc:
                 dead.append((seq, DeadLetter(pos, exc.reason, exc.message, payload)))
                 continue
@@ -236,14 +237,14 @@ class _BatchBuilder:
                 rows.append(x)
                 row_meta.append((seq, pos, payload))
                 continue
-            good, rejected = self.validator.validate(x)
+            good, rejected = validate_safely(self.validator, kind, x)
             n_x = kind.n_records(x)
             for i, reason, message in rejected:
                 dead.append((seq, DeadLetter(pos, reason, f"row {i} of {n_x}: {message}",
                                              self.codec.encode_rows(kind.take(x, slice(i, i + 1))), i)))
             self._append(good, fresh=True)
         if rows:
-            good, rejected = self.validator.validate(kind.concat(rows))
+            good, rejected = validate_safely(self.validator, kind, kind.concat(rows))
             for i, reason, message in rejected:
                 seq, pos, payload = row_meta[i]
                 dead.append((seq, DeadLetter(pos, reason, message, payload)))
