@@ -59,7 +59,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
-                     load_json_message, unpack_binary_header)
+                     json_integer, load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -122,9 +122,8 @@ def _doc_from_obj(obj, where="document"):
     elif len(counts) != len(ids):
         raise DecodeError("wrong_shape", f"{where} has {len(ids)} ids but {len(counts)} counts")
     for i in ids:
-        if type(i) is not int:
-            if not (isinstance(i, float) and i.is_integer()):
-                raise DecodeError("not_integer", f"{where}: word id {json.dumps(i)[:40]} is not an integer")
+        if type(i) is not int and json_integer(i) is None:
+            raise DecodeError("not_integer", f"{where}: word id {json.dumps(i)[:40]} is not an integer")
         if i < 0:
             raise DecodeError("id_out_of_range", f"{where}: word id {json.dumps(i)[:40]} is negative")
         if i >= MAX_WORD_ID:

@@ -47,6 +47,7 @@ json_invalid
 from __future__ import annotations
 
 import json
+import math
 from typing import Sequence
 
 import numpy as np
@@ -56,7 +57,7 @@ try:  # optional: parses a fetch of JSON records several times faster than the s
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-__all__ = ["DecodeError", "Codec", "decode_rows_safely", "decode_many_safely",
+__all__ = ["DecodeError", "Codec", "decode_rows_safely", "decode_many_safely", "json_integer",
            "load_json_message", "join_json_arrays",
            "unpack_binary_header", "check_binary_length", "check_binary_rows",
            "check_encodable_rows"]
@@ -166,6 +167,26 @@ def decode_many_safely(codec, payloads):
         return codec.decode_many(payloads)
     except Exception:  # noqa: BLE001 - the slow path finds and names the culprit
         return None
+
+
+def json_integer(value):
+    """``value`` as an int if it is a JSON integer or an integral finite number (``3`` or ``3.0``), else None.
+
+    The one rule for the integer fields of every kind: bag-of-words word ids,
+    sequence symbols and class labels. ``3.0`` is what JavaScript and
+    numpy-to-JSON producers write for 3, so it is accepted everywhere; ``3.5``,
+    ``"3"``, ``true``, ``null``, NaN and infinities are refused (each kind names
+    the reason: ``not_integer``, or ``bad_label`` for labels). Range checks
+    (ids beyond any vocabulary, symbols beyond int64) come after.
+
+    >>> [json_integer(v) for v in (3, 3.0, -2, 3.5, "3", True, None, float("inf"))]
+    [3, 3, -2, None, None, None, None, None]
+    """
+    if type(value) is int:
+        return value
+    if type(value) is float and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
 
 
 def short_json(value, limit: int = 40) -> str:

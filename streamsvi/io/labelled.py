@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .codecs import DecodeError, load_json_message, short_json
+from .codecs import DecodeError, json_integer, load_json_message, short_json
 from .dense import BinaryBatchCodec, RecordValidator
 from .records import RecordKind, register_kind
 from .validate import check_message_size
@@ -107,8 +107,7 @@ class LabelledJsonCodec:
                                            f"keys: {sorted(obj)[:10]}")
         else:
             y = obj[key]
-        if key is not None and (isinstance(y, bool) or not isinstance(y, (int, float)) or
-                                (isinstance(y, float) and (not math.isfinite(y) or y != int(y)))):
+        if key is not None and json_integer(y) is None:       # the rule of word ids and symbols
             raise DecodeError("bad_label", f"label {key!r} must be an integer class, got "
                                            f"{type(y).__name__} {short_json(y)}")
         D = self.n_inputs

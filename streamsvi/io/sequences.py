@@ -29,7 +29,8 @@ Reason codes
 ------------
 Decoding (:class:`~streamsvi.io.codecs.DecodeError`): ``json_invalid``,
 ``wrong_shape`` (not an array / object, nested arrays, lengths that do not add
-up), ``missing_field``, ``not_integer`` (a float, string, bool or null symbol),
+up), ``missing_field``, ``not_integer`` (a fractional or non-finite number, string,
+bool or null symbol; ``3.0`` is 3, the rule of :func:`~streamsvi.io.codecs.json_integer`),
 ``out_of_range`` (an integer beyond int64), ``truncated``, ``trailing_data``,
 ``bad_header``, ``bad_version``, ``bad_dtype``, ``empty_batch`` (a binary
 message of no sequences).
@@ -63,7 +64,7 @@ import numpy as np
 
 from ..sequence_batch import Sequences
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
-                     join_json_arrays, load_json_message, short_json, unpack_binary_header)
+                     join_json_arrays, json_integer, load_json_message, short_json, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -123,8 +124,10 @@ class SequenceJsonCodec:
                 if isinstance(v, list):
                     raise DecodeError("wrong_shape", f"symbol {i} is an array; a sequence is a "
                                                      f"flat array of integers")
-                raise DecodeError("not_integer", f"symbol {i} must be an integer id, got "
-                                                 f"{type(v).__name__} {short_json(v)}")
+                if json_integer(v) is None:
+                    raise DecodeError("not_integer", f"symbol {i} must be an integer id, got "
+                                                     f"{type(v).__name__} {short_json(v)}")
+                obj[i] = v = json_integer(v)                # 3.0 is 3, as for word ids and labels
             if not -_INT64_MAX <= v <= _INT64_MAX:
                 raise DecodeError("out_of_range", f"symbol {i} = {short_json(v)} does not fit in int64")
         return np.array(obj, dtype=np.int64)
