@@ -69,6 +69,8 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -103,6 +105,12 @@ QUARANTINE = "quarantine"
 _CHUNK = 1 << 20
 #: How often a reader re-resolves ``latest`` when a writer deleted the snapshot it was reading.
 _RACE_RETRIES = 50
+#: Bounds on what a reader takes from a checkpoint directory, so that a crafted one cannot
+#: exhaust memory or CPU (docs/design.md, "Reading a snapshot safely"): the JSON metadata,
+#: the ``latest`` pointer, and the members of ``state.npz``.
+MAX_META_BYTES = 256 << 20
+MAX_POINTER_BYTES = 4096
+MAX_STATE_MEMBERS = 100_000
 
 
 class CorruptSnapshotError(ValueError):
@@ -217,6 +225,79 @@ def _write_durably(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+class _Refused(OSError):
+    """A path in a snapshot directory that a reader does not follow (a link, a device, a FIFO)."""
+
+
+def _open_plain(path: Path):
+    """``(file, size)``: ``path`` opened for reading if it is a regular file and not a symbolic link.
+
+    Snapshots hold only regular files that streamsvi wrote; a link (to
+    ``/dev/zero``, or out of the directory), a FIFO or a device is refused with
+    :class:`_Refused` before anything is read (``O_NOFOLLOW``, then ``fstat``;
+    ``O_NONBLOCK`` so a FIFO cannot block the open). ``FileNotFoundError`` passes.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Refused(f"{path.name} is a symbolic link; a snapshot holds only regular files") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _Refused(f"{path.name} is not a regular file (mode {stat.filemode(st.st_mode)})")
+    return os.fdopen(fd, "rb"), st.st_size
+
+
+def _check_npz_layout(f, size: int) -> None:
+    """Refuse a ``state.npz`` whose members could make reading it costlier than its size.
+
+    Before any array is read: every member is a stored (uncompressed) ``.npy``,
+    as :func:`numpy.savez` writes them; the members together declare no more
+    bytes than the file has; each header (read with numpy's bounded header
+    reader) names a plain numeric dtype and a shape whose bytes fit its member.
+    So reading the arrays costs at most the file's size, which the checksummed
+    metadata declares. Raises ``ValueError`` saying what is wrong.
+    """
+    f.seek(0)
+    try:
+        zf = zipfile.ZipFile(f)
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"not a zip archive ({e})") from None
+    infos = zf.infolist()
+    if len(infos) > MAX_STATE_MEMBERS:
+        raise ValueError(f"{len(infos)} members, more than {MAX_STATE_MEMBERS}")
+    total, names = 0, set()
+    for info in infos:
+        name = info.filename
+        if name in names or not name.endswith(".npy"):
+            raise ValueError(f"member {name[:80]!r} is not one .npy array")
+        names.add(name)
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise ValueError(f"member {name[:80]!r} is compressed; streamsvi writes stored members only "
+                             f"(a compressed member can expand far beyond the file's size)")
+        total += info.file_size
+        if total > size:
+            raise ValueError(f"its members declare {total} bytes, more than the file's {size}")
+        with zf.open(info) as m:
+            try:
+                version = np.lib.format.read_magic(m)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) \
+                    else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(m)
+            except (ValueError, OSError, SyntaxError, TypeError) as e:
+                raise ValueError(f"member {name[:80]!r} has no valid .npy header ({e})") from None
+        if dtype.hasobject or dtype.kind not in "biuf":
+            raise ValueError(f"member {name[:80]!r} has dtype {dtype}; only numeric arrays are read")
+        n_bytes = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if n_bytes > info.file_size:
+            raise ValueError(f"member {name[:80]!r} declares shape {shape} ({n_bytes} bytes) in "
+                             f"{info.file_size} bytes")
+    f.seek(0)
+
+
 def _sha256_of_file(f) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
@@ -264,14 +345,26 @@ def _numbers(directory: Path) -> list[int]:
     return sorted(out)
 
 
+def pointer_text(directory) -> str | None:
+    """The ``latest`` pointer's text (what a watcher compares), read with the bounds of the loader."""
+    return _read_pointer(Path(directory))[0]
+
+
 def _read_pointer(directory: Path) -> tuple[str | None, int | None, str | None]:
     """``(raw text, number, problem)`` of the ``latest`` pointer; text None if there is none."""
     try:
-        raw = (directory / LATEST).read_bytes()
+        f, size = _open_plain(directory / LATEST)
     except FileNotFoundError:
         return None, None, None
+    except _Refused as e:
+        return f"<refused: {e}>", None, f"the 'latest' pointer is refused: {e}"
     except OSError as e:
         return f"<unreadable: {e}>", None, f"the 'latest' pointer could not be read: {e}"
+    with f:
+        if size > MAX_POINTER_BYTES:
+            return f"<{size} bytes>", None, (f"the 'latest' pointer has {size} bytes, more than a "
+                                             f"snapshot name (damaged)")
+        raw = f.read(MAX_POINTER_BYTES)
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -305,12 +398,21 @@ def _read_snapshot_dir(path: Path) -> Snapshot:
     :class:`CorruptSnapshotError` if it is partial or damaged and
     :class:`IncompatibleSnapshotError` if it is valid but unreadable here.
     """
+    if path.is_symlink():
+        raise _corrupt(path, "the snapshot directory is a symbolic link; snapshots are never links")
     try:
-        raw = (path / META_FILE).read_bytes()
+        mf, msize = _open_plain(path / META_FILE)
     except FileNotFoundError:
         if not path.is_dir():
             raise _Vanished(str(path)) from None
         raise _corrupt(path, f"{META_FILE} is missing (partial snapshot)") from None
+    except _Refused as e:
+        raise _corrupt(path, str(e)) from None
+    with mf:
+        if msize > MAX_META_BYTES:
+            raise _corrupt(path, f"{META_FILE} has {msize} bytes, more than the {MAX_META_BYTES} a "
+                                 f"snapshot's metadata may have")
+        raw = mf.read(MAX_META_BYTES + 1)
     if not raw:
         raise _corrupt(path, f"{META_FILE} is empty (truncated)")
     try:
@@ -336,13 +438,21 @@ def _read_snapshot_dir(path: Path) -> Snapshot:
                              f"the content hashes to {actual}): the file was modified or damaged")
 
     sf = _require(meta, "state_file", dict, path)
+    declared = sf.get("size")
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 0:
+        raise _corrupt(path, f"{META_FILE} 'state_file' has no byte size")
     try:
-        f = open(path / STATE_FILE, "rb")
+        f, fsize = _open_plain(path / STATE_FILE)
     except FileNotFoundError:
         if not path.is_dir():
             raise _Vanished(str(path)) from None
         raise _corrupt(path, f"{STATE_FILE} is missing (partial snapshot)") from None
+    except _Refused as e:
+        raise _corrupt(path, str(e)) from None
     with f:  # one open file: verified bytes are the bytes parsed, even if the dir is deleted meanwhile
+        if fsize != declared:                # hashing and parsing are bounded by the declared size
+            raise _corrupt(path, f"{STATE_FILE} checksum mismatch ({fsize} bytes, {META_FILE} declares "
+                                 f"{declared}; not hashed): the file is truncated or damaged")
         digest, size = _sha256_of_file(f)
         if digest != sf.get("sha256"):
             raise _corrupt(path, f"{STATE_FILE} checksum mismatch ({size} bytes, expected {sf.get('size')}; "
@@ -355,6 +465,7 @@ def _read_snapshot_dir(path: Path) -> Snapshot:
                 f"snapshot {path} holds model {model_name!r}, which this streamsvi {__version__} does "
                 f"not know (known: {sorted(MODELS)}). Upgrade streamsvi or use another checkpoint directory.")
         try:
+            _check_npz_layout(f, size)
             with np.load(f, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             engine, state = state_from_arrays(arrays)

@@ -233,10 +233,9 @@ class SnapshotWatcher:
         self.swaps = 0
 
     def _read_pointer(self):
-        try:
-            return (self.directory / "latest").read_text().strip()
-        except OSError:
-            return None
+        from .checkpoint import pointer_text      # bounded, and never follows a link
+
+        return pointer_text(self.directory)
 
     def current(self) -> FittedModel:
         """The newest fully loaded model."""
