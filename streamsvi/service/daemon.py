@@ -715,7 +715,9 @@ def default_source(cfg, metrics):
                        session_timeout_ms=src["session_timeout_ms"],
                        heartbeat_interval_ms=src["heartbeat_interval_ms"],
                        connect_attempts=1,      # the daemon retries (Daemon._open_source)
-                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg))
+                       connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
+                       on_offset_reset=lambda key, expected, got:
+                       metrics.offset_resets.labels(key[0], str(key[1])).inc())
 
 
 def default_dead_sink(cfg):

@@ -115,6 +115,8 @@ class DaemonMetrics:
         self.checkpoints = c("checkpoints", "Durable checkpoints written")
         self.broker_up = g("broker_up", "1 when the last broker call succeeded, 0 while retrying")
         self.broker_retries = c("broker_retries", "Retries after the broker was unavailable")
+        self.offset_resets = c("offset_resets", "Times the consumer went back to the earliest offset "
+                               "because the expected one was past the end of the log", ("topic", "partition"))
         self._ewm = river_stats.EWMean(fading_factor=fading_factor)
         self._prev_grad = None
         #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).

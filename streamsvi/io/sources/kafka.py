@@ -26,6 +26,8 @@ def _rebalance_listener(source: "KafkaSource"):
                 log.info("partitions revoked from %s: %s", source.group_id,
                          sorted((tp.topic, tp.partition) for tp in revoked))
                 source._drop_buffered(revoked)
+                for tp in revoked:       # a new owner resumes where it likes: no expectation
+                    source._expected.pop((tp.topic, tp.partition), None)
 
         def on_partitions_assigned(self, assigned):
             source._on_assigned(assigned)
@@ -141,7 +143,7 @@ class KafkaSource(Source):
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
                  connect_timeout_s: float = 10.0, consumer_config: dict | None = None,
                  lean_reader: bool = True, kind: RecordKind | None = None,
-                 security: dict | None = None):
+                 security: dict | None = None, on_offset_reset=None):
         from kafka import KafkaConsumer
 
         if (topics is None) == (pattern is None):
@@ -175,6 +177,12 @@ class KafkaSource(Source):
             raise ValueError(f"validator expects n_features={self.validator.n_features}, "
                              f"codec has {self.n_features}")
         self._pending_seeks: Offsets = {}
+        self._auto_offset_reset = auto_offset_reset
+        # The offset each partition should deliver next (after a seek, or the last message read);
+        # a message before it means the consumer was reset (see _check_positions).
+        self._expected: Offsets = {}
+        self.offset_resets: dict[tuple[str, int], int] = {}
+        self.on_offset_reset = on_offset_reset
         self._rows_per_message = float(codec.rows_per_message or 0) or None
         self._closed = False
         # Messages polled but not handed out yet: [TopicPartition, messages, index of the next].
@@ -242,6 +250,7 @@ class KafkaSource(Source):
         for tp, msgs in records.items():
             if msgs:
                 self._consumer.seek(tp, msgs[0].offset)
+                self._expected[(tp.topic, tp.partition)] = msgs[0].offset
 
     def _owns_partitions(self) -> bool:
         """True if the group assigned partitions and no (re)join is in flight.
@@ -309,7 +318,57 @@ class KafkaSource(Source):
         records = self._consumer.poll(timeout_ms=max(0, int(timeout_s * 1000)),
                                       max_records=max_records)
         self._position_cache.clear()
+        self._check_positions(records)
         self._buffer.extend([tp, _Run.of(msgs), 0] for tp, msgs in records.items() if msgs)
+
+    def _check_positions(self, records) -> None:
+        """Report a partition whose messages start before the offset it was expected to deliver.
+
+        That is kafka-python's ``auto_offset_reset`` at work: the offset this
+        reader sought (its snapshot's) or reached is past the end of the log, so
+        the consumer silently went back to the earliest offset. On a real cluster
+        the topic was deleted and recreated or truncated, or the broker lost its
+        data (a restarted in-memory broker). The records from there on are read
+        (again): say so, count it (``offset_resets``, ``on_offset_reset(key,
+        expected, got)``; the daemon's ``streamsvi_offset_resets_total``).
+        """
+        for tp, msgs in records.items():
+            if msgs:
+                key = (tp.topic, tp.partition)
+                self._report_reset(key, msgs[0].offset)
+                self._expected[key] = msgs[-1].offset + 1
+        # A broker that answers a fetch past the end of the log with nothing (tansu) instead of
+        # OFFSET_OUT_OF_RANGE leaves the consumer there for good, skipping the records that
+        # arrive below it: reset it as Kafka's own error would (auto_offset_reset = earliest).
+        for tp in self._consumer.assignment():
+            if records.get(tp):
+                continue
+            mark = self._consumer.highwater(tp)
+            if mark is None:
+                continue
+            pos = self._next_offset(tp)
+            if pos > mark:
+                key = (tp.topic, tp.partition)
+                self._expected[key] = max(self._expected.get(key, pos), pos)
+                if self._auto_offset_reset == "latest":
+                    self._consumer.seek_to_end(tp)
+                else:
+                    self._consumer.seek_to_beginning(tp)
+                self._position_cache.clear()
+
+    def _report_reset(self, key, got: int) -> None:
+        """Warn and count once if partition ``key`` is at ``got``, before the offset it should be at."""
+        expected = self._expected.get(key)
+        if expected is None or got >= expected:
+            return
+        self._expected[key] = got
+        self.offset_resets[key] = self.offset_resets.get(key, 0) + 1
+        log.warning("%s/%d: the consumer was reset from offset %d to %d: offset %d is past the "
+                    "end of the log (the topic was recreated or truncated, or the broker lost "
+                    "its data); reading on from offset %d (auto_offset_reset)",
+                    key[0], key[1], expected, got, expected, got)
+        if self.on_offset_reset is not None:
+            self.on_offset_reset(key, expected, got)
 
     def _take(self, b: _BatchBuilder, n: int) -> None:
         """Hand up to ``n`` buffered messages of the first buffered partition to ``b``."""
@@ -377,6 +436,7 @@ class KafkaSource(Source):
         assigned = {(tp.topic, tp.partition): tp for tp in self._consumer.assignment()}
         offsets = _check_offsets(offsets)
         self._drop_buffered(assigned[key] for key in offsets if key in assigned)
+        self._expected.update(offsets)
         for key, off in offsets.items():
             if key in assigned:
                 self._consumer.seek(assigned[key], off)
@@ -588,6 +648,15 @@ class KafkaSource(Source):
             # before it asks), or lie before where the group had committed.
             mark = self._consumer.highwater(tp)
             key = (tp.topic, tp.partition)
+            if mark is not None and applied.get(key, 0) > mark:
+                # The log ends before what was applied: it was recreated, truncated or lost.
+                # The consumer goes back to the earliest offset; until it has, nothing is drained.
+                nxt = self._next_offset(tp)
+                if nxt > mark:
+                    return {key: f"applied offset {applied[key]} is past the highwater mark {mark}; "
+                                 f"waiting for the consumer's offset reset"}
+                self._report_reset(key, nxt)          # reset done, perhaps with no message to see
+                applied[key] = nxt
             if mark is None or max(applied.get(key, 0), self._next_offset(tp)) < mark:
                 return {key: "assigned here, records left" if mark is not None
                         else "assigned here, highwater not known yet"}
