@@ -25,6 +25,12 @@ event itself:
   ``Task ... ran for 0.241s (>0.100s threshold). It is blocking the event
   loop`` by wall-clock time, which includes the time its IO thread waits for
   the GIL while the model updates: logged at INFO.
+* **the same complaint again.** While brokers are away kafka-python repeats
+  the same warning or error (``Metadata refresh: failed KafkaConnectionError:
+  socket disconnected``, about 70 times in a 25 s outage) while streamsvi
+  itself says once that the brokers are away and once that they are back:
+  a kafka-python message at WARNING or above that was shown in the last
+  :data:`REPEAT_WINDOW_S` seconds (same logger, same text) goes to DEBUG.
 * **connection attempts streamsvi makes itself** (inside :func:`quiet_kafka`,
   e.g. the daemon's start-up attempts): kafka-python's warnings and errors
   about them go to INFO; streamsvi logs one warning per failed attempt and
@@ -39,6 +45,7 @@ import logging
 import re
 import sys
 import threading
+import time
 
 #: Accepted ``--log-level`` values.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -57,6 +64,8 @@ _SLOW_TASK = "It is blocking the event loop"
 
 _quiet = 0
 _quiet_lock = threading.Lock()
+#: A kafka-python warning or error shown is not shown again for this long (module doc).
+REPEAT_WINDOW_S = 60.0
 
 
 def _is_kafka(record) -> bool:
@@ -107,9 +116,28 @@ def _closed_transport(obj) -> bool:
 class KafkaNoiseFilter(logging.Filter):
     """Handler filter: lowers the records the module doc names, then applies ``kafka_level``."""
 
-    def __init__(self, kafka_level: int):
+    def __init__(self, kafka_level: int, clock=time.monotonic):
         super().__init__()
         self.kafka_level = kafka_level
+        self._clock = clock
+        self._shown: dict[tuple[str, str], float] = {}    # (logger, text) -> when shown
+        self.repeats = 0                                   # messages lowered as repeats
+
+    def _repeat(self, record) -> bool:
+        """True if the same kafka-python message was shown within :data:`REPEAT_WINDOW_S`."""
+        try:
+            key = (record.name, re.sub(r"^<[^>]*>: ", "", record.getMessage()))
+        except Exception:          # a record that cannot format itself: judge it by its template
+            key = (record.name, str(record.msg))
+        now = self._clock()
+        last = self._shown.get(key)
+        if last is not None and now - last < REPEAT_WINDOW_S:
+            self.repeats += 1
+            return True
+        if len(self._shown) > 1000:
+            self._shown.clear()
+        self._shown[key] = now
+        return False
 
     def filter(self, record):
         if not _is_kafka(record):
@@ -121,6 +149,8 @@ class KafkaNoiseFilter(logging.Filter):
             level = logging.INFO
         elif _quiet and level >= logging.WARNING:
             level = logging.INFO
+        elif level >= logging.WARNING and level >= self.kafka_level and self._repeat(record):
+            level = logging.DEBUG
         if level != record.levelno:
             record.levelno, record.levelname = level, logging.getLevelName(level)
         return level >= self.kafka_level

@@ -45,6 +45,10 @@ CONNECT_TIMEOUT_S = 10.0
 ASSIGNMENT_TIMEOUT_S = 60.0
 #: Largest wait between connection attempts (``source.connect_backoff_seconds`` doubles up to it).
 MAX_CONNECT_BACKOFF_S = 30.0
+#: Largest wait between polls while the brokers are away mid-run. A poll is cheap and
+#: kafka-python reconnects by itself (``reconnect_backoff_max_ms`` 1 s), so a short cap brings
+#: consumption back within about a second of the brokers' return (it doubled up to 30 s).
+MAX_POLL_BACKOFF_S = 1.0
 #: While no records arrive, the daemon asks the brokers for metadata at most this often
 #: (``KafkaSource.check_brokers``), so ``streamsvi_broker_up`` goes to 0 within
 #: ``inference.max_wait_seconds`` + this + one probe request (refused at once, or at most
@@ -471,7 +475,7 @@ class Daemon(StopOnSignals):
         except _transient_errors() as exc:
             loop.poll_failures += 1
             delay = min(self.cfg["source"]["connect_backoff_seconds"] * 2 ** (loop.poll_failures - 1),
-                        MAX_CONNECT_BACKOFF_S)
+                        MAX_POLL_BACKOFF_S)
             self.metrics.broker_up.set(0)
             self.metrics.broker_retries.inc()
             log.warning("poll failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)

@@ -130,6 +130,33 @@ def test_noise_filter_lowers_close_races_and_start_up_attempts_only():
     assert f.filter(own)
 
 
+def test_noise_filter_shows_a_repeated_kafka_complaint_once_a_minute():
+    """Issue 30: a 25 s outage printed 71-74 kafka-python ERROR lines, most of them the same."""
+    from kafka.errors import KafkaConnectionError
+
+    now = [0.0]
+    f = KafkaNoiseFilter(logging.WARNING, clock=lambda: now[0])
+    shown = []
+    for i in range(72):                                     # one every 0.35 s: a 25 s outage
+        now[0] = 0.35 * i
+        conn = f"<KafkaConnection node_id=bootstrap-{i % 3} host=127.0.0.1:9092>: "
+        for rec in (_record("kafka.cluster", logging.ERROR, "Metadata refresh: failed %s",
+                            KafkaConnectionError("socket disconnected")),
+                    _record("kafka.net.manager", logging.ERROR, conn + "Connection failed: %s", "ECONNREFUSED")):
+            if f.filter(rec):
+                shown.append(rec.getMessage())
+    assert shown == ["Metadata refresh: failed KafkaConnectionError: socket disconnected",
+                     "<KafkaConnection node_id=bootstrap-0 host=127.0.0.1:9092>: Connection failed: ECONNREFUSED"]
+    assert f.repeats == 2 * 72 - 2
+    now[0] = 0.35 * 71 + 61                                 # a minute later: shown again
+    again = _record("kafka.cluster", logging.ERROR, "Metadata refresh: failed %s",
+                    KafkaConnectionError("socket disconnected"))
+    assert f.filter(again) and again.levelname == "ERROR"
+    other = _record("kafka.cluster", logging.ERROR, "Metadata refresh: failed %s",
+                    KafkaConnectionError("111 ECONNREFUSED"))       # a different complaint: shown
+    assert f.filter(other)
+
+
 # ------------------------------------------------------------------ the demo
 def _demo(workdir, *extra):
     proc = _run("demo", "--workdir", workdir, *extra, timeout=300)

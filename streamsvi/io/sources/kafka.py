@@ -196,7 +196,10 @@ class KafkaSource(Source):
                   "heartbeat_interval_ms": heartbeat_interval_ms,
                   "max_partition_fetch_bytes": max_partition_fetch_bytes,
                   "fetch_max_bytes": fetch_max_bytes,
-                  "bootstrap_timeout_ms": int(connect_timeout_s * 1000)}
+                  "bootstrap_timeout_ms": int(connect_timeout_s * 1000),
+                  # kafka-python doubles its reconnect wait up to 30 s by default: after an
+                  # outage the consumer came back up to that long after the broker did
+                  "reconnect_backoff_max_ms": 1000}
         config.update(extra)
         self.security = dict(security or {})
         config.update(self.security)

@@ -1,0 +1,165 @@
+"""Broker faults injected between the daemon and the broker (issue 30, item 4).
+
+A :class:`tests.faultproxy.FaultProxy` on 127.0.0.1 sits between every client
+and a private broker, which advertises the proxy's address. The daemon runs
+in-process against a real broker; faults are a 25 s outage (connections
+dropped and refused) while it is busy, and a 25 s silent broker (connections
+held, nothing forwarded) while it is idle. Afterwards every record is applied
+exactly once (records seen = records produced, snapshot offsets = highwater
+marks, nothing dead-lettered), and consumption resumes within 3 s of the
+broker's return (before the fix the poll backoff doubled up to 30 s and
+kafka-python's reconnect backoff too: it came back 7–24 s late).
+"""
+import io
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from streamsvi.checkpoint import load_snapshot
+from streamsvi.io import JsonCodec
+from streamsvi.io.broker import LocalBroker, create_topic
+from streamsvi.service.config import validate
+from streamsvi.service.daemon import Daemon
+from tests.faultproxy import FaultProxy, free_port
+
+from .conftest import blob_rows, gmm_config, highwater_marks, produce_raw, snapshot_offsets
+
+OUTAGE_S = 25.0
+RECOVERY_S = 3.0
+
+
+@pytest.fixture
+def proxied():
+    """(proxy, broker): a private broker reached only through the proxy."""
+    proxy = FaultProxy(port=free_port())
+    broker = LocalBroker(advertised_url=f"tcp://127.0.0.1:{proxy.port}").start()
+    proxy.upstream_port = broker.port
+    proxy.start()
+    try:
+        yield proxy, broker
+    finally:
+        proxy.stop()
+        broker.stop()
+
+
+def _wait(cond, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _start(cfg, registry, **run):
+    daemon = Daemon(cfg, registry=registry, out=io.StringIO())
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", daemon.run(**run)), daemon=True)
+    t.start()
+    return daemon, t, out
+
+
+def _consumed(registry):
+    return registry.get_sample_value("streamsvi_records_consumed_total") or 0.0
+
+
+def _config(tmp_path, bootstrap, topic):
+    return validate(gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group="g-faults",
+                               inference={"batch_size": 100, "max_wait_seconds": 0.2},
+                               source={"connect_attempts": 100},
+                               checkpoint={"every_batches": 10}, metrics={"heldout_size": 0}))
+
+
+class _Producer(threading.Thread):
+    """Writes 100 rows every 50 ms through the proxy until stopped (kafka-python retries
+    what the outage holds up); ``sent`` counts the acknowledged messages."""
+
+    def __init__(self, bootstrap, topic):
+        super().__init__(daemon=True)
+        from kafka import KafkaProducer
+
+        self.topic, self.stop_event, self.sent, self.failed = topic, threading.Event(), 0, 0
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                                      reconnect_backoff_max_ms=1000, retries=1_000_000,
+                                      delivery_timeout_ms=120_000, request_timeout_ms=5_000)
+        self.codec, self.seed = JsonCodec(2), 10
+
+    def _ok(self, _):
+        self.sent += 1
+
+    def _err(self, _):
+        self.failed += 1
+
+    def run(self):
+        while not self.stop_event.is_set():
+            self.seed += 1
+            for row in blob_rows(100, seed=self.seed):
+                self.producer.send(self.topic, self.codec.encode(row), partition=0) \
+                    .add_callback(self._ok).add_errback(self._err)
+            time.sleep(0.05)
+        self.producer.flush(120)
+        self.producer.close(10)
+
+
+def test_a_25s_outage_while_busy_loses_and_doubles_nothing_and_recovers_within_3s(proxied, tmp_path):
+    proxy, broker = proxied
+    bootstrap, topic = f"127.0.0.1:{proxy.port}", "busy"
+    assert create_topic(bootstrap, topic, partitions=1)
+    cfg = _config(tmp_path, bootstrap, topic)
+    registry = CollectorRegistry()
+    producer = _Producer(bootstrap, topic)
+    producer.start()
+    daemon, thread, out = _start(cfg, registry, timeout=300)
+    _wait(lambda: _consumed(registry) >= 3_000, 60, "the daemon to be busy")
+    proxy.drop()
+    time.sleep(OUTAGE_S)
+    at_return = _consumed(registry)
+    proxy.heal()
+    t0 = time.monotonic()
+    t1 = _wait(lambda: _consumed(registry) > at_return, 60, "consumption to resume")
+    time.sleep(3)
+    producer.stop_event.set()
+    producer.join(180)
+    assert producer.failed == 0
+    hw = highwater_marks(bootstrap, topic, 1)[(topic, 0)]
+    assert hw >= producer.sent > at_return
+    _wait(lambda: _consumed(registry) >= hw, 120, "the daemon to read the whole log")
+    daemon.request_stop("test")
+    thread.join(120)
+    res = out["res"]
+    assert res.dead == 0
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.records_seen == hw == _consumed(registry)   # every record in the log, once
+    assert snapshot_offsets(snap) == {(topic, 0): hw}
+    assert registry.get_sample_value("streamsvi_broker_retries_total") >= 1
+    print(f"busy outage: consumption resumed {t1 - t0:.2f} s after the return")
+    assert t1 - t0 <= RECOVERY_S, f"consumption resumed {t1 - t0:.1f} s after the broker returned"
+
+
+def test_a_silent_broker_while_idle_recovers_within_3s_and_applies_everything_once(proxied, tmp_path):
+    proxy, broker = proxied
+    bootstrap, topic = f"127.0.0.1:{proxy.port}", "idle"
+    assert create_topic(bootstrap, topic, partitions=1)
+    codec = JsonCodec(2)
+    produce_raw(bootstrap, topic, [codec.encode(r) for r in blob_rows(500, seed=2)], partitions=1)
+    cfg = _config(tmp_path, bootstrap, topic)
+    registry = CollectorRegistry()
+    daemon, thread, out = _start(cfg, registry, timeout=240)
+    _wait(lambda: _consumed(registry) >= 500, 60, "the first 500 records")
+    proxy.pause()
+    time.sleep(OUTAGE_S)
+    proxy.heal()
+    t0 = time.monotonic()
+    produce_raw(bootstrap, topic, [codec.encode(r) for r in blob_rows(500, seed=3)], partitions=1)
+    t_produced = time.monotonic()
+    t1 = _wait(lambda: _consumed(registry) >= 1000, 60, "the 500 records produced after the return")
+    daemon.request_stop("test")
+    thread.join(60)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert out["res"].dead == 0 and snap.state.records_seen == 1000
+    assert snapshot_offsets(snap) == {(topic, 0): 1000}
+    print(f"silent broker: consumed {t1 - t_produced:.2f} s after producing ({t_produced - t0:.2f} s after the return)")
+    assert t1 - t_produced <= RECOVERY_S, (f"records produced {t_produced - t0:.1f} s after the return "
+                                          f"were consumed {t1 - t_produced:.1f} s later")
