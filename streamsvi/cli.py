@@ -617,7 +617,10 @@ def main(argv=None) -> int:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return exitcodes.BROKER_UNREACHABLE
     except RuntimeError as exc:
-        from .service.daemon import FreshStartRefused
+        from .service.daemon import CheckpointFailed, FreshStartRefused
+        if isinstance(exc, CheckpointFailed):
+            print(f"streamsvi: error: {exc}", file=sys.stderr)
+            return exitcodes.STORAGE
         if not isinstance(exc, FreshStartRefused):
             raise
         print(f"streamsvi: error: {exc}", file=sys.stderr)

@@ -60,6 +60,25 @@ class FreshStartRefused(RuntimeError):
     """No valid snapshot, but traces of an earlier run: starting fresh would lose records silently."""
 
 
+def _read_pointer_number(directory):
+    """The snapshot number ``latest`` names, or None (for a message; never raises)."""
+    from ..checkpoint import pointer_text
+
+    try:
+        return int(str(pointer_text(directory)).rsplit("-", 1)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CheckpointFailed(RuntimeError):
+    """The checkpoint storage failed mid-run (disk full, directory removed, unwritable).
+
+    Nothing after the last durable snapshot was committed, so a restart once the
+    storage is fixed reads those records again: nothing is lost. The CLI prints
+    the message on one line and exits with ``exitcodes.STORAGE``.
+    """
+
+
 @dataclass
 class RunResult:
     """What one ``Daemon.run`` did."""
@@ -325,13 +344,16 @@ class Daemon(StopOnSignals):
         """
         if self.state is None:
             return None
-        dead_sink.flush()
         offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
         extra = {"elbo_history": list(self.elbo_history)}
         if self.heldout is not None:
             extra["heldout"] = self.kind.to_json(self.heldout)
-        snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
-        self._write_history()
+        try:
+            dead_sink.flush()
+            snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
+            self._write_history()
+        except OSError as exc:
+            raise self._checkpoint_failed(exc) from None
         self.metrics.checkpoint_ts.set(time.time())
         self.metrics.checkpoints.inc()
         try:
@@ -345,6 +367,28 @@ class Daemon(StopOnSignals):
             log.warning("offset commit failed (%s: %s); snapshot %s is durable, the next checkpoint "
                         "commits again", type(exc).__name__, exc, snap.path.name)
         return snap
+
+    @staticmethod
+    def _close_sink(dead_sink) -> None:
+        """Close the dead-letter sink; a failure is logged, never chained onto the error that
+        is already on its way out (a full disk failed the checkpoint, then the close)."""
+        try:
+            dead_sink.close()
+        except Exception as exc:  # noqa: BLE001 - everything durable was flushed by checkpoint()
+            log.error("closing the dead-letter sink failed (%s: %s)", type(exc).__name__, exc)
+
+    def _checkpoint_failed(self, exc: OSError) -> CheckpointFailed:
+        """One line for a storage failure: what failed, where, and that nothing is lost."""
+        directory = self.cfg["checkpoint"]["directory"]
+        gone = not os.path.isdir(directory)
+        what = f"{exc.strerror or type(exc).__name__}" + (f" ({exc.filename})" if exc.filename else "")
+        last = None if gone else _read_pointer_number(directory)
+        where = "the checkpoint directory was removed" if gone else f"writing to it failed: {what}"
+        kept = f"snapshot {last} is the last durable one" if last else "no snapshot is durable"
+        return CheckpointFailed(
+            f"checkpoint in {directory} failed at step {self.state.step}: {where}. Nothing after the "
+            f"last durable checkpoint was committed ({kept}), so a restart reads those records again "
+            f"and nothing is lost: fix the storage, then restart")
 
     def _write_history(self):
         """Append the compact metric history of the checkpointed steps to history.jsonl.
@@ -446,7 +490,7 @@ class Daemon(StopOnSignals):
         if self.state is None:
             self._refuse_fresh_start(source)
         dead_sink = self._dead_sink_factory(self.cfg)
-        stack.callback(dead_sink.close)
+        stack.callback(self._close_sink, dead_sink)
         if self.offsets:
             source.seek(self.offsets)
         if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):

@@ -20,6 +20,9 @@ BROKER_UNREACHABLE = 3
 #: No valid snapshot, but the checkpoint directory or the consumer group shows an earlier run:
 #: the daemon refuses a silent fresh start (``--allow-fresh-start`` overrides).
 NO_CHECKPOINT = 4
+#: The checkpoint storage failed mid-run (disk full, directory removed, unwritable): nothing
+#: after the last durable snapshot was committed; fix the storage and restart.
+STORAGE = 5
 #: A second SIGTERM / SIGINT: left at once, without checkpoint or commit (128 + SIGINT, as shells do).
 SECOND_SIGNAL = 130
 
@@ -30,6 +33,7 @@ TABLE = (
     (USAGE, "bad command line, config or path (one line names it)"),
     (BROKER_UNREACHABLE, "Kafka brokers unreachable after source.connect_attempts attempts"),
     (NO_CHECKPOINT, "no valid snapshot, but an earlier run left traces (--allow-fresh-start)"),
+    (STORAGE, "checkpoint storage failed mid-run (disk full, directory removed): nothing lost, restart"),
     (SECOND_SIGNAL, "second SIGTERM/SIGINT: left at once, without checkpoint or commit"),
 )
 
