@@ -15,6 +15,7 @@ calls it with the TOML's ``[model]`` table (its messages then start with
 ``model.``). One message format for both::
 
     kappa must be in (0.5, 1], got 0.3
+    n_components must be an integer >= 1, got 'big'
 
 This module is a leaf: it imports nothing from the package, so both
 ``models/`` and ``io/`` use it without crossing the layers.
@@ -167,7 +168,7 @@ def check_value(name: str, s: Setting, v):
     if s.choices and v not in s.choices:
         raise bad
     if t in ("int", "float", "float|auto") and not _in_range(s, v):
-        raise bad
+        raise SettingError(name, f"must be {s.range_text()}, got {v!r}")   # the right type, out of range
     return v
 
 

@@ -297,6 +297,9 @@ class RatingsKind(RecordKind):
     name = "ratings"
     codec_names = ("json", "binary")
 
+    def n_fields(self, model) -> None:
+        return None                        # JSON objects with user, item and rating
+
     def make_codec(self, name, model, options):
         if name == "json":
             if options.get("fields") is not None:

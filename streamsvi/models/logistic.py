@@ -327,8 +327,9 @@ class SoftmaxRegression(BayesianLogisticRegression):
     name = "softmax"
     config_kinds = {"softmax": ConfigKind("multiclass (softmax) Bayesian logistic regression (the "
                                           "gradient path)")}
-    settings = {**BayesianLogisticRegression.settings,
-                "n_classes": Setting("int", 3, "C, the classes 0..C-1 of the labels", low=2)}
+    settings = {"n_features": BayesianLogisticRegression.settings["n_features"],
+                "n_classes": Setting("int", 3, "C, the classes 0..C-1 of the labels", low=2),
+                **{k: v for k, v in BayesianLogisticRegression.settings.items() if k != "n_features"}}
 
     def __init__(self, n_features: int, n_classes: int = 3, prior_var: float = 1.0,
                  fit_intercept: bool = True, init_std: float | None = None):
