@@ -135,7 +135,7 @@ def check_value(name: str, s: Setting, v):
     if v is None and (s.nullable or s.default is None):
         return None
     bad = SettingError(name, f"must be {s.expected()}, got {v!r}")
-    t = s.type
+    given, t = v, s.type
     if t == "float|auto" and isinstance(v, str):
         if v != "auto":
             raise bad
@@ -168,7 +168,7 @@ def check_value(name: str, s: Setting, v):
     if s.choices and v not in s.choices:
         raise bad
     if t in ("int", "float", "float|auto") and not _in_range(s, v):
-        raise SettingError(name, f"must be {s.range_text()}, got {v!r}")   # the right type, out of range
+        raise SettingError(name, f"must be {s.range_text()}, got {given!r}")   # the right type, out of range
     return v
 
 
