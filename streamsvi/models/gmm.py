@@ -51,7 +51,7 @@ import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, Mixture, NatParams, RandomRestart, StartsFromData, Tempered, check_matrix,
+from .base import (ConjugateModel, Mixture, NatParams, PairedStats, RandomRestart, StartsFromData, Tempered, check_matrix,
                    segment_limit_pd, segment_limit_positive, temper_dirichlet)
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -189,7 +189,7 @@ START_RECORDS_PER_COMPONENT_DIM = 5
 REFINE_TOL = 1e-4
 
 
-class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixture):
+class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixture, PairedStats):
     """Bayesian Gaussian mixture with Normal-Wishart components.
 
     Parameters

@@ -67,7 +67,7 @@ from scipy.special import digamma, gammaln, logsumexp
 
 from ..sequence_batch import Sequences
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, NatParams, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
+from .base import (ConjugateModel, NatParams, PairedStats, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
                    temper_dirichlet)
 
 __all__ = ["DiscreteHMM", "HMMLocal", "sample_hmm"]
@@ -181,7 +181,7 @@ def _e_log(a):
     return digamma(a) - digamma(a.sum(axis=-1, keepdims=True))
 
 
-class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
+class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords, PairedStats):
     """K-state hidden Markov model with categorical emissions over V symbols.
 
     Parameters

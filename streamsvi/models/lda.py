@@ -169,7 +169,7 @@ import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
 from ..settings import ConfigKind, Setting
-from .base import (ChecksState, ConjugateModel, NatParams, RandomRestart, RowWise, ScoresRecords, StoredScaled,
+from .base import (ChecksState, ConjugateModel, NatParams, PairedStats, RandomRestart, RowWise, ScoresRecords, StoredScaled,
                    Tempered, segment_limit_positive, temper_dirichlet)
 
 try:
@@ -298,7 +298,8 @@ def _check_prior(name, v, size):
     return a
 
 
-class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, ChecksState, ScoresRecords):
+class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, ChecksState, ScoresRecords,
+          PairedStats):
     """Latent Dirichlet allocation over a fixed vocabulary of V words.
 
     Parameters
