@@ -34,10 +34,21 @@ def test_every_config_key_and_metric_is_documented():
     from streamsvi.service.metrics import DaemonMetrics
 
     text = README.read_text()
+    from streamsvi.io.records import KINDS
+    from streamsvi.models import CONFIG_KINDS
+
     for section, fields in SCHEMA.items():
         assert f"`[{section}]`" in text
         for key in fields:
             assert f"`{key}`" in text, f"{section}.{key} missing from the README"
+    # [model]: each kind's settings are documented by its class's table (--print-config shows
+    # them), so that a new model family needs no README edit; the README names every kind
+    for kind in CONFIG_KINDS:
+        assert kind in text, f"model.kind = {kind!r} missing from the README"
+    assert "`[records]`" in text
+    for rk in KINDS.values():
+        for key in rk.settings:
+            assert f"`{key}`" in text, f"records.{key} ({rk.name}) missing from the README"
     for mf in DaemonMetrics().registry.collect():
         name = mf.name + ("_total" if mf.type == "counter" else "")
         assert f"`{name}" in text, f"metric {name} missing from the README"
