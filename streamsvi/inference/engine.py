@@ -84,6 +84,29 @@ import numpy as np
 from ..models.base import NatParams
 from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
 from .schedules import Constant, RobbinsMonro, Schedule
+from .storage_columns import ScaledColumns
+
+#: Storages a model may declare for its global block (``global_storage``); "dense" is
+#: the engine's own ``NatParams`` arithmetic below.
+STORAGES = {"scaled_columns": ScaledColumns}
+
+
+def storage_for(model):
+    """The storage object of ``model``'s declared ``global_storage``, or None (dense)."""
+    name = getattr(model, "global_storage", "dense")
+    if name == "dense":
+        return None
+    if name not in STORAGES:
+        raise ValueError(f"model {getattr(model, 'name', model)!r} declares global_storage {name!r}; "
+                         f"known: {', '.join(['dense', *STORAGES])}")
+    return STORAGES[name](model)
+
+
+def owns_its_step(model) -> bool:
+    """True when λ is not one dense ``NatParams`` stepped by :meth:`SVI.step_towards`
+    (a row-wise ``svi_step``, or a declared storage): such a model's update cannot be
+    split into dense worker deltas (scale-out refuses it)."""
+    return hasattr(model, "svi_step") or getattr(model, "global_storage", "dense") != "dense"
 
 
 @dataclass(frozen=True)
@@ -310,6 +333,11 @@ class SVI:
     def init(self, x_init, seed: int = 0) -> EngineState:
         """A fresh state: λ from ``model.init_params`` on ``x_init``, step 0."""
         rng = np.random.Generator(np.random.PCG64(seed))
+        storage = self._storage()
+        if storage is not None:                                  # a declared storage (module docs)
+            lam, aux = storage.init(rng, self.model.check_batch(x_init), self.n_total)
+            return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
+                               aux=aux)
         init_state = getattr(self.model, "init_state", None)   # row-wise models (module docs)
         if init_state is not None:
             lam, aux = init_state(rng, self.model.check_batch(x_init), self.n_total)
@@ -411,6 +439,9 @@ class SVI:
         model = self.model
         if hasattr(model, "svi_step"):          # row-wise models (module docs)
             return self._rowwise_update(state, x)
+        storage = self._storage()
+        if storage is not None:                 # scaled columns (LDA; module docs)
+            return self._columns_update(storage, state, x)
         t = state.step + 1
         tg = self.stochastic_target(state, x, t)
         x, local, stats, target, M = tg.x, tg.local, tg.stats, tg.target, tg.effective_batch_size
@@ -431,12 +462,8 @@ class SVI:
         # untempered local step too (one more per update while T_t > 1).
         elbo_local = local if tg.temperature == 1.0 else model.local_step(lam, x)
         elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(elbo_local)))
-        if S > 1:
-            mean_sq = stats.sqnorm() / (S * S)
-            tr_cov = max(0.0, (float(np.sum(model.suffstats_sqnorm(local, x))) - S * mean_sq) / (S - 1))
-            grad_var = N * N * tr_cov / M
-        else:
-            grad_var = float("nan")
+        grad_var = _grad_variance(stats.sqnorm() if S > 1 else 0.0,
+                                  model.suffstats_sqnorm(local, x) if S > 1 else None, S, N, M)
         gradient = target - lam
         grad_norm = math.sqrt(gradient.sqnorm())
         info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
@@ -517,6 +544,59 @@ class SVI:
         return EngineState(step=t, lam=new_lam, rng_state=rng_state,
                            records_seen=state.records_seen + S, aux=out["aux"]), info
 
+    # ------------------------------------------------ scaled-columns storage
+    def _storage(self):
+        st = self.__dict__.get("_storage_obj", False)
+        if st is False:
+            st = self.__dict__["_storage_obj"] = storage_for(self.model)
+        return st
+
+    def _columns_update(self, storage, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """:meth:`update` through a column storage (:mod:`.storage_columns`): the same
+        weights, annealing levels, random stream and metrics as the dense update; the
+        storage writes λ only in the batch's columns (or densely, see its docs)."""
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        t = state.step + 1
+        N = float(self.n_total)
+        scale = N / S
+        M = self.effective_size(S, t)
+        weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
+        ann = self.annealing
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        lam, aux = storage.prepare(state.lam, state.aux, dense=rho_a > 0)
+        # the reported ELBO is the untempered objective's: under detAVI one more local step
+        # (first, so the tempered local step's λ columns are the ones the step reuses)
+        elbo_local = model.local_step(lam, x) if T != 1.0 else None
+        local = model.local_step(lam, x) if T == 1.0 else model.local_step(lam, x, temperature=T)
+        if elbo_local is None:
+            elbo_local = local
+        cols, Sw, Su = model.column_suffstats(local, weights)
+        eta_t = None
+        if rho_a > 0:                           # η_t from the state's stream, as stochastic_target
+            rng = np.random.Generator(np.random.PCG64())
+            rng.bit_generator.state = rng_state
+            eta_t = model.random_init(rng, x, N)["topic_word"]
+            rng_state = rng.bit_generator.state
+        min_w = 1.0 if weights is None else float(weights.min())
+        rho = self.schedule(t)
+        out = storage.step(lam, aux, local, cols, Sw, scale=scale, rho=float(rho),
+                           tau=float(self.boundary_fraction), min_weight=min_w, step=t,
+                           temperature=T, restart_weight=rho_a, restart=eta_t)
+        elbo = out["global_elbo"] + scale * float(np.sum(model.local_elbo(elbo_local)))
+        grad_var = _grad_variance(float(np.einsum("ij,ij->", Su, Su)) if S > 1 else 0.0,
+                                  model.suffstats_sqnorm(local) if S > 1 else None, S, N, M)
+        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
+                          elbo_per_record=elbo / N, grad_variance=grad_var,
+                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
+                          domain_blocks=out["domain_blocks"], min_weight=min_w,
+                          annealing_level=self._annealing_level(noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
+        return EngineState(step=t, lam=out["lam"], rng_state=rng_state,
+                           records_seen=state.records_seen + S, aux=out["aux"]), info
+
     def _annealing_level(self, noise_var: float, T: float, rho_a: float) -> float:
         kind = self.annealing.kind
         if kind == "svi+":
@@ -581,6 +661,18 @@ class SVI:
         if self.annealer is not None:
             d["annealer"] = self.annealer.to_dict()
         return d
+
+
+def _grad_variance(stats_sqnorm: float, record_sqnorms, S: int, N: float, M: float) -> float:
+    """N² tr(Σ̂) / M: the estimated total variance of the natural gradient (``UpdateInfo``).
+
+    ``stats_sqnorm`` ‖Σ_n E_q[t(θ_n)]‖² and ``record_sqnorms`` the per-record
+    ‖E_q[t(θ_n)]‖²; tr(Σ̂) is their sample covariance's trace. NaN for one record."""
+    if S <= 1:
+        return float("nan")
+    mean_sq = stats_sqnorm / (S * S)
+    tr_cov = max(0.0, (float(np.sum(record_sqnorms)) - S * mean_sq) / (S - 1))
+    return N * N * tr_cov / M
 
 
 def start_records(model, batch_size: int, n_total: float) -> float:
