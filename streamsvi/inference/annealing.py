@@ -63,8 +63,9 @@ def supported_kinds(model) -> tuple:
     (the engine tempers and restarts its target itself); a row-wise model
     (``svi_step``: the model applies the step) supports only ``none`` and
     ``svi+`` unless it declares more, because the engine cannot temper a step
-    it does not make (PMF declares ``("none", "svi+")``; LDA all four, its
-    ``svi_step`` takes T_t, ρ_t and the random stream).
+    it does not make (PMF declares ``("none", "svi+")``). LDA declares all four:
+    its step is the engine's own, on the scaled-columns storage, which takes T_t,
+    ρ_t and η_t from the same random stream as the dense path.
     """
     kinds = getattr(model, "annealing_kinds", None)
     if kinds is None:

@@ -41,10 +41,21 @@ which applies the natural-gradient step to the touched rows only (with its
 own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
 and returns the new ``lam`` and ``aux`` and the metrics of
 :class:`UpdateInfo` (with ``checked_finite: True`` when it has already made
-sure the new λ is finite, so the engine skips its own pass over λ). LDA uses
-the same path to write only the columns of the words a batch holds (its
-module docs, "Sparse global step"); its step equals the dense update above.
-Every other model never reaches that path.
+sure the new λ is finite, so the engine skips its own pass over λ). Every
+other model never reaches that path.
+
+Scaled columns (LDA). A model whose λ is one (K, V) Dirichlet block that a
+minibatch touches in a few columns declares ``global_storage =
+"scaled_columns"``; the engine then keeps λ_kw = s_k μ_kw + c_k and makes the
+step itself through :class:`~streamsvi.inference.storage_columns.ScaledColumns`
+(its module docs are the storage's spec), writing μ only in the batch's
+columns. :meth:`SVI.update` draws the SVI+ weights, the annealing levels and
+η_t from the same stream as the dense path, runs the model's local step on the
+batch's columns (and the untempered one for the ELBO under detAVI), takes the
+statistics over those columns (``model.column_suffstats``), and the storage
+applies the step, the fraction-to-boundary rule, the dense fallbacks (ρ = 1,
+a stochastic restart) and ‖ĝ‖; the gradient-variance estimate is the same
+formula as the dense path's. It equals the dense update to rounding.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
@@ -54,8 +65,8 @@ Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
 ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A row-wise model
 makes its own step, so it declares the kinds it supports (``annealing_kinds``;
-PMF: none and svi+; LDA: all four). For a deterministic or stochastic annealer
-``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
+PMF: none and svi+; LDA, on the scaled-columns storage: all four). For a
+deterministic or stochastic annealer ``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
 ``restart_rng``: a generator at the state's random stream (after the SVI+
 draws) when ρ_t > 0, else None, so η_t comes from the same draws as on the
 dense path and nothing is drawn when ρ_t = 0.
@@ -116,12 +127,13 @@ class EngineState:
     Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
     numpy PCG64 state as a JSON-serialisable dict. One exception: LDA writes
     its stored topic matrix in place (only the batch's words; see its module
-    docs), so an LDA state passed to ``update`` must not be used afterwards
-    (it is unchanged when ``update`` raises).
+    docs; the engine's scaled-columns storage), so an LDA state passed to
+    ``update`` must not be used afterwards (it is unchanged when ``update`` raises).
 
-    ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
-    models" in the module docs; PMF keeps its id→row maps and per-row counts
-    there): None for every other model. A dict whose values are JSON values
+    ``aux`` is state beside λ, for row-wise models (see "Row-wise models" in the
+    module docs; PMF keeps its id→row maps and per-row counts there) and the
+    scaled-columns storage (LDA: per-topic Σ_w μ_kw² and the last global ELBO
+    term): None for every other model. A dict whose values are JSON values
     or numpy arrays; it is never modified in place (an update returns a new
     dict), and :mod:`~streamsvi.inference.state` saves it without pickle.
     """

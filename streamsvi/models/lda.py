@@ -76,53 +76,56 @@ document's fixed point early in training did not help).
 Sparse global step (Hoffman et al. 2010 §3.3 and Mimno, Hoffman & Blei 2012
 keep λ this way). The engine's update ``λ ← (1 − ρ)λ + ρ(η + (N/|S|) Σ_d w_d
 n_dw φ_dwk)`` moves a word the batch does not hold only towards η:
-λ'_kw − η = (1 − ρ)(λ_kw − η). So :meth:`LDA.init_state` keeps λ as
+λ'_kw − η = (1 − ρ)(λ_kw − η). So the model declares ``global_storage =
+"scaled_columns"``, and the engine keeps λ as
 
     λ_kw = s_k · μ_kw + c_k        (``word_topic`` μᵀ (V, K), ``topic_scale`` s,
                                    ``topic_offset`` c, ``topic_stored_sum`` Σ_w μ_kw)
 
-and :meth:`LDA.svi_step` (the engine's row-wise hook) folds (1 − ρ_k) into
-s_k and c_k, (1 − ρ_k)c_k + ρ_k η, and writes μ only in the batch's words,
-(λ'_kw − c'_k)/s'_k, updating the stored row sums as it goes; so the row sums
-Σ_w λ_kw = s_k Σ_w μ_kw + V c_k of E[log β] cost O(K), and the local step
-computes ψ(λ_kw) only in the batch's words (every E[log β] it uses is the
-dense computation's, bit for bit). The result equals the dense update to
-rounding (tested to 1e-10 over many steps, with SVI+ weights and the
-fraction-to-boundary rule): the per-topic limit comes from the batch's words,
-plus, when ρ/τ > 1, the largest untouched λ_kw (the only untouched value
-that can cross 0 on the extended segment). A topic whose scale falls below
-1e-100 is folded back (μ_k ← s_k μ_k + c_k, s_k = 1, c_k = 0: a pass over one
-topic). A step with ρ_k = 1 (batch VI) forgets λ and is done densely; its λ is
-the plain ``NatParams(topic_word=λ)``, which the next sparse step converts with
-one copy (so do snapshots of earlier releases). μ is updated in place: the
-state passed to an update shares it with the state returned. Everything
-that takes λ accepts both forms (:meth:`LDA.lam_matrix` gives λ itself, a
-dense pass; a loaded snapshot's ``fitted.lam`` is λ).
+and makes the step itself (:mod:`streamsvi.inference.storage_columns`, whose
+docs are the storage's spec): it folds (1 − ρ_k) into s_k and c_k and writes μ
+only in the batch's words. This file holds only the math the step needs: the
+local step on the batch's columns (which reads λ there through
+:meth:`LDA.lam_columns`, and the row sums Σ_w λ_kw = s_k Σ_w μ_kw + V c_k of
+E[log β] in O(K), so every E[log β] it uses is the dense computation's, bit for
+bit; the λ columns it read travel on :class:`LDALocal` as ``lam_cols`` so the
+step does not read them again), the statistics over those columns
+(:meth:`LDA.column_suffstats`), the prior η as one number
+(:attr:`LDA.column_prior`), the initial topics one at a time
+(:meth:`LDA.init_topics`) and the ELBO terms. The step equals the dense update
+to rounding (tested to 1e-10 over many steps, with SVI+ weights and the
+fraction-to-boundary rule). A step with ρ_k = 1 (batch VI) forgets λ and is
+done densely; its λ is the plain ``NatParams(topic_word=λ)``, which the next
+sparse step converts with one copy (so do snapshots of releases before the
+scaled form). μ is updated in place: the state passed to an update shares it
+with the state returned. Everything here that takes λ accepts both forms
+(:meth:`LDA.lam_matrix` gives λ itself, a dense pass; a loaded snapshot's
+``fitted.lam`` is λ).
 
-Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds,
-and the engine hands ``svi_step`` T_t, ρ^a_t and the random stream).
+Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds).
 Deterministic (T_t ≠ 1): the local step runs at T_t on the batch's columns
 (:meth:`LDA._fit_gamma_tempered`), the target is tempered, λ̂_T = 1 + (λ̂ − 1)/T_t,
 and a word the batch does not hold moves towards η_T = 1 + (η − 1)/T_t, a
 constant that folds into c_k as η does: the step stays sparse, at the cost of a
 second (untempered) local step per update for the reported ELBO. Stochastic
 (ρ^a_t > 0): λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t with η_t = :meth:`LDA.random_init`, a
-dense K × V draw, so the step is dense (λ materialised, the target, η_t and the
-new λ: a few K × V arrays and the K·V Dirichlet draws) and returns the plain λ;
-the first step after the annealer is off converts it back with one copy. Both
-equal the engine's dense annealed update to rounding (tested to 1e-10).
+dense K × V draw, so the engine's step is dense (λ materialised, the target,
+η_t and the new λ: a few K × V arrays and the K·V Dirichlet draws) and returns
+the plain λ; the first step after the annealer is off converts it back with one
+copy. Both equal the engine's dense annealed update to rounding (tested to 1e-10).
 
-Metrics of an update, and what they cost: the ELBO's documents' part and the
-gradient variance come from the batch (as before); ‖ĝ‖ is exact, from the
-batch's words and per-topic sums of μ and μ² kept in ``aux``; the global term
-−Σ_k KL(q(β_k) ‖ p(β_k)) is a dense pass over λ (~0.4 s at K = 100, V = 100k),
-recomputed at update 1, at every update with ρ_k = 1, and every
-max(1, round(K·V / 2^16)) updates (every 2nd at NYT, K = 50; every 153rd at
-K = 100, V = 100k); in between the reported ELBO reuses the last value, and
-``aux["global_elbo_step"]`` says which λ it was computed at. Scoring
-(held-out bound, perplexity with ``topic_kl="none"``, topic proportions) reads
-only the scored documents' words; ``topic_kl="full"``/``"apportioned"`` and
-:meth:`LDA.global_elbo` are a dense pass when called.
+Metrics of an update, and what they cost (the storage's docs): the ELBO's
+documents' part and the gradient variance come from the batch; ‖ĝ‖ is exact,
+from the batch's words and per-topic sums of μ and μ² kept in ``aux``; the
+global term −Σ_k KL(q(β_k) ‖ p(β_k)) (:meth:`LDA.global_elbo`) is a dense pass
+over λ (~0.4 s at K = 100, V = 100k), recomputed at update 1, at every update
+with ρ_k = 1, and every max(1, round(K·V / 2^16)) updates (every 2nd at NYT,
+K = 50; every 153rd at K = 100, V = 100k); in between the reported ELBO reuses
+the last value, and ``aux["global_elbo_step"]`` says which λ it was computed
+at. Scoring (held-out bound, perplexity with ``topic_kl="none"``, topic
+proportions) reads only the scored documents' words;
+``topic_kl="full"``/``"apportioned"`` and :meth:`LDA.global_elbo` are a dense
+pass when called.
 
 ELBO (all constants). Per document, at φ optimal for the final γ::
 
