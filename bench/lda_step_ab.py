@@ -12,8 +12,11 @@ ELBO and gradient metrics), single-threaded BLAS:
 Each run is a subprocess of the interpreter named by ``--python A B ...`` (each a
 virtual environment with its own editable streamsvi checkout), so the versions never
 share a process; the order of the interpreters alternates every round (A B, B A, ...),
-and the table gives each one's median and min over the rounds, and the ratio of
-medians to the first. Every run also prints a checksum of its final λ (Σ λ and
+and the table gives each one's median and min over the rounds of the wall time
+and of the process's CPU time (``time.process_time``: on a shared machine it
+moves less with the other processes' load than the wall time), the ratio of
+medians to the first, and the median over the rounds of the paired ratio
+(this round's run over the first interpreter's run of the same round). Every run also prints a checksum of its final λ (Σ λ and
 Σ λ²), so a reader can see whether the versions computed the same thing.
 
 Run::
@@ -64,12 +67,12 @@ def worker(workload, seed):
                 max_doc_update_iter=100)
     engine = SVI(model, n_total=Xtr.shape[0], schedule=RobbinsMonro(tau0=10.0, kappa=0.7))
     state = engine.init(batches[0], seed=seed)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for xb in batches:
         state, info = engine.update(state, xb)
-    secs = time.perf_counter() - t
+    secs, cpu = time.perf_counter() - t, time.process_time() - c
     L = model.lam_matrix(state.lam)
-    print(json.dumps({"workload": workload, "secs": secs, "docs_per_s": Xtr.shape[0] / secs,
+    print(json.dumps({"workload": workload, "secs": secs, "cpu_secs": cpu, "docs_per_s": Xtr.shape[0] / secs,
                       "lam_sum": float(L.sum()), "lam_sqsum": float((L * L).sum()),
                       "last_elbo": info.elbo, "streamsvi": str(Path(streamsvi.__file__).parent)}))
 
@@ -105,16 +108,21 @@ def main(argv=None):
             for p in order:
                 o = run(p, w, seed=0)
                 res[(p, w)].append(o)
-                print(f"round {r + 1} {w:5s} {p}: {o['secs']:.2f} s  Σλ={o['lam_sum']:.10g} "
+                print(f"round {r + 1} {w:5s} {p}: {o['secs']:.2f} s (cpu {o['cpu_secs']:.2f} s)  Σλ={o['lam_sum']:.10g} "
                       f"Σλ²={o['lam_sqsum']:.10g}  ({o['streamsvi']})", file=sys.stderr, flush=True)
-    print("| workload | interpreter (streamsvi checkout) | median s | min s | median / base |")
-    print("|---|---|---:|---:|---:|")
+    print(f"{args.rounds} rounds, alternated; seconds of the training updates")
+    print()
+    print("| workload | streamsvi checkout | clock | median s | min s | median / base | paired ratio (median) |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for w in args.workloads:
-        base = statistics.median(o["secs"] for o in res[(args.python[0], w)])
-        for p in args.python:
-            s = [o["secs"] for o in res[(p, w)]]
-            print(f"| {w} | {res[(p, w)][0]['streamsvi']} | {statistics.median(s):.2f} | {min(s):.2f} | "
-                  f"{statistics.median(s) / base:.3f} |")
+        for clock in ("secs", "cpu_secs"):
+            b = [o[clock] for o in res[(args.python[0], w)]]
+            for p in args.python:
+                s = [o[clock] for o in res[(p, w)]]
+                paired = statistics.median(x / y for x, y in zip(s, b))
+                print(f"| {w} | {res[(p, w)][0]['streamsvi']} | {'wall' if clock == 'secs' else 'cpu'} | "
+                      f"{statistics.median(s):.2f} | {min(s):.2f} | {statistics.median(s) / statistics.median(b):.3f} "
+                      f"| {paired:.3f} |")
 
 
 if __name__ == "__main__":
