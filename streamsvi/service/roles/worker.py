@@ -48,6 +48,7 @@ import zlib
 
 import numpy as np
 
+from ...inference.blocks import is_rowwise
 from ...inference.engine import EngineState
 from ..config import GRADIENT_KINDS, ConfigError, build_model, client_security
 from ..daemon import Daemon
@@ -73,7 +74,8 @@ def check_scaleout_config(cfg) -> None:
     if kind in GRADIENT_KINDS:
         raise ConfigError(f"model.kind: {kind} learns by stochastic gradients (the gradient path), whose "
                           f"steps are not sums of worker statistics: run it as one process")
-    if hasattr(build_model(cfg["model"]), "svi_step"):
+    model = build_model(cfg["model"])
+    if is_rowwise(model) or hasattr(model, "svi_step"):
         raise ConfigError(f"model.kind: {kind} updates only the rows a batch touches (a row-wise step); "
                           f"it cannot be split into worker deltas yet: run it as one process")
     if not cfg["scaleout"]["deltas_topic"]:
