@@ -567,7 +567,9 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
     M = float(S if effective_batch_size is None else effective_batch_size)
     R = records_before + S
     ctx = model.begin_batch(x, plain, inv)
-    caches = {b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}
+
+    def caches():                          # the touched rows' cached moments, as they are now
+        return {b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}
     report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
     # the ELBO at the old λ (new rows at their initial values)
@@ -578,14 +580,14 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
         if new:
             kl_all = np.concatenate([kl_all, work[name][len(uniq) - len(new):, fmts[name].kl]])
         kl += float(np.sum(kl_all))
-    elbo = -kl + (n_total / S) * model.batch_loglik(ctx, caches)
+    elbo = -kl + (n_total / S) * model.batch_loglik(ctx, caches())
 
     check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
     if weights is not None:
         plain["svi_plus_seen"] = True
     blocks = {b.name: b for b in model.row_blocks}
     for name in model.sweep_order:
-        stats = model.block_stats(name, ctx, caches, weights)
+        stats = model.block_stats(name, ctx, caches(), weights)
         step_rows(blocks[name], fmts[name], work[name], stats, weighted=weights is not None,
                   n_total=n_total, R=R, M=M, S=S, schedule=schedule, tau=tau, check_floor=check_floor,
                   report=report)
