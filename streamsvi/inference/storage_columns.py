@@ -53,9 +53,19 @@ over the batch's columns, the ELBO terms and reading λ in either form):
   max(1, round(K·V / ``_ELBO_ELEMENTS``)) steps; in between it is reused. The
   gradient-variance estimate is the engine's (one formula for every path).
 
-The engine calls :meth:`ScaledColumns.init` for a fresh state and
-:meth:`ScaledColumns.step` for each update (``SVI.update``, docs/design.md §5.3a).
-The model declares ``global_storage = "scaled_columns"`` and provides:
+The block API (:mod:`streamsvi.models.blocks`, :mod:`streamsvi.inference.blocks`):
+the block's family is the model's one ``param_blocks`` entry, a
+:class:`~streamsvi.models.blocks.Dirichlet` (its tempering and its step limit
+are the ones used here, on the batch's columns), and the fold of (1 − ρ_k)
+into s, c and the touched columns is
+:func:`~streamsvi.inference.blocks.scaled_columns_step`; this class adds what
+the storage needs around it (layout, conversion, the untouched columns' limit,
+the dense fallbacks, running sums, the metrics' cadence).
+
+The engine calls :meth:`ScaledColumns.init` for a fresh state, :meth:`ScaledColumns.prepare`
+and :meth:`ScaledColumns.step` for each update (``SVI.update``, docs/design.md §5.3a).
+The model declares ``global_storage = "scaled_columns"`` and ``param_blocks``
+(one Dirichlet block) and provides:
 ``n_components``/``n_features`` (K, V), ``column_prior`` (η, a number),
 ``init_topics(rng, x, n_total)`` (the K initial rows, one at a time),
 ``column_suffstats(local, weights)`` → (cols, weighted (K, |cols|),
@@ -69,7 +79,9 @@ import math
 
 import numpy as np
 
-from ..models.base import NatParams, segment_limit_positive, temper_dirichlet
+from ..models.base import NatParams
+from ..models.blocks import Dirichlet
+from .blocks import scaled_columns_step
 
 #: A row's scale is folded into its stored values when it falls below this.
 _RESCALE_BELOW = 1e-100
@@ -87,6 +99,12 @@ class ScaledColumns:
     def __init__(self, model):
         self.model = model
         self.K, self.V = int(model.n_components), int(model.n_features)
+        (block,) = model.param_blocks
+        if not isinstance(block.family, Dirichlet):
+            raise ValueError(f"the scaled-columns storage holds one Dirichlet block; model "
+                             f"{model.name!r} declares {type(block.family).__name__}")
+        self.family = block.family                    # its domain, step limit and tempering
+        self._entry = Dirichlet(per="entry")          # the same family, one limit per value
 
     # ------------------------------------------------------------------ form
     def _chunks(self):
@@ -178,8 +196,8 @@ class ScaledColumns:
         tgt_u += eta
         e = eta                                        # the target of a column the batch does not hold
         if T != 1.0:
-            tgt_u = temper_dirichlet(tgt_u, T)
-            e = float(temper_dirichlet(np.float64(eta), T))
+            (tgt_u,) = self.family.temper((tgt_u,), T)
+            e = float(self.family.temper((np.float64(eta),), T)[0])
         if dense_restart:                              # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
             L = model.lam_matrix(lam)                  # (a plain λ itself: not copied)
             tgt = self._dense_target(cols, Sw, scale, eta, T)
@@ -194,15 +212,15 @@ class ScaledColumns:
         if min_weight < 0:
             r = rho / tau
             if dense_restart:
-                lim = segment_limit_positive(L, tgt).min(axis=1)
-            else:
-                lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
+                lim = self.family.max_step((L,), (tgt,))
+            else:                                      # per topic: the columns are word-major
+                lim = self.family.max_step((lam_u.T,), (tgt_u.T,))
             if not dense_restart and r > 1.0 and cols.size < V:
                 # an untouched λ_kw moves towards e; beyond s = 1 it can cross 0 (at s = λ/(λ − e))
                 keep = np.ones(V, dtype=bool)
                 keep[cols] = False
                 top = np.max(mu, axis=0, where=keep[:, None], initial=-np.inf) * s + c
-                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, e)))
+                lim = np.minimum(lim, self._entry.max_step((top,), (np.full(K, e),)))
             if (lim <= r).any():
                 rho_k = np.minimum(rho, tau * lim)
                 clipped, blocks = int(np.count_nonzero(rho_k < rho)), K
@@ -244,14 +262,7 @@ class ScaledColumns:
             out.update(lam=new, aux={"global_elbo": G, "global_elbo_step": G_step})
             return out
 
-        keep_k = 1.0 - rho_k
-        s_new = keep_k * s
-        c_new = keep_k * c + rho_k * e
-        mu_u = lam_u * keep_k                          # λ' on the batch's columns ...
-        tgt_u *= rho_k
-        mu_u += tgt_u
-        mu_u -= c_new                                  # ... as stored: (λ' − c')/s'
-        mu_u /= s_new
+        mu_u, s_new, c_new = scaled_columns_step(mu, s, c, cols, lam_u, tgt_u, rho_k, e)
         if not (np.isfinite(mu_u).all() and np.isfinite(s_new).all() and np.isfinite(c_new).all()
                 and (s_new > 0).all()):
             raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
@@ -280,5 +291,5 @@ class ScaledColumns:
             tgt *= scale
         tgt += eta
         if T != 1.0:
-            tgt = temper_dirichlet(tgt, T)
+            (tgt,) = self.family.temper((tgt,), T)
         return tgt

@@ -171,7 +171,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
-from .base import NatParams, segment_limit_positive, temper_dirichlet
+from .base import NatParams
+from .blocks import DenseBlock, Dirichlet
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)
@@ -984,12 +985,18 @@ class LDA:
         e *= inv
         return np.exp(e, out=e)
 
+    #: λ's one block (:mod:`streamsvi.models.blocks`): K Dirichlet rows over the V words,
+    #: ``topic_word`` in the plain form (the engine's scaled-columns storage steps it
+    #: through the same family, :mod:`streamsvi.inference.storage_columns`)
+    param_blocks = (DenseBlock(("topic_word",), Dirichlet(per="row")),)
+
     def temper(self, target: NatParams, T: float) -> NatParams:
         """Natural parameter ÷ T (seed 002 eq. 8): ``topic_word`` holds Dirichlet
         concentrations λ (natural parameter λ − 1), so λ_T = 1 + (λ − 1)/T."""
         if T == 1.0:
             return target
-        return NatParams(topic_word=temper_dirichlet(self.lam_matrix(target), T))
+        (fam,) = (b.family for b in self.param_blocks)
+        return NatParams(topic_word=fam.temper((self.lam_matrix(target),), T)[0])
 
     def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """Seed 002 §4.1: λ_k = η + s·u_k, u_k ~ Dirichlet(1, …, 1), s = c·D/K.
@@ -1168,8 +1175,8 @@ class LDA:
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
-        lim = segment_limit_positive(self.lam_matrix(lam), self.lam_matrix(target)).min(axis=1)
-        return [(("topic_word",), lim)]
+        (fam,) = (b.family for b in self.param_blocks)
+        return [(("topic_word",), fam.max_step((self.lam_matrix(lam),), (self.lam_matrix(target),)))]
 
     # ------------------------------------------------------------- scoring
     def topics(self, lam: NatParams, aux=None) -> np.ndarray:
