@@ -312,6 +312,8 @@ class SVI:
     annealer: Annealer | None = None
     #: caches of the row storage (id→row indices, record formats): never state, never compared
     _rows_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: the model's declared storage (``storage_for``), made on first use: never state, never compared
+    _storage_obj: object = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _check_positive_number("n_total", self.n_total)
@@ -541,10 +543,10 @@ class SVI:
 
     # ------------------------------------------------ scaled-columns storage
     def _storage(self):
-        st = self.__dict__.get("_storage_obj", False)
-        if st is False:
-            st = self.__dict__["_storage_obj"] = storage_for(self.model)
-        return st
+        """The model's declared storage object (None: dense or row blocks), made once."""
+        if self._storage_obj is False:
+            self._storage_obj = storage_for(self.model)
+        return self._storage_obj
 
     def _columns_update(self, storage, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """:meth:`update` through a column storage (:mod:`.storage_columns`): the same
