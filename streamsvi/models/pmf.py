@@ -737,14 +737,9 @@ class PMF:
             loc["Eu"][loc["urows"]], Q[loc["irows"]], a[loc["irows"]], y)))
 
     # ------------------------------------------------------------ domain
-    @staticmethod
-    def _pd(P) -> np.ndarray:
-        if len(P) == 0:
-            return np.zeros(0, dtype=bool)
-        return np.linalg.eigvalsh(0.5 * (P + np.swapaxes(P, 1, 2)))[:, 0] > 0
-
     def in_domain(self, lam) -> bool:
-        return lam.all_finite() and bool(self._pd(lam["user_prec"]).all() and self._pd(lam["item_prec"]).all())
+        """Every user and item row a valid Gaussian (finite, Λ ≻ 0): the family's test per block."""
+        return all(self.family.in_domain((lam[f"{b}_h"], lam[f"{b}_prec"])) for b in ("user", "item"))
 
     # ------------------------------------------------------------ scoring
     def rows_of(self, aux, side: str, ids) -> np.ndarray:
