@@ -189,7 +189,7 @@ class ScaledColumns:
         T, rho_a = float(temperature), float(restart_weight)
         dense_restart = rho_a > 0.0
         SwT = Sw.T                                     # word-major (|u|, K)
-        lam_u = getattr(local, "lam_cols", None)
+        lam_u = local.lam_cols                         # λ there as the local step read it
         if lam_u is None or lam_u.shape[0] != cols.size:
             lam_u = model.lam_columns(lam, cols)
         tgt_u = SwT * scale
