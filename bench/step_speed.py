@@ -103,13 +103,15 @@ def main(argv=None):
             res[which].append(r)
             print(f"round {k + 1} {which}: " + ", ".join(f"{n} {v[0]:,.0f}/s" for n, v in r.items()),
                   file=sys.stderr, flush=True)
-    print("| case | before (records/s, median) | after | after/before | λ bit for bit |")
-    print("|---|---:|---:|---:|---|")
+    print("| case | before (records/s, median) | after | after/before | paired ratio (median of rounds) "
+          "| λ bit for bit |")
+    print("|---|---:|---:|---:|---:|---|")
     for case in res["old"][0]:
         o = statistics.median(r[case][0] for r in res["old"])
         n = statistics.median(r[case][0] for r in res["new"])
+        paired = statistics.median(rn[case][0] / ro[case][0] for ro, rn in zip(res["old"], res["new"]))
         same = all(r[case][1] == res["old"][0][case][1] for r in res["old"] + res["new"])
-        print(f"| {case} | {o:,.0f} | {n:,.0f} | {n / o:.3f} | {'yes' if same else 'NO'} |")
+        print(f"| {case} | {o:,.0f} | {n:,.0f} | {n / o:.3f} | {paired:.3f} | {'yes' if same else 'NO'} |")
     print(f"\n{a.rounds} rounds, alternated old/new, fastest of {a.reps} runs per process, {a.clock} time; medians. Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs visible, BLAS threads 1.")
 

@@ -582,7 +582,7 @@ class PMF:
                 raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
         consistent = getattr(aux, "consistent_with", None)
-        if consistent is not None and consistent(lam) and lam["user_h"].shape[1:] == (D,):
+        if consistent is not None and consistent(lam) and all(aux.family_of(s).D == D for s in ("user", "item")):
             return                            # made by the engine's row storage: consistent by construction
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
