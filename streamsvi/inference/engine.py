@@ -16,49 +16,61 @@ set it to the population size α of population variational Bayes (McInerney,
 Ranganath & Blei 2015): the size of the data set the posterior should
 represent. Larger α makes the posterior more confident.
 
+Parameter blocks (:mod:`streamsvi.models.blocks`, :mod:`~streamsvi.inference.blocks`).
+λ is a set of blocks, each an exponential family with a storage; the model
+returns statistics and the engine makes the one step.
+
 Keeping λ in its domain. SVI+ weights can be negative, and then λ̂_t may lie
 outside the natural-parameter domain (a negative Dirichlet count, a Wishart
 scale that is not positive definite). The domain is convex and the current λ
 is inside it, so the segment from λ towards λ̂_t leaves it at some s_max > 0,
-computed in closed form per block of parameters by the model
-(``max_step``). Each block takes the step ``min(ρ_t, τ · s_max)`` with
-τ = ``boundary_fraction`` (the fraction-to-boundary rule of interior-point
-methods): the same natural-gradient direction, never longer than the
-schedule's step, never closer to the boundary than a fraction 1 − τ of the
-way. Blocks far from the boundary keep ρ_t; the step is continuous in s_max.
-The number of shortened blocks is in ``UpdateInfo.domain_clipped``. The check
-costs one membership test per update (the closed-form limits only when it
-fails), and only when some weight is negative: with non-negative weights
-(SVI, batch VI) λ̂_t is always inside and nothing is checked.
+computed in closed form per block by the block's family (``max_step``; a dense
+model lists its blocks in ``param_blocks``). Each block takes the step
+``min(ρ_t, τ · s_max)`` with τ = ``boundary_fraction`` (the fraction-to-boundary
+rule of interior-point methods): the same natural-gradient direction, never
+longer than the schedule's step, never closer to the boundary than a fraction
+1 − τ of the way. Blocks far from the boundary keep ρ_t; the step is continuous
+in s_max. The number of shortened blocks is in ``UpdateInfo.domain_clipped``.
+The check costs one membership test per update (the closed-form limits only
+when it fails), and only when some weight is negative: with non-negative
+weights (SVI, batch VI) λ̂_t is always inside and nothing is checked.
 
-Row-wise models. A model whose global parameters are many rows that a
-minibatch touches only partly, and that grow as new ids appear (PMF: one
-Gaussian per user and per item), provides ``init_state(rng, x, n_total) ->
-(λ, aux)`` and ``svi_step(lam, aux, x, **context) -> dict``. :meth:`SVI.update`
-then draws the SVI+ weights exactly as above (same random stream, same
-M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
-which applies the natural-gradient step to the touched rows only (with its
-own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
-and returns the new ``lam`` and ``aux`` and the metrics of
-:class:`UpdateInfo` (with ``checked_finite: True`` when it has already made
-sure the new λ is finite, so the engine skips its own pass over λ). LDA uses
-the same path to write only the columns of the words a batch holds (its
-module docs, "Sparse global step"); its step equals the dense update above.
-Every other model never reaches that path.
+Row blocks. A model whose global parameters are rows keyed by id, which a
+minibatch touches only partly and which grow as new ids appear (PMF: one
+Gaussian per user and per item), declares ``row_blocks`` and the row hooks
+(:mod:`streamsvi.models.blocks`). :meth:`SVI.init` makes the rows of the first
+batch's ids and :meth:`SVI.update` draws the SVI+ weights exactly as above
+(same random stream, same M) and makes the row step of
+:func:`~streamsvi.inference.blocks.row_update` on the touched rows only, with
+per-row N_i, ρ_i and the family's domain rule; the state's ``aux`` holds the
+id→row maps and per-row counters.
+
+Scaled columns (LDA). A model whose λ is one (K, V) Dirichlet block that a
+minibatch touches in a few columns declares ``global_storage =
+"scaled_columns"``; the engine then keeps λ_kw = s_k μ_kw + c_k and makes the
+step itself through :class:`~streamsvi.inference.storage_columns.ScaledColumns`
+(its module docs are the storage's spec), writing μ only in the batch's
+columns. :meth:`SVI.update` draws the SVI+ weights, the annealing levels and
+η_t from the same stream as the dense path, runs the model's local step on the
+batch's columns (and the untempered one for the ELBO under detAVI), takes the
+statistics over those columns (``model.column_suffstats``), and the storage
+applies the step (:func:`~streamsvi.inference.blocks.scaled_columns_step`), the
+fraction-to-boundary rule, the dense fallbacks (ρ = 1, a stochastic restart)
+and ‖ĝ‖; the gradient-variance estimate is the same formula as the dense
+path's. It equals the dense update to rounding.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
-(detAVI: local step at temperature T_t and the target tempered by
-``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
+(detAVI: local step at temperature T_t and the target tempered block by
+block, each family's ``temper``) or stochastic (stochAVI: the target mixed with a fresh
 ``model.random_init`` at weight ρ_t, drawn from the state's random stream).
 The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
-ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A row-wise model
-makes its own step, so it declares the kinds it supports (``annealing_kinds``;
-PMF: none and svi+; LDA: all four). For a deterministic or stochastic annealer
-``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
-``restart_rng``: a generator at the state's random stream (after the SVI+
-draws) when ρ_t > 0, else None, so η_t comes from the same draws as on the
-dense path and nothing is drawn when ρ_t = 0.
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A model of row
+blocks declares the kinds it supports (``annealing_kinds``; PMF: none and
+svi+). LDA, on the scaled-columns storage, declares all four: the engine takes
+T_t and ρ_t from the annealer and, when ρ_t > 0, draws η_t from the state's
+random stream after the SVI+ draws, as on the dense path, so nothing is drawn
+when ρ_t = 0.
 
 Examples
 --------
@@ -82,8 +94,33 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from ..models.base import NatParams
+from ..models.blocks import blocks_temper
 from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
+from .blocks import dense_step, is_rowwise, row_init, row_update
 from .schedules import Constant, RobbinsMonro, Schedule
+from .storage_columns import ScaledColumns
+
+#: Storages a model may declare for its global block (``global_storage``); "dense" is
+#: the engine's own ``NatParams`` arithmetic below.
+STORAGES = {"scaled_columns": ScaledColumns}
+
+
+def storage_for(model):
+    """The storage object of ``model``'s declared ``global_storage``, or None (dense)."""
+    name = getattr(model, "global_storage", "dense")
+    if name == "dense":
+        return None
+    if name not in STORAGES:
+        raise ValueError(f"model {getattr(model, 'name', model)!r} declares global_storage {name!r}; "
+                         f"known: {', '.join(['dense', *STORAGES])}")
+    return STORAGES[name](model)
+
+
+def owns_its_step(model) -> bool:
+    """True when λ is not one dense ``NatParams`` stepped by :meth:`SVI.step_towards`
+    (row blocks, or a declared storage such as LDA's scaled columns): such a model's
+    update cannot be split into dense worker deltas yet (scale-out refuses it)."""
+    return is_rowwise(model) or getattr(model, "global_storage", "dense") != "dense"
 
 
 @dataclass(frozen=True)
@@ -93,12 +130,13 @@ class EngineState:
     Immutable: :meth:`SVI.update` returns a new state. ``rng_state`` is the
     numpy PCG64 state as a JSON-serialisable dict. One exception: LDA writes
     its stored topic matrix in place (only the batch's words; see its module
-    docs), so an LDA state passed to ``update`` must not be used afterwards
-    (it is unchanged when ``update`` raises).
+    docs; the engine's scaled-columns storage), so an LDA state passed to
+    ``update`` must not be used afterwards (it is unchanged when ``update`` raises).
 
-    ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
-    models" in the module docs; PMF keeps its id→row maps and per-row counts
-    there): None for every other model. A dict whose values are JSON values
+    ``aux`` is state beside λ for row blocks (see "Row blocks" in the module
+    docs: the id→row maps and per-row counts) and the scaled-columns storage
+    (LDA: per-topic Σ_w μ_kw² and the last global ELBO term): None for every
+    other model. A dict whose values are JSON values
     or numpy arrays; it is never modified in place (an update returns a new
     dict), and :mod:`~streamsvi.inference.state` saves it without pickle.
     """
@@ -272,6 +310,10 @@ class SVI:
     boundary_fraction: float = 0.9
     short_batches: str = "error"
     annealer: Annealer | None = None
+    #: caches of the row storage (id→row indices, record formats): never state, never compared
+    _rows_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: the model's declared storage (``storage_for``), made on first use: never state, never compared
+    _storage_obj: object = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _check_positive_number("n_total", self.n_total)
@@ -310,9 +352,13 @@ class SVI:
     def init(self, x_init, seed: int = 0) -> EngineState:
         """A fresh state: λ from ``model.init_params`` on ``x_init``, step 0."""
         rng = np.random.Generator(np.random.PCG64(seed))
-        init_state = getattr(self.model, "init_state", None)   # row-wise models (module docs)
-        if init_state is not None:
-            lam, aux = init_state(rng, self.model.check_batch(x_init), self.n_total)
+        if is_rowwise(self.model):                     # growing rows keyed by id (module docs)
+            lam, aux = row_init(self.model, self._rows_cache, rng, self.model.check_batch(x_init))
+            return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
+                               aux=aux)
+        storage = self._storage()
+        if storage is not None:                                  # a declared storage (module docs)
+            lam, aux = storage.init(rng, self.model.check_batch(x_init), self.n_total)
             return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
                                aux=aux)
         lam = self.model.init_params(rng, self.model.check_batch(x_init), self.n_total)
@@ -365,7 +411,7 @@ class SVI:
         exposed so that the noise of λ'_t can be studied on its own. ``t`` is
         the step the target is for (default ``state.step + 1``). Under
         deterministic annealing the local step runs at T_t and the target is
-        ``model.temper(λ̂, T_t)``; under stochastic annealing it is
+        λ̂ tempered block by block (each family's ``temper``); under stochastic annealing it is
         (1 − ρ_t) λ̂ + ρ_t η_t with η_t = ``model.random_init`` drawn from the
         state's random stream (nothing is drawn when ρ_t = 0).
         """
@@ -389,7 +435,7 @@ class SVI:
             stats = stats_w = model.suffstats(local, x)
         target = model.prior() + stats_w * (float(self.n_total) / S)
         if T != 1.0:
-            target = model.temper(target, T)
+            target = self._temper(target, T)
         rho_a = ann.restart_weight(t)
         if rho_a > 0:
             rng = np.random.Generator(np.random.PCG64())
@@ -409,8 +455,11 @@ class SVI:
         both cases nothing changed.
         """
         model = self.model
-        if hasattr(model, "svi_step"):          # row-wise models (module docs)
-            return self._rowwise_update(state, x)
+        if is_rowwise(model):                   # growing rows keyed by id (module docs)
+            return self._row_update(state, x)
+        storage = self._storage()
+        if storage is not None:                 # scaled columns (LDA; module docs)
+            return self._columns_update(storage, state, x)
         t = state.step + 1
         tg = self.stochastic_target(state, x, t)
         x, local, stats, target, M = tg.x, tg.local, tg.stats, tg.target, tg.effective_batch_size
@@ -431,12 +480,8 @@ class SVI:
         # untempered local step too (one more per update while T_t > 1).
         elbo_local = local if tg.temperature == 1.0 else model.local_step(lam, x)
         elbo = model.global_elbo(lam) + scale * float(np.sum(model.local_elbo(elbo_local)))
-        if S > 1:
-            mean_sq = stats.sqnorm() / (S * S)
-            tr_cov = max(0.0, (float(np.sum(model.suffstats_sqnorm(local, x))) - S * mean_sq) / (S - 1))
-            grad_var = N * N * tr_cov / M
-        else:
-            grad_var = float("nan")
+        grad_var = _grad_variance(stats.sqnorm() if S > 1 else 0.0,
+                                  model.suffstats_sqnorm(local, x) if S > 1 else None, S, N, M)
         gradient = target - lam
         grad_norm = math.sqrt(gradient.sqnorm())
         info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
@@ -462,26 +507,14 @@ class SVI:
         weight was negative (``min_weight`` ≥ 0: λ̂ is inside). Shared by
         :meth:`update` and the scale-out applier, which gets λ̂ from a worker.
         """
-        model, tau = self.model, self.boundary_fraction
-        clipped = blocks = 0
-        if min_weight < 0 and not model.in_domain(
-                NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
-            rho_arr = {}
-            for names, limit in model.max_step(lam, target):
-                limit = np.asarray(limit, float)
-                rho_b = np.minimum(rho, tau * limit)
-                clipped += int(np.count_nonzero(rho_b < rho))
-                blocks += int(limit.size)
-                for nm in names:
-                    rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
-            new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
-                                 for k in lam})
-        else:
-            new_lam = lam * (1.0 - rho) + target * rho
-        return new_lam, clipped, blocks
+        return dense_step(self.model.param_blocks, lam, target, rho, self.boundary_fraction, min_weight)
 
-    def _rowwise_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
-        """:meth:`update` for a model with ``svi_step``: same weights, the model applies the step."""
+    def _temper(self, target: NatParams, T: float) -> NatParams:
+        """θ(target)/T block by block (each block's family tempers its own parameters)."""
+        return blocks_temper(self.model.param_blocks, target, T)
+
+    def _row_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """:meth:`update` for a model of row blocks (module docs): same weights, the row step."""
         model = self.model
         x = model.check_batch(x)
         S = x.shape[0]
@@ -490,20 +523,11 @@ class SVI:
         weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
         ann = self.annealing
         T, rho_a = ann.temperature(t), ann.restart_weight(t)
-        context, rng = {}, None
-        if ann.kind in ("deterministic", "stochastic"):     # declared by the model (check_model)
-            if rho_a > 0:                   # η_t from the state's stream, as stochastic_target
-                rng = np.random.Generator(np.random.PCG64())
-                rng.bit_generator.state = rng_state
-            context = {"temperature": T, "restart_weight": rho_a, "restart_rng": rng}
-        out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(self.n_total),
-                             records_before=state.records_seen, schedule=self.schedule, step=t,
-                             boundary_fraction=self.boundary_fraction, effective_batch_size=M,
-                             **context)
-        if rng is not None:
-            rng_state = rng.bit_generator.state
+        out = row_update(model, self._rows_cache, state.lam, state.aux, x, weights=weights,
+                         n_total=float(self.n_total), records_before=state.records_seen,
+                         schedule=self.schedule, tau=self.boundary_fraction, effective_batch_size=M)
         new_lam = out["lam"]
-        if not out.get("checked_finite") and not new_lam.all_finite():
+        if not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
         N = float(self.n_total)
         info = UpdateInfo(step=t, rho=self.schedule(t), batch_size=S, effective_batch_size=M,
@@ -515,6 +539,59 @@ class SVI:
                           annealing_level=self._annealing_level(noise_var, T, rho_a),
                           temperature=T, restart_weight=rho_a)
         return EngineState(step=t, lam=new_lam, rng_state=rng_state,
+                           records_seen=state.records_seen + S, aux=out["aux"]), info
+
+    # ------------------------------------------------ scaled-columns storage
+    def _storage(self):
+        """The model's declared storage object (None: dense or row blocks), made once."""
+        if self._storage_obj is False:
+            self._storage_obj = storage_for(self.model)
+        return self._storage_obj
+
+    def _columns_update(self, storage, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """:meth:`update` through a column storage (:mod:`.storage_columns`): the same
+        weights, annealing levels, random stream and metrics as the dense update; the
+        storage writes λ only in the batch's columns (or densely, see its docs)."""
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        t = state.step + 1
+        N = float(self.n_total)
+        scale = N / S
+        M = self.effective_size(S, t)
+        weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
+        ann = self.annealing
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        lam, aux = storage.prepare(state.lam, state.aux, dense=rho_a > 0)
+        # the reported ELBO is the untempered objective's: under detAVI one more local step
+        # (first, so the tempered local step's λ columns are the ones the step reuses)
+        elbo_local = model.local_step(lam, x) if T != 1.0 else None
+        local = model.local_step(lam, x) if T == 1.0 else model.local_step(lam, x, temperature=T)
+        if elbo_local is None:
+            elbo_local = local
+        cols, Sw, Su = model.column_suffstats(local, weights)
+        eta_t = None
+        if rho_a > 0:                           # η_t from the state's stream, as stochastic_target
+            rng = np.random.Generator(np.random.PCG64())
+            rng.bit_generator.state = rng_state
+            eta_t = model.random_init(rng, x, N)["topic_word"]
+            rng_state = rng.bit_generator.state
+        min_w = 1.0 if weights is None else float(weights.min())
+        rho = self.schedule(t)
+        out = storage.step(lam, aux, local, cols, Sw, scale=scale, rho=float(rho),
+                           tau=float(self.boundary_fraction), min_weight=min_w, step=t,
+                           temperature=T, restart_weight=rho_a, restart=eta_t)
+        elbo = out["global_elbo"] + scale * float(np.sum(model.local_elbo(elbo_local)))
+        grad_var = _grad_variance(float(np.einsum("ij,ij->", Su, Su)) if S > 1 else 0.0,
+                                  model.suffstats_sqnorm(local) if S > 1 else None, S, N, M)
+        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
+                          elbo_per_record=elbo / N, grad_variance=grad_var,
+                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
+                          domain_blocks=out["domain_blocks"], min_weight=min_w,
+                          annealing_level=self._annealing_level(noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
+        return EngineState(step=t, lam=out["lam"], rng_state=rng_state,
                            records_seen=state.records_seen + S, aux=out["aux"]), info
 
     def _annealing_level(self, noise_var: float, T: float, rho_a: float) -> float:
@@ -581,6 +658,18 @@ class SVI:
         if self.annealer is not None:
             d["annealer"] = self.annealer.to_dict()
         return d
+
+
+def _grad_variance(stats_sqnorm: float, record_sqnorms, S: int, N: float, M: float) -> float:
+    """N² tr(Σ̂) / M: the estimated total variance of the natural gradient (``UpdateInfo``).
+
+    ``stats_sqnorm`` ‖Σ_n E_q[t(θ_n)]‖² and ``record_sqnorms`` the per-record
+    ‖E_q[t(θ_n)]‖²; tr(Σ̂) is their sample covariance's trace. NaN for one record."""
+    if S <= 1:
+        return float("nan")
+    mean_sq = stats_sqnorm / (S * S)
+    tr_cov = max(0.0, (float(np.sum(record_sqnorms)) - S * mean_sq) / (S - 1))
+    return N * N * tr_cov / M
 
 
 def start_records(model, batch_size: int, n_total: float) -> float:

@@ -76,53 +76,56 @@ document's fixed point early in training did not help).
 Sparse global step (Hoffman et al. 2010 §3.3 and Mimno, Hoffman & Blei 2012
 keep λ this way). The engine's update ``λ ← (1 − ρ)λ + ρ(η + (N/|S|) Σ_d w_d
 n_dw φ_dwk)`` moves a word the batch does not hold only towards η:
-λ'_kw − η = (1 − ρ)(λ_kw − η). So :meth:`LDA.init_state` keeps λ as
+λ'_kw − η = (1 − ρ)(λ_kw − η). So the model declares ``global_storage =
+"scaled_columns"``, and the engine keeps λ as
 
     λ_kw = s_k · μ_kw + c_k        (``word_topic`` μᵀ (V, K), ``topic_scale`` s,
                                    ``topic_offset`` c, ``topic_stored_sum`` Σ_w μ_kw)
 
-and :meth:`LDA.svi_step` (the engine's row-wise hook) folds (1 − ρ_k) into
-s_k and c_k, (1 − ρ_k)c_k + ρ_k η, and writes μ only in the batch's words,
-(λ'_kw − c'_k)/s'_k, updating the stored row sums as it goes; so the row sums
-Σ_w λ_kw = s_k Σ_w μ_kw + V c_k of E[log β] cost O(K), and the local step
-computes ψ(λ_kw) only in the batch's words (every E[log β] it uses is the
-dense computation's, bit for bit). The result equals the dense update to
-rounding (tested to 1e-10 over many steps, with SVI+ weights and the
-fraction-to-boundary rule): the per-topic limit comes from the batch's words,
-plus, when ρ/τ > 1, the largest untouched λ_kw (the only untouched value
-that can cross 0 on the extended segment). A topic whose scale falls below
-1e-100 is folded back (μ_k ← s_k μ_k + c_k, s_k = 1, c_k = 0: a pass over one
-topic). A step with ρ_k = 1 (batch VI) forgets λ and is done densely; its λ is
-the plain ``NatParams(topic_word=λ)``, which the next sparse step converts with
-one copy (so do snapshots of earlier releases). μ is updated in place: the
-state passed to an update shares it with the state returned. Everything
-that takes λ accepts both forms (:meth:`LDA.lam_matrix` gives λ itself, a
-dense pass; a loaded snapshot's ``fitted.lam`` is λ).
+and makes the step itself (:mod:`streamsvi.inference.storage_columns`, whose
+docs are the storage's spec): it folds (1 − ρ_k) into s_k and c_k and writes μ
+only in the batch's words. This file holds only the math the step needs: the
+local step on the batch's columns (which reads λ there through
+:meth:`LDA.lam_columns`, and the row sums Σ_w λ_kw = s_k Σ_w μ_kw + V c_k of
+E[log β] in O(K), so every E[log β] it uses is the dense computation's, bit for
+bit; the λ columns it read travel on :class:`LDALocal` as ``lam_cols`` so the
+step does not read them again), the statistics over those columns
+(:meth:`LDA.column_suffstats`), the prior η as one number
+(:attr:`LDA.column_prior`), the initial topics one at a time
+(:meth:`LDA.init_topics`) and the ELBO terms. The step equals the dense update
+to rounding (tested to 1e-10 over many steps, with SVI+ weights and the
+fraction-to-boundary rule). A step with ρ_k = 1 (batch VI) forgets λ and is
+done densely; its λ is the plain ``NatParams(topic_word=λ)``, which the next
+sparse step converts with one copy (so do snapshots of releases before the
+scaled form). μ is updated in place: the state passed to an update shares it
+with the state returned. Everything here that takes λ accepts both forms
+(:meth:`LDA.lam_matrix` gives λ itself, a dense pass; a loaded snapshot's
+``fitted.lam`` is λ).
 
-Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds,
-and the engine hands ``svi_step`` T_t, ρ^a_t and the random stream).
+Annealing (:mod:`streamsvi.inference.annealing`; LDA declares all four kinds).
 Deterministic (T_t ≠ 1): the local step runs at T_t on the batch's columns
 (:meth:`LDA._fit_gamma_tempered`), the target is tempered, λ̂_T = 1 + (λ̂ − 1)/T_t,
 and a word the batch does not hold moves towards η_T = 1 + (η − 1)/T_t, a
 constant that folds into c_k as η does: the step stays sparse, at the cost of a
 second (untempered) local step per update for the reported ELBO. Stochastic
 (ρ^a_t > 0): λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t with η_t = :meth:`LDA.random_init`, a
-dense K × V draw, so the step is dense (λ materialised, the target, η_t and the
-new λ: a few K × V arrays and the K·V Dirichlet draws) and returns the plain λ;
-the first step after the annealer is off converts it back with one copy. Both
-equal the engine's dense annealed update to rounding (tested to 1e-10).
+dense K × V draw, so the engine's step is dense (λ materialised, the target,
+η_t and the new λ: a few K × V arrays and the K·V Dirichlet draws) and returns
+the plain λ; the first step after the annealer is off converts it back with one
+copy. Both equal the engine's dense annealed update to rounding (tested to 1e-10).
 
-Metrics of an update, and what they cost: the ELBO's documents' part and the
-gradient variance come from the batch (as before); ‖ĝ‖ is exact, from the
-batch's words and per-topic sums of μ and μ² kept in ``aux``; the global term
-−Σ_k KL(q(β_k) ‖ p(β_k)) is a dense pass over λ (~0.4 s at K = 100, V = 100k),
-recomputed at update 1, at every update with ρ_k = 1, and every
-max(1, round(K·V / 2^16)) updates (every 2nd at NYT, K = 50; every 153rd at
-K = 100, V = 100k); in between the reported ELBO reuses the last value, and
-``aux["global_elbo_step"]`` says which λ it was computed at. Scoring
-(held-out bound, perplexity with ``topic_kl="none"``, topic proportions) reads
-only the scored documents' words; ``topic_kl="full"``/``"apportioned"`` and
-:meth:`LDA.global_elbo` are a dense pass when called.
+Metrics of an update, and what they cost (the storage's docs): the ELBO's
+documents' part and the gradient variance come from the batch; ‖ĝ‖ is exact,
+from the batch's words and per-topic sums of μ and μ² kept in ``aux``; the
+global term −Σ_k KL(q(β_k) ‖ p(β_k)) (:meth:`LDA.global_elbo`) is a dense pass
+over λ (~0.4 s at K = 100, V = 100k), recomputed at update 1, at every update
+with ρ_k = 1, and every max(1, round(K·V / 2^16)) updates (every 2nd at NYT,
+K = 50; every 153rd at K = 100, V = 100k); in between the reported ELBO reuses
+the last value, and ``aux["global_elbo_step"]`` says which λ it was computed
+at. Scoring (held-out bound, perplexity with ``topic_kl="none"``, topic
+proportions) reads only the scored documents' words;
+``topic_kl="full"``/``"apportioned"`` and :meth:`LDA.global_elbo` are a dense
+pass when called.
 
 ELBO (all constants). Per document, at φ optimal for the final γ::
 
@@ -170,7 +173,8 @@ from scipy.special import digamma, gammaln
 
 from ..settings import ConfigKind, Setting
 from .base import (ChecksState, ConjugateModel, NatParams, PairedStats, RandomRestart, RowWise, ScoresRecords,
-                   StoredScaled, Tempered, segment_limit_positive, temper_dirichlet)
+                   StoredScaled, Tempered)
+from .blocks import DenseBlock, Dirichlet
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)
@@ -197,10 +201,6 @@ _COMPACT = 0.75
 _NARROW = 0.8
 #: Dense passes over λ (global ELBO, rescaling) go through column blocks of this many elements.
 _CHUNK = 2 ** 20
-#: The scaled form folds a topic's scale into its stored row when the scale falls below this.
-_RESCALE_BELOW = 1e-100
-#: The global ELBO term is recomputed every max(1, round(K·V / this)) updates (module docs).
-_ELBO_ELEMENTS = 2 ** 16
 
 
 @dataclass(frozen=True)
@@ -219,6 +219,8 @@ class LDALocal:
     ids of the batch, and ``exp_beta`` (K, len(cols)) holds only those columns
     (the local step never reads the others). ``xc`` is ``x`` with its word ids
     renumbered into ``cols`` (``x`` itself when ``cols`` is None).
+    ``lam_cols``: λ in those columns, word-major (len(cols), K), as the local step
+    read them (the engine's step reuses them); None when ``cols`` is None.
     """
 
     x: sp.csr_matrix
@@ -230,6 +232,7 @@ class LDALocal:
     n_iter: np.ndarray
     cols: np.ndarray | None = None
     xc: sp.csr_matrix | None = None
+    lam_cols: np.ndarray | None = None
 
 
 def _blocks(lens_sorted: np.ndarray, K: int):
@@ -357,8 +360,11 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
     #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
+    #: how the engine stores and steps λ (:mod:`streamsvi.inference.storage_columns`):
+    #: λ_kw = s_k μ_kw + c_k, written only in a batch's words (module docs)
+    global_storage = "scaled_columns"
     # annealing kinds (``streamsvi.inference.annealing``): all four, from Tempered and
-    # RandomRestart; ``svi_step`` takes T_t, ρ_t and the random stream of η_t (module docs)
+    # RandomRestart; the engine's scaled-columns step takes T_t, ρ^a_t and η_t (module docs)
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
@@ -411,7 +417,6 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         self._prior = NatParams(topic_word=np.full((K, V), self._eta))
         self._cache = None
         self._rowsum_cache = None
-        self._last_rows = None
 
     # ------------------------------------------------------------ settings
     def get_params(self) -> dict:
@@ -426,6 +431,12 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
     def prior(self) -> NatParams:
         """η (shared object: treat as read-only)."""
         return self._prior
+
+    @property
+    def column_prior(self) -> float:
+        """η as one number: the symmetric prior every λ_kw moves towards (the engine's
+        scaled-columns storage folds it into its per-topic offsets)."""
+        return self._eta
 
     def check_batch(self, x) -> sp.csr_matrix:
         """The documents as a CSR matrix (n, V) of float64 counts.
@@ -490,51 +501,21 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         seeds = X[pick].toarray() / Nd[pick][:, None]
         return self._eta + (W / K) * seeds
 
-    # ------------------------------------------------- the sparse global step
-    def _scaled(self, L: np.ndarray | None, rng=None) -> NatParams:
-        """λ = L (K, V) in the scaled form: μᵀ = Lᵀ (V, K), s = 1, c = 0, Σ_w μ_kw.
+    def init_topics(self, rng: np.random.Generator, x, n_total):
+        """The K rows of the initial λ of :meth:`init_params`, one (V,) row at a time.
 
-        One buffer, filled with one transposing copy of L (in column blocks); with
-        ``L=None``, ``init="gamma"``'s draws from ``rng`` go straight into it one
-        topic at a time (the same values as :meth:`init_params`: the same stream,
-        in the same order), so no K × V temporary is made."""
-        K, V = self.n_components, self.n_features
-        n = K * V
-        layout = (("word_topic", (V, K), 0, n), ("topic_scale", (K,), n, n + K),
-                  ("topic_offset", (K,), n + K, n + 2 * K), ("topic_stored_sum", (K,), n + 2 * K, n + 3 * K))
-        flat = np.empty(n + 3 * K)
-        muT = flat[:n].reshape(V, K)
-        sums = flat[n + 2 * K:]
-        if L is None:
-            for k in range(K):
-                row = rng.gamma(100.0, 0.01, V)
-                muT[:, k] = row
-                sums[k] = row.sum()
-        else:
-            for lo, hi in self._chunks():
-                muT[lo:hi] = L[:, lo:hi].T
-            sums[:] = L.sum(axis=1)
-        flat[n:n + K] = 1.0
-        flat[n + K:n + 2 * K] = 0.0
-        return NatParams._wrap(layout, flat)
-
-    def init_state(self, rng, x, n_total):
-        """(λ, aux) for :meth:`SVI.init`: λ from :meth:`init_params` in the scaled form
-        (module docs, "Sparse global step"; the same values) and aux's stored sums."""
+        The same values from the same draws in the same order as :meth:`init_params`
+        (``"gamma"`` draws one topic at a time), so the engine's scaled-columns storage
+        fills its buffer without a K × V temporary."""
+        X = self.check_batch(x)
         if self.init == "gamma":
-            self.check_batch(x)
-            lam = self._scaled(None, rng)
-        else:
-            lam = self._scaled(self._init_matrix(rng, x, n_total))
-        return lam, self._aux_for(lam)
-
-    def _aux_for(self, lam: NatParams, elbo=None, elbo_step=-1) -> dict:
-        mu = lam["word_topic"]
-        return {"stored_sqsum": np.einsum("ij,ij->j", mu, mu), "global_elbo": elbo,
-                "global_elbo_step": int(elbo_step)}
+            K, V = self.n_components, self.n_features
+            return (rng.gamma(100.0, 0.01, V) for _ in range(K))
+        return iter(self._init_matrix(rng, X, n_total))
 
     def check_state(self, lam: NatParams, aux) -> None:
-        """Raise ``ValueError`` unless (λ, aux) is an LDA state of this model (either form)."""
+        """Raise ``ValueError`` unless (λ, aux) is an LDA state of this model (either form:
+        plain, or the engine's scaled columns, :mod:`streamsvi.inference.storage_columns`)."""
         K, V = self.n_components, self.n_features
         names = set(lam)
         want = {"topic_word": (K, V)}
@@ -554,183 +535,6 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
             if q is not None and np.shape(q) != (K,):
                 raise ValueError(f"aux stored_sqsum must have {K} entries, got shape {np.shape(q)}")
 
-    def _rescale(self, lam: NatParams, rows) -> None:
-        """Fold s_k, c_k into the stored topics ``rows`` in place (μ_k ← s_k μ_k + c_k)."""
-        mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
-        for k in rows:
-            col = mu[:, k]
-            col *= s[k]
-            col += c[k]
-            s[k], c[k] = 1.0, 0.0
-            R[k] = col.sum()
-
-    def svi_step(self, lam, aux, x, *, weights, n_total, schedule, step, boundary_fraction,
-                 effective_batch_size, temperature=1.0, restart_weight=0.0, restart_rng=None,
-                 **context) -> dict:
-        """One SVI / SVI+ / annealed update that writes only the batch's columns of λ (module docs).
-
-        Equals the engine's dense update ``λ ← (1 − ρ_k) λ + ρ_k λ̂`` with λ̂ = η + (N/|S|)
-        Σ_d w_d E_q[t(θ_d)] and the same per-topic fraction-to-boundary ρ_k, to rounding.
-        The stored matrix of ``lam`` is updated in place: the state passed in shares
-        it with the state returned and must not be used afterwards. Nothing is
-        written when the update would make λ non-finite (``FloatingPointError``).
-
-        Annealing (module docs, "Annealing"): ``temperature`` T_t ≠ 1 runs the local
-        step at T_t on the batch's columns and tempers the target, λ̂_T = 1 + (λ̂ − 1)/T_t;
-        a word the batch does not hold then moves towards η_T = 1 + (η − 1)/T_t, a
-        per-topic constant folded into c_k like η, so the step stays sparse.
-        ``restart_weight`` ρ^a_t > 0 mixes in η_t = :meth:`random_init` drawn from
-        ``restart_rng`` (the engine's random stream), λ̂ ← (1 − ρ^a_t) λ̂ + ρ^a_t η_t;
-        η_t is dense, so that step is dense and returns the plain λ. The reported
-        ELBO is the untempered one (an untempered local step while T_t ≠ 1).
-        """
-        X = self.check_batch(x)
-        K, V, eta = self.n_components, self.n_features, self._eta
-        S = X.shape[0]
-        N = float(n_total)
-        scale = N / S
-        T, rho_a = float(temperature), float(restart_weight)
-        restart = rho_a > 0.0
-        if restart and restart_rng is None:
-            raise ValueError("restart_weight > 0 needs restart_rng (the random stream η_t is drawn from)")
-        if restart:                                 # a dense step: either form as it is
-            aux = aux if aux is not None else {}
-        else:
-            if not self.is_scaled(lam):             # a plain λ (old snapshot, or after a dense step)
-                lam = self._scaled(lam["topic_word"])   # one copy, once
-                aux = None
-            if aux is None or aux.get("stored_sqsum") is None:
-                aux = self._aux_for(lam)
-        # the ELBO's local part is the untempered objective's (first, so the tempered
-        # step's λ rows are the ones svi_step reuses below)
-        elbo_local = self.local_step(lam, X) if T != 1.0 else None
-        local = self.local_step(lam, X, temperature=T)
-        if elbo_local is None:
-            elbo_local = local
-        cols = np.arange(V) if local.cols is None else local.cols
-        if weights is None:
-            Sw = Su = self._suffstats_cols(local)
-        else:
-            Sw, Su = self._suffstats_pair_cols(local, weights)
-        # word-major (|u|, K) throughout: the stored μᵀ's rows of the batch's words are contiguous
-        SwT, SuT = Sw.T, Su.T
-        last, self._last_rows = self._last_rows, None
-        if last is not None and last[0] is lam and last[1] is cols:
-            lam_u = last[2]                            # as the local step computed them
-        else:
-            lam_u = self._rows(lam, cols)
-        tgt_u = SwT * scale
-        tgt_u += eta
-        e = eta                                       # the target of a word the batch does not hold
-        if T != 1.0:
-            tgt_u = temper_dirichlet(tgt_u, T)
-            e = float(temper_dirichlet(np.float64(eta), T))
-        rho = float(schedule(step))
-        tau = float(boundary_fraction)
-        if restart:                                   # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
-            L = self.lam_matrix(lam)                  # (a plain λ itself: not copied)
-            tgt = self._full(local, Sw) * scale
-            tgt += eta
-            if T != 1.0:
-                tgt = temper_dirichlet(tgt, T)
-            tgt *= 1.0 - rho_a
-            tgt += self.random_init(restart_rng, X, N)["topic_word"] * rho_a
-        else:
-            mu, s, c, R = lam["word_topic"], lam["topic_scale"], lam["topic_offset"], lam["topic_stored_sum"]
-
-        # fraction-to-boundary, as the engine: membership test at ρ/τ first, per-topic limits if it fails
-        rho_k = np.full(K, rho)
-        clipped = blocks = 0
-        if weights is not None and float(np.min(weights)) < 0:
-            r = rho / tau
-            if restart:
-                lim = segment_limit_positive(L, tgt).min(axis=1)
-            else:
-                lim = segment_limit_positive(lam_u, tgt_u).min(axis=0)
-            if not restart and r > 1.0 and cols.size < V:
-                # an untouched λ_kw moves towards e; beyond s = 1 it can cross 0 (at s = λ/(λ − e))
-                keep = np.ones(V, dtype=bool)
-                keep[cols] = False
-                top = np.max(mu, axis=0, where=keep[:, None], initial=-np.inf) * s + c
-                lim = np.minimum(lim, segment_limit_positive(top, np.full(K, e)))
-            if (lim <= r).any():
-                rho_k = np.minimum(rho, tau * lim)
-                clipped, blocks = int(np.count_nonzero(rho_k < rho)), K
-
-        # metrics at the λ before the update
-        every = max(1, round(K * V / _ELBO_ELEMENTS))
-        dense_step = restart or bool((rho_k >= 1.0).any())
-        if dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
-            G, G_step = self.global_elbo(lam), step - 1
-        else:
-            G, G_step = float(aux["global_elbo"]), int(aux["global_elbo_step"])
-        elbo = G + scale * float(np.sum(elbo_local.log_norm))
-        if restart:
-            g2 = float(np.sum(np.square(tgt - L)))
-        else:
-            Q = aux["stored_sqsum"]
-            d = c - e                                 # Σ_w (λ_kw − e)² = s²Q + 2s(c−e)R + V(c−e)²
-            full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
-            # Σ_{w∈u} (λ_kw − e)², and ‖λ̂ − λ‖² on the batch's words, without temporaries
-            ll = np.einsum("ij,ij->j", lam_u, lam_u)
-            lsum = lam_u.sum(axis=0)
-            touched = ll - 2.0 * e * lsum + cols.size * e * e
-            untouched = np.maximum(full_sq - touched, 0.0)
-            g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u)
-                                - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u) + ll.sum())) \
-                + float(untouched.sum())
-        grad_norm = math.sqrt(g2)
-        if S > 1:
-            mean_sq = float(np.einsum("ij,ij->", SuT, SuT)) / (S * S)
-            tr_cov = max(0.0, (float(np.sum(self.suffstats_sqnorm(local))) - S * mean_sq) / (S - 1))
-            grad_var = N * N * tr_cov / float(effective_batch_size)
-        else:
-            grad_var = float("nan")
-        out = {"elbo": elbo, "grad_variance": grad_var, "grad_norm": grad_norm,
-               "domain_clipped": clipped, "domain_blocks": blocks, "checked_finite": True}
-
-        if dense_step:                                # ρ_k = 1 or a restart: the plain form, densely
-            if not restart:
-                tgt = self._full(local, Sw) * scale
-                tgt += eta
-                if T != 1.0:
-                    tgt = temper_dirichlet(tgt, T)
-            if (rho_k == 1.0).all():
-                new = NatParams(topic_word=tgt)
-            else:
-                L = self.lam_matrix(lam) if not restart else L
-                new = NatParams(topic_word=(1.0 - rho_k)[:, None] * L + rho_k[:, None] * tgt)
-            if not new.all_finite():
-                raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
-            out.update(lam=new, aux={"global_elbo": G, "global_elbo_step": G_step})
-            return out
-
-        keep_k = 1.0 - rho_k
-        s_new = keep_k * s
-        c_new = keep_k * c + rho_k * e
-        mu_u = lam_u * keep_k                          # λ' on the batch's words ...
-        tgt_u *= rho_k
-        mu_u += tgt_u
-        mu_u -= c_new                                  # ... as stored: (λ' − c')/s'
-        mu_u /= s_new
-        if not (np.isfinite(mu_u).all() and np.isfinite(s_new).all() and np.isfinite(c_new).all()
-                and (s_new > 0).all()):
-            raise FloatingPointError(f"update {step} would make λ non-finite; state left unchanged")
-        old_u = mu[cols]
-        R_new = R + (mu_u.sum(axis=0) - old_u.sum(axis=0))
-        Q_new = Q + (np.einsum("ij,ij->j", mu_u, mu_u) - np.einsum("ij,ij->j", old_u, old_u))
-        mu[cols] = mu_u                                 # in place: only the batch's words
-        s[:], c[:], R[:] = s_new, c_new, R_new
-        small = np.flatnonzero(s_new < _RESCALE_BELOW)
-        if small.size:
-            self._rescale(lam, small)
-            Q_new = Q_new.copy()
-            for k in small:
-                Q_new[k] = float(np.dot(mu[:, k], mu[:, k]))
-        new_lam = NatParams._wrap(lam._layout, lam._flat)   # a new λ object over the same storage
-        out.update(lam=new_lam, aux={"stored_sqsum": Q_new, "global_elbo": G, "global_elbo_step": G_step})
-        return out
-
     # ---------------------------------------------------------- local step
     def _expectations(self, lam: NatParams, cols=None) -> dict:
         """E[log β], its per-word max m_w and exp(E[log β] − m_w); cached for the last λ.
@@ -744,15 +548,14 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         is a function of λ_kw, Σ_v λ_kv and its own column only.
         """
         if cols is not None:
-            LT = self._rows(lam, cols)
-            self._last_rows = (lam, cols, LT)           # svi_step reuses them
+            LT = self.lam_columns(lam, cols)
             elog = digamma(LT)
             elog -= digamma(self._rowsums(lam))
             m = elog.max(axis=1)
             ebt = np.subtract(elog, m[:, None])
             np.exp(ebt, out=ebt)
             return {"elog_beta": elog.T, "m": m, "exp_beta": ebt.T, "exp_beta_ext": None,
-                    "exp_beta_t": ebt}
+                    "exp_beta_t": ebt, "lam_cols": LT}
         cache = self._cache
         if cache is not None and cache[0] is lam:
             return cache[1]
@@ -794,14 +597,14 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
             return lam["topic_word"]
         out = np.empty((self.n_components, self.n_features))
         for lo, hi in self._chunks():
-            out[:, lo:hi] = self._rows(lam, slice(lo, hi)).T
+            out[:, lo:hi] = self.lam_columns(lam, slice(lo, hi)).T
         return out
 
     def dense_params(self, lam: NatParams) -> NatParams:
         """λ as a plain ``NatParams(topic_word=λ)`` (the form every release before wrote)."""
         return lam if not self.is_scaled(lam) else NatParams(topic_word=self.lam_matrix(lam))
 
-    def _rows(self, lam: NatParams, cols) -> np.ndarray:
+    def lam_columns(self, lam: NatParams, cols) -> np.ndarray:
         """λ[:, cols]ᵀ (len(cols), K), word-major: a new array (``cols`` an index array or a slice)."""
         if not self.is_scaled(lam):
             return np.ascontiguousarray(lam["topic_word"][:, cols].T)
@@ -1198,7 +1001,7 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
             Z = np.einsum("ij,ij->i", th[rows], EbW)
         return LDALocal(x=X, gamma=gamma, exp_theta=th, ratio=X.data / Z, exp_beta=EbT,
                         log_norm=np.full(n, np.nan), n_iter=n_iter, cols=cols,
-                        xc=Xc)
+                        xc=Xc, lam_cols=ex.get("lam_cols"))
 
     @staticmethod
     def _theta_tempered(gamma, inv):
@@ -1208,12 +1011,18 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         e *= inv
         return np.exp(e, out=e)
 
+    #: λ's one block (:mod:`streamsvi.models.blocks`): K Dirichlet rows over the V words,
+    #: ``topic_word`` in the plain form (the engine's scaled-columns storage steps it
+    #: through the same family, :mod:`streamsvi.inference.storage_columns`)
+    param_blocks = (DenseBlock(("topic_word",), Dirichlet(per="row")),)
+
     def temper(self, target: NatParams, T: float) -> NatParams:
         """Natural parameter ÷ T (seed 002 eq. 8): ``topic_word`` holds Dirichlet
         concentrations λ (natural parameter λ − 1), so λ_T = 1 + (λ − 1)/T."""
         if T == 1.0:
             return target
-        return NatParams(topic_word=temper_dirichlet(self.lam_matrix(target), T))
+        (fam,) = (b.family for b in self.param_blocks)
+        return NatParams(topic_word=fam.temper((self.lam_matrix(target),), T)[0])
 
     def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """Seed 002 §4.1: λ_k = η + s·u_k, u_k ~ Dirichlet(1, …, 1), s = c·D/K.
@@ -1287,7 +1096,8 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         log_norm = (word_ll + Nd * c + self._alpha_const - gammaln(gamma.sum(axis=1))
                     + gammaln(gamma).sum(axis=1) + ((self._alpha - gamma) * elog_t).sum(axis=1))
         return LDALocal(x=X, gamma=gamma, exp_theta=Et, ratio=ratio, exp_beta=ex["exp_beta"],
-                        log_norm=log_norm, n_iter=n_iter, cols=cols, xc=Xc)
+                        log_norm=log_norm, n_iter=n_iter, cols=cols, xc=Xc,
+                        lam_cols=ex.get("lam_cols"))
 
     # ------------------------------------------------- sufficient statistics
     def _ratio_matrix(self, local: LDALocal, ratio=None) -> sp.csr_matrix:
@@ -1318,6 +1128,19 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         S[:K] *= local.exp_beta
         S[K:] *= local.exp_beta
         return S[:K], S[K:]
+
+    def column_suffstats(self, local: LDALocal, weights=None):
+        """(cols, weighted, unweighted): the statistics over the batch's columns only.
+
+        ``cols`` are the batch's sorted word ids (all V when the local step read every
+        column); the two arrays (K, len(cols)) are Σ_d w_d n_dw φ_dwk and Σ_d n_dw φ_dwk
+        (the same array when ``weights`` is None). The engine's scaled-columns storage
+        steps λ from them (:mod:`streamsvi.inference.storage_columns`)."""
+        cols = np.arange(self.n_features) if local.cols is None else local.cols
+        if weights is None:
+            S = self._suffstats_cols(local)
+            return cols, S, S
+        return (cols, *self._suffstats_pair_cols(local, weights))
 
     def suffstats(self, local: LDALocal, x=None, weights=None) -> NatParams:
         """Σ_d w_d n_dw φ_dwk for every (k, w): (K, V). ``x`` is read from ``local``."""
@@ -1350,7 +1173,7 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         T = np.zeros(K)
         acc = 0.0
         for lo, hi in self._chunks():
-            Lc = self._rows(lam, slice(lo, hi))
+            Lc = self.lam_columns(lam, slice(lo, hi))
             T += Lc.sum(axis=0)
             f = digamma(Lc)
             f *= eta - Lc
@@ -1378,8 +1201,8 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per topic: the largest s keeping every λ_kw of topic k > 0."""
-        lim = segment_limit_positive(self.lam_matrix(lam), self.lam_matrix(target)).min(axis=1)
-        return [(("topic_word",), lim)]
+        (fam,) = (b.family for b in self.param_blocks)
+        return [(("topic_word",), fam.max_step((self.lam_matrix(lam),), (self.lam_matrix(target),)))]
 
     # ------------------------------------------------------------- scoring
     def topics(self, lam: NatParams, aux=None) -> np.ndarray:

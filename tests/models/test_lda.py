@@ -12,6 +12,8 @@ from streamsvi.datasets import make_lda_corpus
 from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi
 from streamsvi.models import LDA, NatParams, model_from_dict, model_to_dict
 from streamsvi.models import lda as lda_module
+from streamsvi.inference import storage_columns
+from streamsvi.inference.storage_columns import ScaledColumns
 
 sklearn_lda = pytest.importorskip("sklearn.decomposition")
 
@@ -413,19 +415,20 @@ def test_accelerated_local_step_reaches_the_same_fixed_point():
 
 # ------------------------------------------------------------ the sparse global step
 class _DenseLDA:
-    """The same LDA driven through the engine's dense update (no ``svi_step``): the reference."""
+    """The same LDA driven through the engine's dense update (no declared ``global_storage``,
+    so the engine's own dense step on ``NatParams(topic_word=λ)``): the reference."""
 
     def __init__(self, model):
         self._model = model
 
     def __getattr__(self, name):
-        if name in ("svi_step", "init_state", "check_state"):
+        if name in ("global_storage", "check_state"):
             raise AttributeError(name)
         return getattr(self._model, name)
 
 
 def _sparse_and_dense(model, X, steps, batch, **engine_kw):
-    """Run the sparse (svi_step) and the dense engine path side by side on the same batches."""
+    """Run the sparse (scaled columns) and the dense engine path side by side on the same batches."""
     sparse, dense = SVI(model, **engine_kw), SVI(_DenseLDA(model), **engine_kw)
     a, b = sparse.init(X, seed=7), dense.init(X, seed=7)
     assert model.is_scaled(a.lam) and not model.is_scaled(b.lam)
@@ -490,7 +493,7 @@ def test_sparse_step_writes_only_the_batch_words():
 def test_rescaling_the_stored_rows_keeps_the_update_exact(monkeypatch):
     """With ρ = 0.6 the scale falls below the (raised) threshold every few updates; the fold
     into the stored rows changes nothing beyond rounding."""
-    monkeypatch.setattr(lda_module, "_RESCALE_BELOW", 1e-2)
+    monkeypatch.setattr(storage_columns, "_RESCALE_BELOW", 1e-2)
     X = _corpus(n=120, K=3, V=300, length=10, seed=6)
     model = LDA(3, 300)
     runs = _sparse_and_dense(model, X, 15, 10, n_total=120, schedule=Constant(0.6))
@@ -503,7 +506,7 @@ def test_rescaling_the_stored_rows_keeps_the_update_exact(monkeypatch):
 def test_the_global_elbo_term_is_refreshed_every_few_updates(monkeypatch):
     """K·V / _ELBO_ELEMENTS = 4: the global term is exact at steps 1, 4, 8, …, and between
     them it is the one last computed (its step is in aux)."""
-    monkeypatch.setattr(lda_module, "_ELBO_ELEMENTS", 300)
+    monkeypatch.setattr(storage_columns, "_ELBO_ELEMENTS", 300)
     X = _corpus(n=100, K=4, V=300, length=10, seed=8)
     model = LDA(4, 300)
     engine = SVI(model, n_total=100)
@@ -646,7 +649,7 @@ def test_tempered_local_step_on_the_batch_columns_equals_the_full_one():
     X = _corpus(n=40, K=4, V=400, length=10, seed=13)
     model = LDA(4, 400, doc_topic_prior=0.2)
     lam = model.init_params(np.random.default_rng(1), X, 40)
-    scaled, _ = model.init_state(np.random.default_rng(1), X, 40)
+    scaled, _ = ScaledColumns(model).init(np.random.default_rng(1), X, 40)
     np.testing.assert_array_equal(model.lam_matrix(scaled), lam["topic_word"])
     full = {}
     model._local_path = "dense"                          # every column: the reference

@@ -98,8 +98,8 @@ def test_checkpoint_without_annealer_loads_as_before(tmp_path):
 @pytest.mark.parametrize("kind, expect", [("deterministic", Deterministic(T0=3.0, n_steps=4)),
                                           ("stochastic", Stochastic(rho0=0.5, n_steps=4))])
 def test_lda_takes_the_tempering_annealers(kind, expect):
-    """lda declares all four kinds: the config builds the annealer (it was refused for every
-    model with its own svi_step), and the engine's updates run it on LDA's sparse storage."""
+    """lda declares all four kinds: the config builds the annealer, and the engine's updates
+    run it on LDA's scaled-columns storage."""
     from streamsvi.datasets import make_lda_corpus
 
     table = {"deterministic": "T0 = 3\nn_steps = 4", "stochastic": "rho0 = 0.5\nn_steps = 4"}[kind]
