@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from streamsvi.datasets import make_blobs, make_lda_corpus
-from streamsvi.models import LDA, MODELS, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D, Ratings
+from streamsvi.models import HPF, LDA, MODELS, PMF, BayesianGMM, DiscreteHMM, KnownVarianceGMM1D, Ratings
 from streamsvi.models.hmm import sample_hmm
 
 
@@ -72,9 +72,24 @@ def _pmf_case():
     return PMF(n_factors=2, sigma2=0.25, prior_var=1.0, biases=True, offset=3.0), pmf_ratings()
 
 
+def hpf_counts(n_users=30, n_items=20, K=2, seed=7):
+    """A small synthetic count set from HPF's own generative model: the non-zero counts of
+    every (user, item) pair, ids mixing strings and integers."""
+    rng = np.random.default_rng(seed)
+    th, be = rng.gamma(0.8, 1.0, (n_users, K)), rng.gamma(0.8, 1.0, (n_items, K))
+    u, i = np.divmod(np.arange(n_users * n_items), n_items)
+    y = rng.poisson((th[u] * be[i]).sum(1))
+    keep = y > 0
+    return Ratings([f"u{v}" if v % 2 else int(v) for v in u[keep]], i[keep], y[keep])
+
+
+def _hpf_case():
+    return HPF(n_factors=2), hpf_counts()
+
+
 #: (id, factory) — every registered model must appear here (checked below).
 MODEL_CASES = [("gmm", _gmm_case), ("gmm_paper_prior_3d", _gmm3d_case), ("gmm_dp", _dp_case),
-               ("gauss1d", _gauss1d_case), ("hmm", _hmm_case), ("lda", _lda_case), ("pmf", _pmf_case)]
+               ("gauss1d", _gauss1d_case), ("hmm", _hmm_case), ("lda", _lda_case), ("pmf", _pmf_case), ("hpf", _hpf_case)]
 
 
 @pytest.fixture(params=[f for _, f in MODEL_CASES], ids=[i for i, _ in MODEL_CASES])

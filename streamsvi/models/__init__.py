@@ -5,10 +5,11 @@ from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
 from .lda import LDA
 from .pmf import PMF, Ratings
+from .hpf import HPF
 from .logistic import BayesianLogisticRegression, CorrelatedGaussianTarget, SoftmaxRegression
 
 #: name -> class, for rebuilding a model from saved settings.
-MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA, PMF)}
+MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA, PMF, HPF)}
 #: the non-conjugate models (gradient path, streamsvi.models.nonconjugate)
 MODELS.update({cls.name: cls for cls in (BayesianLogisticRegression, SoftmaxRegression,
                                           CorrelatedGaussianTarget)})
@@ -26,5 +27,5 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]

@@ -1,0 +1,625 @@
+"""Hierarchical Poisson factorisation (HPF) of implicit feedback (Gopalan, Hofman & Blei 2015).
+
+Data: counts y_ui ≥ 0 of plays, clicks or purchases of item i by user u. A
+record is a ``(user, item, count)`` triple of the **ratings record kind**
+(:class:`~streamsvi.models.pmf.Ratings`, the count in its ``rating`` field;
+see "Records" below for why).
+
+Generative model (the paper's §2, Fig. 1; a, a', b', c, c', d' are its
+names)::
+
+    ξ_u ~ Gamma(a', a'/b')           user activity          (shape, rate)
+    θ_uk | ξ_u ~ Gamma(a, ξ_u)       user preferences, k = 1..K
+    η_i ~ Gamma(c', c'/d')           item popularity
+    β_ik | η_i ~ Gamma(c, η_i)       item attributes
+    y_ui ~ Poisson(θ_uᵀ β_i)         every pair (u, i), zeros included
+
+With the auxiliary split y_ui = Σ_k z_uik, z_uik ~ Poisson(θ_uk β_ik), every
+complete conditional is Gamma or multinomial (the paper's eqs. 5–8).
+
+Variational family (mean field, the paper's eq. 9 and Fig. 5)::
+
+    q(θ_uk) = Gamma(γ^shp_uk, γ^rte_uk)     ``user_shape``, ``user_rate``  (U, K)
+    q(ξ_u)  = Gamma(a' + K a, κ^rte_u)      ``user_act_rate``              (U,)
+    q(β_ik) = Gamma(λ^shp_ik, λ^rte_ik)     ``item_shape``, ``item_rate``  (I, K)
+    q(η_i)  = Gamma(c' + K c, τ^rte_i)      ``item_pop_rate``              (I,)
+    q(z_ui) = Mult(y_ui, φ_ui)              local, one per non-zero count
+
+The shapes of ξ and η are constants of the model (a' + K a, c' + K c), so only
+their rates are stored. Gammas are stored as (shape, rate); the natural
+parameter is (shape − 1, −rate), an affine function of it, so the step
+λ ← (1 − ρ) λ + ρ λ̂ is the same in either coordinate.
+
+Coordinate updates (the paper's Fig. 5)::
+
+    φ_uik ∝ exp{E[log θ_uk] + E[log β_ik]}                                (1)
+    γ_uk  = ( a + Σ_i y_ui φ_uik ,  E[ξ_u] + Σ_i E[β_ik] )                 (2)
+    κ^rte_u = a'/b' + Σ_k E[θ_uk]                                         (3)
+    λ_ik  = ( c + Σ_u y_ui φ_uik ,  E[η_i] + Σ_u E[θ_uk] )                 (4)
+    τ^rte_i = c'/d' + Σ_k E[β_ik]                                         (5)
+
+with E[θ] = shape/rate and E[log θ] = ψ(shape) − log(rate).
+
+The streaming form. The shapes in (2) and (4) are sums over the **non-zero**
+counts only: a record (u, i, y) contributes the statistic y φ_ui to row u
+and to row i, exactly as a rating contributes to two rows in PMF, so they
+are estimated from a minibatch with PMF's per-row scaling (below). The
+rates are not: Σ_i E[β_ik] in (2) runs over **every** item, because every
+pair (u, i), observed or not, is a Poisson draw, and a zero count still
+pushes θ_u down through the −θ_uᵀβ_i term of its likelihood. No minibatch
+of non-zero records can estimate that sum, but it does not depend on the
+user, so the stream keeps it as two running totals in ``aux``::
+
+    B_k = Σ_{item rows i} E_q[β_ik]       ``beta_total``    (K,)
+    Θ_k = Σ_{user rows u} E_q[θ_uk]       ``theta_total``   (K,)
+
+and the rate targets of (2) and (4) are E[ξ_u] + B and E[η_i] + Θ, exact
+(not sampled) for the items (users) seen so far. A totals costs K numbers,
+and keeping it costs only the touched rows: a new row adds its initial
+E[·], an updated row adds E_new − E_old. When a batch touches every row of
+a side (batch VI, small data sets) the total is summed again from the rows,
+which also clears rounding drift (the test checks drift stays < 1e-10
+relative otherwise). An item never seen in the stream is not in B: on a
+fixed data set every item is in after the first epoch; on an open stream B
+covers the catalogue seen so far, which is what a stream can know.
+
+One update (``svi_step`` via the adapter at the end of the module) on a
+minibatch S of records touches the users S_u and items S_i in it. It is a
+block coordinate sweep, users first, like PMF's: φ (1) at the current λ,
+then users (2), (3); φ again at the new users, then items (4), (5). For a
+touched row, with n_u its records seen so far (this batch included), R the
+records seen, N the engine's ``n_total``::
+
+    N_u     = N n_u / R  (row_counts = "scaled")  or  n_u  ("seen")
+    shape^ = a + (N_u/|S_u|) Σ_{r ∈ S_u} w_r y_r φ_r           target of (2)
+    rate^  = E[ξ_u] + B                                        exact
+    shape_eff = a + (N_u / N_u^old)(shape − a)                 old data part rescaled to N_u
+    (shape, rate) ← (1 − ρ_u)(shape_eff, rate) + ρ_u (shape^, rate^)
+    κ^rte_u ← (1 − ρ_u) κ^rte_u + ρ_u (a'/b' + Σ_k E[θ_uk])    (3) at the new θ_u
+
+ρ_u = schedule(t_u), t_u the updates of row u (its own Robbins–Monro
+clock, as in PMF). w_r are the engine's SVI+ weights (1 for SVI). In batch
+mode (S = all records, ρ = 1) N_u/|S_u| = 1 and the sweep is exact CAVI
+(1)–(5), so the batch ELBO never decreases (each step maximises the ELBO in
+its block; tested). A negative weight can make a target shape ≤ 0: the row
+then takes ρ_u' = min(ρ_u, τ s_max) with s_max the step at which a shape
+reaches 0 (the engine's fraction-to-boundary rule, per row), counted in
+``domain_clipped``. The rates never leave the domain (sums of positive
+means).
+
+The ELBO (``UpdateInfo.elbo``, at λ before the update)::
+
+    L = Σ_{r ∈ S} (N/|S|) [ y_r log Σ_k exp(E log θ_uk + E log β_ik) − log y_r! ]
+        − Σ_k Θ_k B_k                                    (−E[θ_uᵀβ_i] over every pair)
+        + Σ_u { E log p(ξ_u) − E log q(ξ_u) + Σ_k [E log p(θ_uk | ξ_u) − E log q(θ_uk)] }
+        + Σ_i { the same for η_i, β_i }
+
+(the first line is the φ-maximised local term). In batch mode it is the
+exact ELBO of the data.
+
+Records. HPF uses the ratings record kind with the count in ``rating``
+rather than a kind of its own: the record is the same triple, so the JSON
+and binary codecs, the id rules (42 ≡ "42"), the dead-letter reasons and
+the validator (``[validation] min_rating = 0``) all carry over, and a new
+kind would have been 4–7 more files for no new information. ``check_batch``
+refuses counts that are negative, non-integer or non-finite.
+
+Scoring: :meth:`HPF.recommend` ranks items by the posterior mean rate
+E[θ_u]ᵀE[β_i] leaving out what the user already has (the pairs of the
+training stream, kept in ``aux["rated"]`` with ``remember_rated``);
+:meth:`HPF.predictive_logpdf` is the Poisson log-likelihood of held-out
+counts at that rate.
+
+Examples
+--------
+>>> import numpy as np
+>>> from streamsvi.inference import batch_vi
+>>> rng = np.random.default_rng(0)
+>>> th, be = rng.gamma(1.0, 1.0, (40, 2)), rng.gamma(1.0, 1.0, (30, 2))
+>>> u, i = np.divmod(np.arange(1200), 30)
+>>> y = rng.poisson((th[u] * be[i]).sum(1))
+>>> x = Ratings(u[y > 0], i[y > 0], y[y > 0])
+>>> model = HPF(n_factors=2)
+>>> engine = batch_vi(model, len(x))
+>>> state, infos = engine.fit(engine.init(x, seed=1), x, n_steps=20)
+>>> infos[-1].elbo > infos[0].elbo
+True
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+from scipy.special import digamma, gammaln, logsumexp
+
+from .base import NatParams
+from .pmf import Ratings, _hashed_normals, _RowIndex, canonical_id
+
+__all__ = ["HPF"]
+
+_NAMES = ("user_shape", "user_rate", "user_act_rate", "item_shape", "item_rate", "item_pop_rate")
+_ROW_KEYS = tuple(f"{s}_{c}" for s in ("user", "item") for c in ("n", "t", "N"))
+
+
+def _positive(name, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {v!r}")
+    return float(v)
+
+
+def _row_sums(rows, values, n) -> np.ndarray:
+    """Σ of ``values`` (S, K) per row in [0, n), in record order (one code for every caller,
+    so the step's and :meth:`HPF.suffstats`'s sums agree bit for bit)."""
+    out = np.zeros((n,) + values.shape[1:])
+    np.add.at(out, rows, values)
+    return out
+
+
+class HPF:
+    """Hierarchical Poisson factorisation; users and items are growing rows of Gamma factors.
+
+    Parameters
+    ----------
+    n_factors : int
+        K, the number of latent factors.
+    theta_shape, activity_shape, activity_mean : float
+        a, a', b' of the paper: θ_uk ~ Gamma(a, ξ_u), ξ_u ~ Gamma(a', a'/b')
+        (so E[ξ_u] = b').
+    beta_shape, popularity_shape, popularity_mean : float
+        c, c', d': β_ik ~ Gamma(c, η_i), η_i ~ Gamma(c', c'/d').
+    init_scale : float
+        New rows start at shape = prior shape · exp(init_scale · z), z ~ N(0, 1)
+        drawn from a hash of (seed, side, id): deterministic and independent of
+        arrival order (the random start that breaks the symmetry of the K factors).
+    row_counts : {"scaled", "seen"}
+        N_u: N n_u / R (epochs over a fixed set) or n_u (one pass over a stream).
+    remember_rated : bool
+        Keep the (user, item) pairs seen so that :meth:`recommend` leaves them
+        out (16 bytes per record in every snapshot).
+
+    The defaults a = a' = c = c' = 0.3, b' = d' = 1 are the paper's (§4).
+    """
+
+    name = "hpf"
+    record_kind = "ratings"
+    #: the coordinate blocks in the order of one sweep (module docs, (2)–(5))
+    blocks = (("user_shape", "user_rate"), ("user_act_rate",), ("item_shape", "item_rate"),
+              ("item_pop_rate",))
+    scoring_methods = ("recommend", "predict_rate", "predictive_logpdf")
+    #: no tempering of φ or random restarts yet: SVI and SVI+ only
+    annealing_kinds = ("none", "svi+")
+
+    def __init__(self, n_factors: int = 10, theta_shape: float = 0.3, activity_shape: float = 0.3,
+                 activity_mean: float = 1.0, beta_shape: float = 0.3, popularity_shape: float = 0.3,
+                 popularity_mean: float = 1.0, init_scale: float = 0.3, row_counts: str = "scaled",
+                 remember_rated: bool = True):
+        if isinstance(n_factors, bool) or not isinstance(n_factors, (int, np.integer)) or n_factors < 1:
+            raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
+        self.n_factors = int(n_factors)
+        self.theta_shape = _positive("theta_shape", theta_shape)
+        self.activity_shape = _positive("activity_shape", activity_shape)
+        self.activity_mean = _positive("activity_mean", activity_mean)
+        self.beta_shape = _positive("beta_shape", beta_shape)
+        self.popularity_shape = _positive("popularity_shape", popularity_shape)
+        self.popularity_mean = _positive("popularity_mean", popularity_mean)
+        self.init_scale = _positive("init_scale", init_scale)
+        if row_counts not in ("scaled", "seen"):
+            raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
+        self.row_counts = row_counts
+        if not isinstance(remember_rated, (bool, np.bool_)):
+            raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
+        self.remember_rated = bool(remember_rated)
+        K = self.n_factors
+        # per side: (shape of θ/β, shape of ξ/η (fixed), prior rate of ξ/η, initial rate of θ/β)
+        self._side = {
+            "user": (self.theta_shape, self.activity_shape + K * self.theta_shape,
+                     self.activity_shape / self.activity_mean, self.activity_mean),
+            "item": (self.beta_shape, self.popularity_shape + K * self.beta_shape,
+                     self.popularity_shape / self.popularity_mean, self.popularity_mean),
+        }
+        self._index = {"user": _RowIndex(), "item": _RowIndex()}
+
+    def get_params(self) -> dict:
+        return {"n_factors": self.n_factors, "theta_shape": self.theta_shape,
+                "activity_shape": self.activity_shape, "activity_mean": self.activity_mean,
+                "beta_shape": self.beta_shape, "popularity_shape": self.popularity_shape,
+                "popularity_mean": self.popularity_mean, "init_scale": self.init_scale,
+                "row_counts": self.row_counts, "remember_rated": self.remember_rated}
+
+    def __repr__(self):
+        return "HPF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
+
+    # ------------------------------------------------------------ batches
+    def check_batch(self, x) -> Ratings:
+        """A :class:`Ratings` of counts: at least one record, every count a finite integer ≥ 0."""
+        if not isinstance(x, Ratings):
+            try:
+                x = Ratings(x["user"], x["item"], x["rating"])
+            except (KeyError, TypeError, IndexError):
+                raise ValueError(f"an HPF batch must be Ratings (the count in 'rating') or have 'user', "
+                                 f"'item' and 'rating' columns, got {type(x).__name__}") from None
+        if len(x) == 0:
+            raise ValueError("x must hold at least one record, got 0")
+        y = x.rating
+        bad = ~(np.isfinite(y) & (y >= 0) & (y == np.floor(y)))
+        if bad.any():
+            at = np.flatnonzero(bad)[:10]
+            raise ValueError(f"HPF counts must be finite integers >= 0; got {y[at].tolist()} at records "
+                             f"{at.tolist()}")
+        return x
+
+    # ------------------------------------------------------------ moments
+    @staticmethod
+    def _mean(shape, rate):
+        return shape / rate
+
+    @staticmethod
+    def _elog(shape, rate):
+        return digamma(shape) - np.log(rate)
+
+    def _act_mean(self, side, act_rate):
+        return self._side[side][1] / act_rate
+
+    # ------------------------------------------------------------ λ and aux
+    def _init_rows(self, seed, side, ids):
+        """(shape, rate, act_rate) of new rows: hashed random shapes, the prior mean rate."""
+        a, A, r0, rate0 = self._side[side]
+        z = _hashed_normals(seed, side, ids, self.n_factors)
+        shape = a * np.exp(self.init_scale * z)
+        rate = np.full_like(shape, rate0)
+        act = r0 + self._mean(shape, rate).sum(axis=1)      # (3)/(5) at the initial row
+        return shape, rate, act
+
+    def init_state(self, rng, x, n_total):
+        """λ with one row per user and item of ``x`` (first-appearance order) and ``aux``."""
+        x = self.check_batch(x)
+        seed = int(rng.integers(0, 2**63))
+        aux = {"seed": seed, "users": [], "items": []}
+        lam = {}
+        for side in ("user", "item"):
+            _, new, grown = self._index[side].lookup([], getattr(x, side))
+            aux[f"{side}s"] = grown
+            shape, rate, act = self._init_rows(seed, side, new)
+            lam[f"{side}_shape"], lam[f"{side}_rate"] = shape, rate
+            lam[f"{side}_{'act' if side == 'user' else 'pop'}_rate"] = act
+            for c in ("n", "t", "N"):
+                aux[f"{side}_{c}"] = np.zeros(len(new))
+        lam = NatParams({k: lam[k] for k in _NAMES})
+        aux["theta_total"] = self._mean(lam["user_shape"], lam["user_rate"]).sum(axis=0)
+        aux["beta_total"] = self._mean(lam["item_shape"], lam["item_rate"]).sum(axis=0)
+        if self.remember_rated:
+            aux["rated"] = np.zeros((0, 2), dtype=np.int64)
+        return lam, aux
+
+    def init_params(self, rng, x, n_total) -> NatParams:
+        return self.init_state(rng, x, n_total)[0]
+
+    def check_state(self, lam, aux) -> None:
+        """Raise ``ValueError`` unless (λ, aux) is a consistent HPF state of this model."""
+        if set(lam) != set(_NAMES):
+            raise ValueError(f"HPF parameters must be {sorted(_NAMES)}, got {sorted(lam)}")
+        need = {"seed", "users", "items", "theta_total", "beta_total"} | set(_ROW_KEYS)
+        if not isinstance(aux, Mapping) or not need <= set(aux):
+            missing = sorted(need - set(aux or {}))
+            raise ValueError(f"an HPF state needs aux with {missing}")
+        K = self.n_factors
+        for side, act in (("user", "user_act_rate"), ("item", "item_pop_rate")):
+            n = len(aux[f"{side}s"])
+            for nm, shp in ((f"{side}_shape", (n, K)), (f"{side}_rate", (n, K)), (act, (n,))):
+                if np.shape(lam[nm]) != shp:
+                    raise ValueError(f"HPF {nm} has shape {np.shape(lam[nm])}, expected {shp} for {n} "
+                                     f"{side}s and K={K}")
+            for c in ("n", "t", "N"):
+                if np.shape(aux[f"{side}_{c}"]) != (n,):
+                    raise ValueError(f"aux {side}_{c} must have {n} entries, got {np.shape(aux[f'{side}_{c}'])}")
+        for nm in ("theta_total", "beta_total"):
+            if np.shape(aux[nm]) != (K,):
+                raise ValueError(f"aux {nm} must have K={K} entries, got {np.shape(aux[nm])}")
+
+    def in_domain(self, lam) -> bool:
+        return lam.all_finite() and all(bool(np.all(np.asarray(lam[k]) > 0)) for k in _NAMES)
+
+    # ------------------------------------------------------------ local step and statistics
+    def _rows(self, aux, x):
+        urows, new_u, _ = self._index["user"].lookup(aux["users"], x.user, grow=False)
+        irows, new_i, _ = self._index["item"].lookup(aux["items"], x.item, grow=False)
+        if new_u or new_i:
+            raise ValueError(f"ids without a row: users {new_u[:5]}, items {new_i[:5]}; start the state "
+                             f"with init_state on these records or let svi_step add them")
+        return urows, irows
+
+    @staticmethod
+    def _phi(elog_u, elog_i):
+        """φ (1) per record from the E[log] rows of its user and item; also log Σ_k exp(·) (the ELBO)."""
+        s = elog_u + elog_i
+        lse = logsumexp(s, axis=1)
+        return np.exp(s - lse[:, None]), lse
+
+    def local_step(self, lam, x, aux=None):
+        """φ (1) of every record of ``x`` at λ (every id must have a row in ``aux``)."""
+        x = self.check_batch(x)
+        if aux is None:
+            raise ValueError("HPF.local_step needs aux (the id→row maps of the state)")
+        urows, irows = self._rows(aux, x)
+        phi, lse = self._phi(self._elog(lam["user_shape"], lam["user_rate"])[urows],
+                             self._elog(lam["item_shape"], lam["item_rate"])[irows])
+        return {"urows": urows, "irows": irows, "phi": phi, "lse": lse,
+                "shape": (len(lam["user_shape"]), len(lam["item_shape"]))}
+
+    def suffstats(self, local, x, weights=None) -> NatParams:
+        """Σ_r w_r y_r φ_r per user and per item row (the data part of the shapes (2), (4)).
+
+        Additive over records. The rates (and ξ, η) have no per-record statistic: their
+        targets are in :meth:`prior_like` (module docs, "the streaming form").
+        """
+        t = x.rating[:, None] * local["phi"]
+        if weights is not None:
+            t = np.asarray(weights, dtype=np.float64)[:, None] * t
+        nu, ni = local["shape"]
+        K = self.n_factors
+        return NatParams(user_shape=_row_sums(local["urows"], t, nu), user_rate=np.zeros((nu, K)),
+                         user_act_rate=np.zeros(nu), item_shape=_row_sums(local["irows"], t, ni),
+                         item_rate=np.zeros((ni, K)), item_pop_rate=np.zeros(ni))
+
+    def prior_like(self, lam) -> NatParams:
+        """The part of each block's coordinate target that no record carries, at λ.
+
+        Shapes: a and c. Rates: E[ξ_u] + Σ_i E[β_i] and E[η_i] + Σ_u E[θ_u] (over every
+        row: the zero counts). ξ, η: a'/b' + Σ_k E[θ_uk] and c'/d' + Σ_k E[β_ik]. Hence
+        ``prior_like(λ) + suffstats(local_step(λ, x), x)`` is the CAVI target of every
+        block at λ (the hierarchy makes it depend on λ; for a flat model it is η).
+        """
+        out = {}
+        Em = {s: self._mean(lam[f"{s}_shape"], lam[f"{s}_rate"]) for s in ("user", "item")}
+        for side, other, act in (("user", "item", "user_act_rate"), ("item", "user", "item_pop_rate")):
+            a, A, r0, _ = self._side[side]
+            out[f"{side}_shape"] = np.full_like(Em[side], a)
+            out[f"{side}_rate"] = self._act_mean(side, lam[act])[:, None] + Em[other].sum(axis=0)[None, :]
+            out[act] = r0 + Em[side].sum(axis=1)
+        return NatParams({k: out[k] for k in _NAMES})
+
+    # ------------------------------------------------------------ ELBO
+    def _row_kl(self, side, shape, rate, act_rate) -> np.ndarray:
+        """−(E log p − E log q) of each row's (ξ or η, and its K Gammas): the row's KL term."""
+        a, A, r0, _ = self._side[side]
+        a0 = self.activity_shape if side == "user" else self.popularity_shape
+        Ex, Elx = A / act_rate, digamma(A) - np.log(act_rate)
+        lp_x = a0 * np.log(r0) - gammaln(a0) + (a0 - 1) * Elx - r0 * Ex
+        lq_x = A * np.log(act_rate) - gammaln(A) + (A - 1) * Elx - act_rate * Ex
+        Et, Elt = self._mean(shape, rate), self._elog(shape, rate)
+        lp_t = a * Elx[:, None] - gammaln(a) + (a - 1) * Elt - Ex[:, None] * Et
+        lq_t = shape * np.log(rate) - gammaln(shape) + (shape - 1) * Elt - rate * Et
+        return (lq_x - lp_x) + (lq_t - lp_t).sum(axis=1)
+
+    def global_elbo(self, lam) -> float:
+        """Σ_rows −KL − Σ_k Θ_k B_k (the prior terms and the all-pairs −E[θᵀβ])."""
+        kl = sum(float(np.sum(self._row_kl(s, lam[f"{s}_shape"], lam[f"{s}_rate"], lam[act])))
+                 for s, act in (("user", "user_act_rate"), ("item", "item_pop_rate")))
+        Th = self._mean(lam["user_shape"], lam["user_rate"]).sum(axis=0)
+        B = self._mean(lam["item_shape"], lam["item_rate"]).sum(axis=0)
+        return -kl - float(Th @ B)
+
+    @staticmethod
+    def local_elbo_terms(y, lse) -> np.ndarray:
+        """y log Σ_k exp(E log θ_uk + E log β_ik) − log y! per record (the φ-maximised term)."""
+        return y * lse - gammaln(y + 1.0)
+
+    def elbo(self, lam, aux, x) -> float:
+        """The ELBO of the data ``x`` at λ (every id must have a row)."""
+        loc = self.local_step(lam, x, aux)
+        return self.global_elbo(lam) + float(np.sum(self.local_elbo_terms(x.rating, loc["lse"])))
+
+    # ------------------------------------------------------------ scoring
+    def rows_of(self, aux, side: str, ids) -> np.ndarray:
+        """Rows of ``ids`` (canonicalised) on ``side`` ("user"/"item"); −1 for unknown ids."""
+        keys = [canonical_id(i, side) for i in ids]
+        rows, _, _ = self._index[side].lookup(aux[f"{side}s"], keys, grow=False)
+        return np.where(rows < len(aux[f"{side}s"]), rows, -1)
+
+    def _means(self, lam, side, rows) -> np.ndarray:
+        """E[θ_u] (or E[β_i]) of rows; the prior's a/b' (c/d') for row −1 (an unknown id)."""
+        a, _, _, rate0 = self._side[side]
+        out = np.full((len(rows), self.n_factors), a / rate0)
+        known = rows >= 0
+        if known.any():
+            r = rows[known]
+            out[known] = self._mean(np.asarray(lam[f"{side}_shape"])[r], np.asarray(lam[f"{side}_rate"])[r])
+        return out
+
+    def predict_rate(self, lam, users, items, aux=None) -> np.ndarray:
+        """E_q[θ_u]ᵀ E_q[β_i], the posterior mean Poisson rate of each (user, item) pair."""
+        aux = self._need_aux(aux)
+        Eu = self._means(lam, "user", self.rows_of(aux, "user", users))
+        Ei = self._means(lam, "item", self.rows_of(aux, "item", items))
+        return np.einsum("nk,nk->n", Eu, Ei)
+
+    def predictive_logpdf(self, lam, x, aux=None) -> np.ndarray:
+        """log Poisson(y | E[θ_u]ᵀE[β_i]) per record (held-out counts, zeros included)."""
+        x = self.check_batch(x)
+        mu = self.predict_rate(lam, x.user, x.item, aux=aux)
+        y = x.rating
+        return y * np.log(mu) - mu - gammaln(y + 1.0)
+
+    def recommend(self, lam, user, k: int = 10, exclude=(), aux=None) -> list[tuple[str, float]]:
+        """The ``k`` items with the highest rate E[θ_u]ᵀE[β_i] for ``user``, best first.
+
+        Leaves out the items the user already has in the training stream (with
+        ``remember_rated``) and any ids in ``exclude``. Returns ``[(item id, rate), ...]``;
+        an unknown user gets the items by popularity under the prior θ (Σ_k E[β_ik]).
+        """
+        aux = self._need_aux(aux)
+        if isinstance(k, bool) or int(k) != k or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        n_items = len(aux["items"])
+        if n_items == 0:
+            return []
+        urow = self.rows_of(aux, "user", [user])
+        scores = self._means(lam, "item", np.arange(n_items)) @ self._means(lam, "user", urow)[0]
+        keep = np.ones(n_items, dtype=bool)
+        rated = aux.get("rated")
+        if urow[0] >= 0 and rated is not None and len(rated):
+            keep[rated[rated[:, 0] == urow[0], 1]] = False
+        if len(exclude):
+            ex = self.rows_of(aux, "item", list(exclude))
+            keep[ex[ex >= 0]] = False
+        cand = np.flatnonzero(keep)
+        if len(cand) == 0:
+            return []
+        kk = min(int(k), len(cand))
+        top = cand[np.argpartition(-scores[cand], kk - 1)[:kk]]
+        top = top[np.lexsort((top, -scores[top]))]
+        items = aux["items"]
+        return [(items[j], float(scores[j])) for j in top]
+
+    def score_records(self, lam, x, aux=None) -> list[dict]:
+        """``{"user", "item", "rate"}`` per record of ``x`` (JSON-ready)."""
+        x = self.check_batch(x)
+        mu = self.predict_rate(lam, x.user, x.item, aux=aux)
+        return [{"user": u, "item": i, "rate": float(m)} for u, i, m in zip(x.user, x.item, mu)]
+
+    @staticmethod
+    def _need_aux(aux):
+        if aux is None:
+            raise ValueError("HPF scoring needs aux=state.aux (the id→row maps of the state); "
+                             "streamsvi.load(...) passes it")
+        return aux
+
+    # ------------------------------------------------------------ the update
+    def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
+                 boundary_fraction, effective_batch_size=None):
+        """One SVI / SVI+ sweep on the rows ``x`` touches (module docs); see :class:`_RowStep`."""
+        return _RowStep(self).run(lam, aux, x, weights=weights, n_total=n_total,
+                                  records_before=records_before, schedule=schedule,
+                                  boundary_fraction=boundary_fraction,
+                                  effective_batch_size=effective_batch_size)
+
+
+# ====================================================================================
+# ADAPTER: the global step of HPF, until the engine owns it (issue 24, "one step").
+#
+# Everything below applies λ ← (1 − ρ_i) λ + ρ_i λ̂ to growing rows with per-row clocks,
+# per-row counts and the fraction-to-boundary rule: the engine's job once its row storage
+# (blocks API, branch ``step``) exists. The model's part is above: φ (local_step), the
+# additive statistics (suffstats), the record-free targets (prior_like) and the ELBO.
+# Storage here is plain arrays copied on every update (cost O(rows); fine for catalogues
+# of 10⁴–10⁵ rows, and what the engine's row log will replace).
+# ====================================================================================
+
+class _RowStep:
+    """One users-then-items sweep of HPF on the touched rows (module docs, "one update")."""
+
+    def __init__(self, model: HPF):
+        self.m = model
+
+    def run(self, lam, aux, x, *, weights, n_total, records_before, schedule, boundary_fraction,
+            effective_batch_size):
+        m = self.m
+        if aux is None:
+            raise ValueError("an HPF state needs aux; start it with SVI.init")
+        x = m.check_batch(x)
+        m.check_state(lam, aux)
+        S = len(x)
+        M = float(S if effective_batch_size is None else effective_batch_size)
+        R = records_before + S
+        new_aux = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in aux.items()}
+        arr = {k: np.array(lam[k], dtype=np.float64) for k in _NAMES}
+        rows, added = {}, {}
+        for side in ("user", "item"):
+            r, new, grown = m._index[side].lookup(aux[f"{side}s"], getattr(x, side))
+            rows[side], added[side] = r, len(new)
+            new_aux[f"{side}s"] = grown
+            if new:                                 # new rows at their (hashed) initial values
+                shape, rate, act = m._init_rows(aux["seed"], side, new)
+                act_key = "user_act_rate" if side == "user" else "item_pop_rate"
+                arr[f"{side}_shape"] = np.concatenate([arr[f"{side}_shape"], shape])
+                arr[f"{side}_rate"] = np.concatenate([arr[f"{side}_rate"], rate])
+                arr[act_key] = np.concatenate([arr[act_key], act])
+                for c in ("n", "t", "N"):
+                    new_aux[f"{side}_{c}"] = np.concatenate([new_aux[f"{side}_{c}"], np.zeros(len(new))])
+                tot = "theta_total" if side == "user" else "beta_total"
+                new_aux[tot] = new_aux[tot] + m._mean(shape, rate).sum(axis=0)
+        y = x.rating
+        report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
+
+        # φ at the old λ (new rows at their initial values) and the ELBO there
+        elog_i = m._elog(arr["item_shape"], arr["item_rate"])
+        phi, lse = m._phi(m._elog(arr["user_shape"], arr["user_rate"])[rows["user"]], elog_i[rows["item"]])
+        kl = sum(float(np.sum(m._row_kl(s, arr[f"{s}_shape"], arr[f"{s}_rate"], arr[a])))
+                 for s, a in (("user", "user_act_rate"), ("item", "item_pop_rate")))
+        elbo = (-kl - float(new_aux["theta_total"] @ new_aux["beta_total"])
+                + (n_total / S) * float(np.sum(m.local_elbo_terms(y, lse))))
+
+        ctx = (weights, y, n_total, R, M, S, schedule, boundary_fraction, report)
+        self._side("user", "item", rows, phi, arr, new_aux, *ctx)
+        phi, _ = m._phi(m._elog(arr["user_shape"], arr["user_rate"])[rows["user"]], elog_i[rows["item"]])
+        self._side("item", "user", rows, phi, arr, new_aux, *ctx)
+        if m.remember_rated:
+            new_aux["rated"] = np.concatenate([np.asarray(aux["rated"], dtype=np.int64).reshape(-1, 2),
+                                               np.stack([rows["user"], rows["item"]], axis=1)])
+        return {"lam": NatParams({k: arr[k] for k in _NAMES}), "aux": new_aux, "elbo": elbo,
+                "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
+                "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
+
+    def _side(self, side, other, rows, phi, arr, aux, weights, y, n_total, R, M, S, schedule, tau, report):
+        """Step the touched rows of ``side`` ((2)+(3) for users, (4)+(5) for items), in place."""
+        m = self.m
+        a, A, r0, _ = m._side[side]
+        act_key = "user_act_rate" if side == "user" else "item_pop_rate"
+        tot_key, other_tot = ("theta_total", "beta_total") if side == "user" else ("beta_total", "theta_total")
+        n_rows = len(arr[act_key])
+        mark = np.zeros(n_rows, dtype=bool)
+        mark[rows[side]] = True
+        uniq = np.flatnonzero(mark)
+        pos = np.empty(n_rows, dtype=np.int64)
+        pos[uniq] = np.arange(len(uniq))
+        inv = pos[rows[side]]                         # record → touched-row index
+        t = y[:, None] * phi
+        sums = _row_sums(inv, t, len(uniq))
+        sums_w = sums if weights is None else _row_sums(inv, weights[:, None] * t, len(uniq))
+        counts = np.bincount(inv, minlength=len(uniq)).astype(np.float64)
+
+        n_new = aux[f"{side}_n"][uniq] + counts
+        t_new = aux[f"{side}_t"][uniq] + 1
+        N_old = aux[f"{side}_N"][uniq]
+        N_new = n_total * n_new / R if m.row_counts == "scaled" else n_new.copy()
+        scale = N_new / counts
+        shape_old, rate_old, act_old = arr[f"{side}_shape"][uniq], arr[f"{side}_rate"][uniq], arr[act_key][uniq]
+        # the old data part of the shape, rescaled to the row's new count (PMF's rule)
+        ratio = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
+        shape_eff = a + ratio[:, None] * (shape_old - a)
+        bad = ~np.all(shape_eff > 0, axis=1)          # only after SVI+ (a negative data part)
+        shape_eff[bad] = shape_old[bad]
+        tgt_shape = a + scale[:, None] * sums_w
+        tgt_rate = m._act_mean(side, act_old)[:, None] + aux[other_tot][None, :]
+        # ρ per row from its own clock (the schedule once per distinct clock value)
+        vals, idx = np.unique(t_new, return_inverse=True)
+        rho = np.array([schedule(int(v)) for v in vals])[idx]
+        if weights is not None:                       # fraction-to-boundary on the shapes, per row
+            report["domain_blocks"] += len(uniq)
+            d = tgt_shape - shape_eff
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lim = np.where(d < 0, -shape_eff / d, np.inf).min(axis=1)
+            short = rho > tau * lim
+            rho = np.where(short, tau * lim, rho)
+            report["domain_clipped"] += int(np.count_nonzero(short))
+        rc = (1.0 - rho)[:, None]
+        new_shape = rc * shape_eff + rho[:, None] * tgt_shape
+        new_rate = rc * rate_old + rho[:, None] * tgt_rate
+        E_old = m._mean(shape_old, rate_old)
+        E_new = m._mean(new_shape, new_rate)
+        new_act = (1.0 - rho) * act_old + rho * (r0 + E_new.sum(axis=1))
+        report["grad_norm_sq"] += float(np.sum((tgt_shape - shape_eff) ** 2) + np.sum((tgt_rate - rate_old) ** 2))
+        arr[f"{side}_shape"][uniq], arr[f"{side}_rate"][uniq], arr[act_key][uniq] = new_shape, new_rate, new_act
+        aux[f"{side}_n"][uniq], aux[f"{side}_t"][uniq], aux[f"{side}_N"][uniq] = n_new, t_new, N_new
+        if len(uniq) == n_rows:                       # every row touched: sum the total again (exact)
+            aux[tot_key] = m._mean(arr[f"{side}_shape"], arr[f"{side}_rate"]).sum(axis=0)
+        else:                                         # the running total (module docs)
+            aux[tot_key] = aux[tot_key] + (E_new - E_old).sum(axis=0)
+        # metric: Σ_i N_i² tr Σ̂_i / M_i, M_i = |S_i| M/|S|, from the per-record statistics y φ
+        sq = _row_sums(inv, np.einsum("rk,rk->r", t, t)[:, None], len(uniq))[:, 0]
+        mean = sums / counts[:, None]
+        tr = np.where(counts > 1, (sq - counts * np.einsum("ik,ik->i", mean, mean))
+                      / np.maximum(counts - 1, 1), 0.0)
+        report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
