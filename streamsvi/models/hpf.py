@@ -102,7 +102,10 @@ rather than a kind of its own: the record is the same triple, so the JSON
 and binary codecs, the id rules (42 ≡ "42"), the dead-letter reasons and
 the validator (``[validation] min_rating = 0``) all carry over, and a new
 kind would have been 4–7 more files for no new information. ``check_batch``
-refuses counts that are negative, non-integer or non-finite.
+refuses counts that are negative or non-finite (the daemon's validator
+dead-letters them first: an hpf config must set ``[validation] min_rating
+>= 0``). A non-integer count (a play fraction, a dwell time) is accepted:
+every update above is defined for real y ≥ 0, and log y! is lgamma(y + 1).
 
 Scoring: :meth:`HPF.recommend` ranks items by the posterior mean rate
 E[θ_u]ᵀE[β_i] leaving out what the user already has (the pairs of the
@@ -233,7 +236,7 @@ class HPF:
 
     # ------------------------------------------------------------ batches
     def check_batch(self, x) -> Ratings:
-        """A :class:`Ratings` of counts: at least one record, every count a finite integer ≥ 0."""
+        """A :class:`Ratings` of counts: at least one record, every count finite and ≥ 0."""
         if not isinstance(x, Ratings):
             try:
                 x = Ratings(x["user"], x["item"], x["rating"])
@@ -243,10 +246,10 @@ class HPF:
         if len(x) == 0:
             raise ValueError("x must hold at least one record, got 0")
         y = x.rating
-        bad = ~(np.isfinite(y) & (y >= 0) & (y == np.floor(y)))
+        bad = ~(np.isfinite(y) & (y >= 0))
         if bad.any():
             at = np.flatnonzero(bad)[:10]
-            raise ValueError(f"HPF counts must be finite integers >= 0; got {y[at].tolist()} at records "
+            raise ValueError(f"HPF counts must be finite numbers >= 0; got {y[at].tolist()} at records "
                              f"{at.tolist()}")
         return x
 

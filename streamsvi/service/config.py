@@ -39,10 +39,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "model": {
         "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
                       "hmm (discrete hidden Markov model), lda (topic model on bags of words), "
-                      "pmf (matrix factorisation of ratings), logistic (Bayesian logistic "
+                      "pmf (matrix factorisation of ratings), hpf (Poisson factorisation of counts), logistic (Bayesian logistic "
                       "regression on labelled records; the gradient path of seed 001) or softmax "
                       "(its multiclass form)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "logistic", "softmax")),
+                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "hpf", "logistic", "softmax")),
         "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
                               "hidden states for hmm; topics for lda); required except for pmf", min=1),
         "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
@@ -97,7 +97,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             choices=("auto", "settings", "data")),
         "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
                             "fewer sweeps); default false"),
-        "n_factors": Field("int", None, "d, the rank of the factorisation (pmf)", min=1),
+        "n_factors": Field("int", None, "d, the rank of the factorisation (pmf); K, the factors (hpf)", min=1),
         "biases": Field("bool", None, "add a user and an item bias to the mean (pmf)"),
         "offset": Field("float|auto", None, "mu0 subtracted from every rating: a number, or auto = the "
                         "running mean of the ratings seen (pmf)"),
@@ -108,11 +108,20 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            choices=("updates", "ratings")),
         "sweep": Field("str", None, "pmf: which side a minibatch updates first", choices=("users_first",
                                                                                           "items_first")),
-        "init_scale": Field("float", None, "std of the random initial means of new rows (pmf)", min=0),
-        "row_counts": Field("str", None, "N_i per user/item (pmf): scaled = n_total * n_i / records seen "
+        "init_scale": Field("float", None, "std of the random initial means of new rows (pmf); of the log initial shapes (hpf)", min=0),
+        "row_counts": Field("str", None, "N_i per user/item (pmf, hpf): scaled = n_total * n_i / records seen "
                             "(data set or population), seen = ratings of the row seen so far "
                             "(one pass over a stream)", choices=("scaled", "seen")),
-        "remember_rated": Field("bool", None, "keep rated pairs so top-k leaves them out (pmf)"),
+        "remember_rated": Field("bool", None, "keep rated (hpf: seen) pairs so top-k leaves them out (pmf, hpf)"),
+        # hpf: the priors of Gopalan, Hofman & Blei (2015), a, a', b', c, c', d' (streamsvi/models/hpf.py)
+        "theta_shape": Field("float", None, "hpf: a, theta_uk ~ Gamma(a, xi_u); default 0.3", min=0),
+        "activity_shape": Field("float", None, "hpf: a', xi_u ~ Gamma(a', a'/b'); default 0.3", min=0),
+        "activity_mean": Field("float", None, "hpf: b', the prior mean of the user activity xi_u; default 1",
+                               min=0),
+        "beta_shape": Field("float", None, "hpf: c, beta_ik ~ Gamma(c, eta_i); default 0.3", min=0),
+        "popularity_shape": Field("float", None, "hpf: c', eta_i ~ Gamma(c', c'/d'); default 0.3", min=0),
+        "popularity_mean": Field("float", None, "hpf: d', the prior mean of the item popularity eta_i; "
+                                 "default 1", min=0),
         "fit_intercept": Field("bool", None, "add a bias weight; default true (logistic)"),
         "init_std": Field("float", None, "sigma of every weight in the initial q; default "
                           "0.1*sqrt(prior_var) (logistic, softmax)", min=0),
@@ -269,6 +278,8 @@ MODEL_KEYS: dict[str, frozenset] = {
                       "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
     "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
                       "row_counts", "remember_rated", "bias_var", "row_clock", "sweep"}),
+    "hpf": frozenset({"n_factors", "theta_shape", "activity_shape", "activity_mean", "beta_shape",
+                      "popularity_shape", "popularity_mean", "init_scale", "row_counts", "remember_rated"}),
     "logistic": frozenset({"n_features", "prior_var", "fit_intercept", "init_std"}),
     "softmax": frozenset({"n_features", "n_classes", "prior_var", "fit_intercept", "init_std"}),
 }
@@ -574,7 +585,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] not in ("pmf", "logistic", "softmax") and mdl["n_components"] is None:
+    if mdl["kind"] not in ("pmf", "hpf", "logistic", "softmax") and mdl["n_components"] is None:
         raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
     if mdl["kind"] in ("logistic", "softmax") and mdl["n_components"] is not None:
         raise ConfigError("model.n_components: logistic regression has no components; remove it "
@@ -589,9 +600,12 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             if inf[key] is not None:
                 raise ConfigError(f"inference.{key}: only used by the gradient path "
                                   f"(model.kind = {', '.join(sorted(GRADIENT_KINDS))}); remove it")
-    if mdl["kind"] == "pmf":
+    if mdl["kind"] in ("pmf", "hpf"):
         if src["fields"] is not None:
-            raise ConfigError("source.fields: pmf records are JSON objects with user, item and rating")
+            raise ConfigError(f"source.fields: {mdl['kind']} records are JSON objects with user, item and rating")
+        if mdl["kind"] == "hpf" and (out["validation"]["min_rating"] is None or out["validation"]["min_rating"] < 0):
+            raise ConfigError("validation.min_rating: hpf counts must be >= 0; set min_rating = 0 so that negative "
+                              "counts are dead-lettered (out_of_range)")
     elif mdl["kind"] == "gauss1d":
         if mdl["n_features"] not in (None, 1):
             raise ConfigError("model.n_features: gauss1d records have 1 value")
@@ -624,7 +638,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if src["fields"] is not None and len(src["fields"]) != 1:
             raise ConfigError(f"source.fields: hmm records take one name (the key of the symbol "
                               f"array), got {len(src['fields'])}")
-    elif src["fields"] is not None and mdl["kind"] != "pmf" and len(src["fields"]) != mdl["n_features"]:
+    elif src["fields"] is not None and mdl["kind"] not in ("pmf", "hpf") and len(src["fields"]) != mdl["n_features"]:
         raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
@@ -655,10 +669,10 @@ def load_config(path) -> dict:
 
 def model_class(kind: str):
     """The model class of a ``model.kind`` (imported on first use)."""
-    from ..models import (LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
+    from ..models import (HPF, LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
                           SoftmaxRegression)
 
-    return {"pmf": PMF, "logistic": BayesianLogisticRegression, "softmax": SoftmaxRegression,
+    return {"pmf": PMF, "hpf": HPF, "logistic": BayesianLogisticRegression, "softmax": SoftmaxRegression,
             "hmm": DiscreteHMM, "lda": LDA, "gauss1d": KnownVarianceGMM1D, "gmm_dp": BayesianGMM,
             "gmm": BayesianGMM}[kind]
 
