@@ -80,6 +80,7 @@ from .inference.engine import SVI, EngineState
 from .inference.gradients import GradientVI
 from .inference.state import state_from_arrays, state_to_arrays
 from .models import MODELS, model_to_dict
+from .models.base import ChecksState, Model
 
 try:  # POSIX advisory locks; on other systems writers are not serialised across processes
     import fcntl
@@ -526,7 +527,7 @@ def check_compatible(snapshot: Snapshot, engine: SVI) -> list[str]:
     """
     theirs = snapshot.meta.get("model") or model_to_dict(snapshot.engine.model)
     ours = _to_json_value("model settings", model_to_dict(engine.model))
-    start_only = set(getattr(type(engine.model), "START_SETTINGS", ()))
+    start_only = set(type(engine.model).START_SETTINGS) if isinstance(engine.model, Model) else set()
     notes = []
     if theirs.get("name") != ours.get("name"):
         diffs = [f"model: snapshot has {theirs.get('name')!r}, config has {ours.get('name')!r}"]
@@ -712,7 +713,7 @@ class CheckpointStore:
             raise TypeError(f"engine must be a streamsvi SVI or GradientVI engine, got {type(engine).__name__}")
         if not isinstance(state, EngineState):
             raise TypeError(f"state must be an EngineState, got {type(state).__name__}")
-        if hasattr(engine.model, "check_state"):       # row-wise model: λ grows with the data
+        if isinstance(engine.model, ChecksState):      # λ with a layout of its own (rows that grow)
             try:
                 engine.model.check_state(state.lam, state.aux)
             except ValueError as exc:

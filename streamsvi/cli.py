@@ -200,6 +200,7 @@ def demo(args) -> int:
     from .io.dense import JsonCodec
     from .io.produce import produce_rows
     from .service import signals
+    from .models import CONFIG_KINDS, BayesianGMM
     from .service.config import validate
     from .service.console import setup_logging
     from .service.daemon import Daemon
@@ -237,8 +238,10 @@ def demo(args) -> int:
               f"standardised), {args.passes} shuffled passes", flush=True)
         if stopped_early():
             return 0
+        # the demo learns a Gaussian mixture: its kind name is the registry's
+        demo_kind = next(k for k, cls in CONFIG_KINDS.items() if cls is BayesianGMM)
         cfg = validate({
-            "model": {"kind": "gmm", "n_components": args.components, "n_features": 8,
+            "model": {"kind": demo_kind, "n_components": args.components, "n_features": 8,
                       "weight_concentration": 0.5, "mean_precision": 0.1, "scale": 1.0},
             "inference": {"n_total": "auto", "batch_size": args.batch_size,
                           "effective_batch_size": args.m, "tau0": 1.0, "kappa": 0.7,
@@ -370,6 +373,7 @@ def score(args) -> int:
 
 def inspect(args) -> int:
     """``streamsvi inspect``: a readable summary of a snapshot."""
+    from .models.base import Mixture
     from .scoring import load
 
     f = load(args.snapshot)
@@ -396,13 +400,12 @@ def inspect(args) -> int:
               f"best {max(vals):.4f} (steps {hist[0][0]}..{hist[-1][0]})")
     else:
         print("ELBO/rec   (no history stored)")
-    if hasattr(f.model, "weights"):
+    if isinstance(f.model, Mixture):
         w = f.model.weights(f.lam)
         order = np.argsort(w)[::-1]
         print("weights    " + ", ".join(f"k{k}={w[k]:.3f}" for k in order[:10])
               + (" ..." if len(w) > 10 else ""))
-        if hasattr(f.model, "means") and hasattr(f.model, "covariances"):
-            _print_components(f.model.means(f.lam), f.model.covariances(f.lam), w, order[:10])
+        _print_components(f.model.means(f.lam), f.model.covariances(f.lam), w, order[:10])
     return 0
 
 

@@ -604,7 +604,7 @@ def load_ratings_tsv(path_or_text):
     >>> load_ratings_tsv("1\\t5\\t4\\t0\\n").rating.tolist()
     [4.0]
     """
-    from .models.pmf import Ratings
+    from .ratings_batch import Ratings
 
     if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) \
             and Path(path_or_text).exists():
@@ -690,7 +690,7 @@ def load_ratings_csv(path_or_text):
     >>> x.user.tolist(), x.item.tolist(), x.rating.tolist(), ts.tolist()
     (['1'], ['31'], [2.5], [1260759144.0])
     """
-    from .models.pmf import Ratings
+    from .ratings_batch import Ratings
 
     if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) \
             and Path(path_or_text).exists():

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Snapshot, load_snapshot
+from .models.base import ScoresRecords, StoredScaled
 
 log = logging.getLogger("streamsvi.scoring")
 
@@ -89,9 +90,8 @@ class FittedModel:
     @classmethod
     def from_snapshot(cls, snap: Snapshot) -> "FittedModel":
         model, lam = snap.engine.model, snap.state.lam
-        dense = getattr(model, "dense_params", None)   # LDA stores λ scaled: present λ itself
-        if dense is not None:
-            lam = dense(lam)
+        if isinstance(model, StoredScaled):            # λ stored scaled: present λ itself
+            lam = model.dense_params(lam)
         return cls(model=model, lam=lam, step=snap.state.step,
                    records_seen=snap.state.records_seen, created=snap.created, offsets=snap.offsets,
                    path=snap.path, number=snap.number, version=snap.version, extra=dict(snap.extra),
@@ -110,7 +110,7 @@ class FittedModel:
     @property
     def scoring_methods(self) -> tuple[str, ...]:
         """The names of the scoring methods this fitted model offers."""
-        names = getattr(self.model, "scoring_methods", SCORING_METHODS)
+        names = self.model.scoring_methods or SCORING_METHODS
         return tuple(n for n in names if callable(getattr(self.model, n, None)))
 
     def __getattr__(self, name):
@@ -173,8 +173,8 @@ class FittedModel:
         otherwise (the mixtures) the MAP assignment, the responsibilities and
         the predictive log density.
         """
-        own = getattr(self.model, "score_records", None)
-        if own is not None:
+        if isinstance(self.model, ScoresRecords):
+            own = self.model.score_records
             return own(self.lam, x) if self.aux is None else own(self.lam, x, aux=self.aux)
         x = self.check(x)
         R = self.responsibilities(x)

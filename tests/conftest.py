@@ -72,19 +72,15 @@ def _pmf_case():
     return PMF(n_factors=2, sigma2=0.25, prior_var=1.0, biases=True, offset=3.0), pmf_ratings()
 
 
-def hpf_counts(n_users=30, n_items=20, K=2, seed=7):
-    """A small synthetic count set from HPF's own generative model: the non-zero counts of
-    every (user, item) pair, ids mixing strings and integers."""
-    rng = np.random.default_rng(seed)
-    th, be = rng.gamma(0.8, 1.0, (n_users, K)), rng.gamma(0.8, 1.0, (n_items, K))
-    u, i = np.divmod(np.arange(n_users * n_items), n_items)
-    y = rng.poisson((th[u] * be[i]).sum(1))
-    keep = y > 0
-    return Ratings([f"u{v}" if v % 2 else int(v) for v in u[keep]], i[keep], y[keep])
+def hpf_counts(**kw):
+    """HPF's own small count set (``streamsvi.models.hpf.sample_counts``)."""
+    from streamsvi.models.hpf import sample_counts
+
+    return sample_counts(**kw)
 
 
 def _hpf_case():
-    return HPF(n_factors=2), hpf_counts()
+    return HPF.check_cases()["hpf"]()
 
 
 #: (id, factory) — every registered model must appear here (checked below).

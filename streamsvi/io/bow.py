@@ -60,6 +60,7 @@ import scipy.sparse as sp
 
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
                      load_json_message, unpack_binary_header)
+from ..settings import Setting
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
@@ -515,13 +516,18 @@ class BowKind(RecordKind):
 
     name = "bow"
     codec_names = ("json", "binary", "text")
+    settings = {
+        "count_dtype": Setting("str", "float64", "type of the counts in a binary message: float64, "
+                               "float32 or uint32 (what the producer wrote)",
+                               choices=("float64", "float32", "uint32")),
+    }
 
     def make_codec(self, name, model, options):
         V = model.n_features
         if name == "json":
             return BowJsonCodec(V)
         if name == "binary":
-            return BowBinaryCodec(V, dtype=options.get("count_dtype") or "float64")
+            return BowBinaryCodec(V, dtype=options.get("count_dtype") or self.settings["count_dtype"].default)
         if name == "text":
             return TextCodec(V, vocabulary=options.get("vocabulary"))
         raise ValueError(f"codec must be one of {list(self.codec_names)} for bag-of-words "

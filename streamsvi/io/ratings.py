@@ -1,6 +1,6 @@
 """Record kind ``"ratings"``: (user, item, rating) triples for matrix factorisation.
 
-A decoded part is a :class:`streamsvi.models.Ratings` (ids canonicalised to
+A decoded part is a :class:`streamsvi.ratings_batch.Ratings` (ids canonicalised to
 strings: the integer 42 and the string "42" are the same id). Two message
 layouts:
 
@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..models.pmf import MAX_ID_LENGTH, Ratings, canonical_id
+from ..ratings_batch import MAX_ID_LENGTH, Ratings, canonical_id
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
                      load_json_message, unpack_binary_header)
 from .records import RecordKind, register_kind
@@ -286,7 +286,7 @@ class RatingsValidator:
 
 
 class RatingsKind(RecordKind):
-    """Ratings records: parts are :class:`~streamsvi.models.Ratings`.
+    """Ratings records: parts are :class:`~streamsvi.ratings_batch.Ratings`.
 
     >>> kind = RatingsKind()
     >>> part = kind.concat([Ratings([1], ["a"], [4.0]), Ratings(["u2"], [3], [2.5])])
@@ -296,6 +296,9 @@ class RatingsKind(RecordKind):
 
     name = "ratings"
     codec_names = ("json", "binary")
+
+    def n_fields(self, model) -> None:
+        return None                        # JSON objects with user, item and rating
 
     def make_codec(self, name, model, options):
         if name == "json":

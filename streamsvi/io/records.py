@@ -46,7 +46,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["RecordKind", "record_kind", "register_kind", "KINDS"]
+from ..settings import Setting
+
+__all__ = ["RecordKind", "record_kind", "kind_named", "register_kind", "KINDS"]
 
 
 class RecordKind:
@@ -56,6 +58,15 @@ class RecordKind:
     name = "abstract"
     #: codec names accepted by ``make_codec`` (the config's ``source.codec``)
     codec_names: tuple[str, ...] = ()
+    #: the kind's own settings (:mod:`streamsvi.settings`): the config's ``[records]`` table,
+    #: checked and filled by ``service/config.py`` and passed to :meth:`make_codec` with the
+    #: ``[source]`` section
+    settings: dict[str, Setting] = {}
+
+    def n_fields(self, model) -> int | None:
+        """How many names ``source.fields`` takes for ``model`` (JSON objects in field order);
+        None: records are not read by field names."""
+        return model.n_features
 
     def make_codec(self, name: str, model, options: dict):
         """A codec for ``model``'s records. ``options`` is the config's ``source`` section."""
@@ -99,10 +110,14 @@ def register_kind(kind: RecordKind) -> RecordKind:
 
 
 def record_kind(model) -> RecordKind:
-    """The record kind of ``model`` (its ``record_kind`` attribute, default ``"dense"``)."""
-    name = getattr(model, "record_kind", "dense")
+    """The record kind of ``model``: its class's ``record_kind`` (``streamsvi.models.base.Model``)."""
+    return kind_named(model.record_kind, model.name)
+
+
+def kind_named(name: str, model_name: str = "?") -> RecordKind:
+    """The registered record kind ``name`` (``ValueError`` naming the model that asked for it)."""
     try:
         return KINDS[name]
     except KeyError:
-        raise ValueError(f"model {getattr(model, 'name', model)!r} names an unknown record kind "
+        raise ValueError(f"model {model_name!r} names an unknown record kind "
                          f"{name!r}; known: {sorted(KINDS)}") from None

@@ -327,6 +327,9 @@ class SequencesKind(RecordKind):
     name = "sequences"
     codec_names = ("json", "binary")
 
+    def n_fields(self, model) -> int:
+        return 1                           # the key of the symbol array
+
     def make_codec(self, name, model, options):
         fields = options.get("fields")
         if name == "json":

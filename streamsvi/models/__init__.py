@@ -1,18 +1,35 @@
-"""Conjugate-exponential-family models: one file per model (see ``base``)."""
-from .base import NatParams
+"""The models: one file per model family (see ``base``), and the one registry of them.
+
+Adding a model family: its file, and its class in the tuple of :data:`MODELS`
+below. Everything else (the ``[model]`` kinds of the config, ``--print-config``,
+the check suite's cases, the annealing kinds) is read from the class.
+"""
+from .base import (ChecksState, Classifier, ConjugateModel, GradientModel, Mixture, Model, NatParams,
+                   RandomRestart, RowWise, ScoresRecords, StartsFromData, StoredScaled, Tempered)
 from .gauss1d import KnownVarianceGMM1D
 from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
 from .lda import LDA
-from .pmf import PMF, Ratings
+from .pmf import PMF
 from .hpf import HPF
+from ..ratings_batch import Ratings
 from .logistic import BayesianLogisticRegression, CorrelatedGaussianTarget, SoftmaxRegression
 
-#: name -> class, for rebuilding a model from saved settings.
-MODELS = {cls.name: cls for cls in (BayesianGMM, KnownVarianceGMM1D, DiscreteHMM, LDA, PMF, HPF)}
-#: the non-conjugate models (gradient path, streamsvi.models.nonconjugate)
-MODELS.update({cls.name: cls for cls in (BayesianLogisticRegression, SoftmaxRegression,
-                                          CorrelatedGaussianTarget)})
+#: The registry: name -> class, for rebuilding a model from saved settings. One line per family.
+MODELS = {cls.name: cls for cls in (
+    BayesianGMM,
+    KnownVarianceGMM1D,
+    DiscreteHMM,
+    LDA,
+    PMF,
+    HPF,
+    BayesianLogisticRegression,         # the non-conjugate models (the gradient path,
+    SoftmaxRegression,                  # streamsvi.models.nonconjugate)
+    CorrelatedGaussianTarget,
+)}
+
+#: ``model.kind`` of the config -> class, from each class's ``config_kinds`` (in registry order)
+CONFIG_KINDS = {kind: cls for cls in MODELS.values() for kind in cls.config_kinds}
 
 
 def model_from_dict(d: dict):
@@ -27,5 +44,7 @@ def model_to_dict(model) -> dict:
     return {"name": model.name, "params": model.get_params()}
 
 
-__all__ = ["NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+__all__ = ["Model", "ConjugateModel", "GradientModel", "Tempered", "RandomRestart", "StartsFromData",
+           "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "CONFIG_KINDS",
+           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]

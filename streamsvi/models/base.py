@@ -55,9 +55,12 @@ row-wise PMF):
 """
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from abc import ABC, abstractmethod
+from typing import ClassVar, Iterator, Mapping
 
 import numpy as np
+
+from ..settings import ConfigKind, Setting, check_settings
 
 
 class NatParams(Mapping):
@@ -222,3 +225,203 @@ def temper_dirichlet(conc: np.ndarray, T: float) -> np.ndarray:
     [0.75, 1.0, 3.0]
     """
     return 1.0 + (conc - 1.0) / T
+
+
+# ---------------------------------------------------------------- the model interface
+#
+# Code outside ``models/`` asks ``isinstance(model, Tempered)``, not ``hasattr(model,
+# "temper")`` (river's ``base/``): a capability is a base class, and a model says what it
+# can do by the classes it derives from.
+
+class Tempered:
+    """Deterministic annealing: ``local_step(lam, x, temperature=T)`` and :meth:`temper` (module docs)."""
+
+    @abstractmethod
+    def temper(self, target: NatParams, T: float) -> NatParams:
+        """The λ whose natural parameter is θ(target) / T."""
+
+
+class RandomRestart:
+    """Stochastic annealing: :meth:`random_init`, η_t of the random restart (module docs)."""
+
+    @abstractmethod
+    def random_init(self, rng, x, n_total) -> NatParams:
+        """A fresh draw of the random initialisation."""
+
+
+class StartsFromData:
+    """A model whose streaming start gathers records first and may fit its prior to them.
+
+    ``start_size(batch_size)`` records are gathered before ``init_params``;
+    ``adopt_prior(other)`` takes the prior a snapshot's model decided
+    (``prior_pending``, ``fit_prior``).
+    """
+
+    @abstractmethod
+    def start_size(self, batch_size: int) -> int:
+        """How many records the streaming start gathers."""
+
+    @abstractmethod
+    def adopt_prior(self, other) -> None:
+        """Use the data-decided prior of ``other`` (a snapshot's model)."""
+
+
+class Classifier:
+    """Labelled records: ``predict_proba(lam, X)`` over ``n_classes`` classes."""
+
+    n_classes: int = 2
+
+    @abstractmethod
+    def predict_proba(self, lam, X, aux=None):
+        """Class probabilities, shape (n, C)."""
+
+
+class ScoresRecords:
+    """A model that says what scoring a record gives: ``score_records(lam, x[, aux=])`` -> dicts."""
+
+    @abstractmethod
+    def score_records(self, lam, x, *args, **kw) -> list[dict]:
+        """One JSON-ready dict per record."""
+
+
+class Mixture:
+    """A mixture of components with ``weights``, ``means`` and ``covariances`` of λ (``streamsvi info``)."""
+
+    @abstractmethod
+    def weights(self, lam) -> np.ndarray:
+        """E_q[π]."""
+
+    @abstractmethod
+    def means(self, lam) -> np.ndarray:
+        """E_q[μ_k]."""
+
+    @abstractmethod
+    def covariances(self, lam) -> np.ndarray:
+        """E_q[Σ_k]."""
+
+
+class StoredScaled:
+    """λ stored in another form than the natural parameter: ``dense_params(lam)`` gives λ itself."""
+
+    @abstractmethod
+    def dense_params(self, lam) -> NatParams:
+        """λ in the dense form."""
+
+
+class RowWise:
+    """λ (and ``aux``) grow with the data or are written only where a batch touches them:
+    the model applies its own step (``svi_step``), so its statistics cannot travel as
+    dense deltas (scale-out refuses it)."""
+
+
+class ChecksState:
+    """A model whose state (λ, aux) has a layout of its own: ``check_state(lam, aux)``
+    raises ``ValueError`` when a snapshot's state does not fit the model."""
+
+    @abstractmethod
+    def check_state(self, lam, aux) -> None:
+        """``ValueError`` naming what does not fit."""
+
+
+class Model(ABC):
+    """What every model declares, next to its code (docs/design.md §3.1).
+
+    Class attributes:
+
+    ``name``
+        The model's name in snapshots (``streamsvi.models.MODELS``).
+    ``settings``
+        Its settings table, ``{argument: Setting}`` (:mod:`streamsvi.settings`):
+        type, range or choices, default and a one-line doc of every
+        constructor argument. The constructor checks its arguments with
+        :meth:`check_settings`; ``service/config.py`` checks the TOML's
+        ``[model]`` table with the same table and makes ``--print-config``
+        from it.
+    ``config_kinds``
+        ``{model.kind: ConfigKind}``: the names the TOML's ``model.kind``
+        gives this class, each with its preset (``gmm_dp``: the truncated DP
+        mixture's defaults, built by :meth:`BayesianGMM.dp_approximation`).
+        Empty: not reachable from a config (Python only).
+    ``record_kind``
+        The name of its record kind (``streamsvi.io.records.KINDS``).
+    ``scoring_methods``
+        What ``streamsvi.load(...)`` offers with λ filled in.
+    ``START_SETTINGS``
+        Settings that only shape the initial λ: a snapshot made with other
+        values still resumes (``streamsvi.checkpoint.check_compatible``).
+
+    And :meth:`check_cases`, its cases for the shared check suite
+    (``tests/models/test_checks.py``; river's ``_unit_test_params``).
+    """
+
+    name: ClassVar[str] = "abstract"
+    settings: ClassVar[dict[str, Setting]] = {}
+    config_kinds: ClassVar[dict[str, ConfigKind]] = {}
+    record_kind: ClassVar[str] = "dense"
+    scoring_methods: ClassVar[tuple[str, ...]] = ()
+    START_SETTINGS: ClassVar[tuple[str, ...]] = ()
+
+    @abstractmethod
+    def get_params(self) -> dict:
+        """The constructor settings as JSON-serialisable values."""
+
+    @abstractmethod
+    def check_batch(self, x):
+        """Validate and coerce a minibatch; ``ValueError`` saying what is wrong."""
+
+    @classmethod
+    def check_settings(cls, given: Mapping) -> dict:
+        """The constructor's arguments ``given``, checked against :attr:`settings`."""
+        return check_settings(cls.settings, given)
+
+    @classmethod
+    def from_config(cls, kind: str, settings: dict):
+        """The model of ``model.kind = kind`` with ``settings`` (checked, keyed by argument name)."""
+        build = cls.config_kinds[kind].build
+        return (getattr(cls, build) if build else cls)(**settings)
+
+    @classmethod
+    def check_cases(cls) -> dict:
+        """``{case id: factory}``, each factory returning ``(model, records)`` (the check suite)."""
+        return {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "annealing_kinds" not in cls.__dict__:
+            cls.annealing_kinds = annealing_kinds(cls)
+
+
+def annealing_kinds(cls) -> tuple:
+    """The annealing kinds ``cls`` supports, from its capability types.
+
+    ``none`` and ``svi+`` always (SVI+ reweights the statistics the engine
+    blends); ``deterministic`` with :class:`Tempered`, ``stochastic`` with
+    :class:`RandomRestart`. ``streamsvi.inference.annealing.supported_kinds``
+    reads the result as the class's ``annealing_kinds``.
+    """
+    kinds = ["none", "svi+"]
+    if issubclass(cls, Tempered):
+        kinds.append("deterministic")
+    if issubclass(cls, RandomRestart):
+        kinds.append("stochastic")
+    return tuple(kinds)
+
+
+class ConjugateModel(Model):
+    """A conditionally conjugate model, learned by the natural-gradient engine (module docs)."""
+
+    @abstractmethod
+    def prior(self) -> NatParams:
+        """η."""
+
+    @abstractmethod
+    def init_params(self, rng, x, n_total) -> NatParams:
+        """A random initial λ."""
+
+
+class GradientModel(Model):
+    """A non-conjugate model, learned by the gradient path (``streamsvi.models.nonconjugate``)."""
+
+    @abstractmethod
+    def prior_moments(self):
+        """``(m0, v0)`` of the Gaussian prior, or None."""

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import logsumexp
 
-from .base import NatParams, check_matrix, segment_limit_positive
+from ..settings import ConfigKind, Setting
+from .base import ConjugateModel, NatParams, RandomRestart, Tempered, check_matrix, segment_limit_positive
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Gauss1DLocal:
     log_norm: np.ndarray
 
 
-class KnownVarianceGMM1D:
+class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
     """Mixture of K 1-D Gaussians with known variance σ² and uniform weights.
 
     Parameters
@@ -61,20 +62,22 @@ class KnownVarianceGMM1D:
     """
 
     name = "gauss1d"
+    config_kinds = {"gauss1d": ConfigKind("1-D Gaussian mixture with known variance (the worked example)")}
+    settings = {
+        "n_components": Setting("int", 3, "K, mixture components", low=1, required=True),
+        "sigma2": Setting("float", 1.0, "the known observation variance", low=0, low_open=True),
+        "prior_mean": Setting("float", 0.0, "mu0, the prior mean of every component mean"),
+        "prior_var": Setting("float", 10.0, "tau^2, the prior variance of every component mean",
+                             low=0, low_open=True),
+    }
     n_features = 1
 
     def __init__(self, n_components=3, sigma2=1.0, prior_mean=0.0, prior_var=10.0):
-        if int(n_components) != n_components or n_components < 1:
-            raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
-        for nm, v in (("sigma2", sigma2), ("prior_var", prior_var)):
-            if not (np.isscalar(v) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{nm} must be a finite number > 0, got {v}")
-        if not (np.isscalar(prior_mean) and math.isfinite(prior_mean)):
-            raise ValueError(f"prior_mean must be a finite number, got {prior_mean}")
-        self.n_components = int(n_components)
-        self.sigma2 = float(sigma2)
-        self.prior_mean = float(prior_mean)
-        self.prior_var = float(prior_var)
+        p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
+        self.n_components = p["n_components"]
+        self.sigma2 = p["sigma2"]
+        self.prior_mean = p["prior_mean"]
+        self.prior_var = p["prior_var"]
 
     def get_params(self) -> dict:
         return {"n_components": self.n_components, "sigma2": self.sigma2,

@@ -50,7 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
-from .base import NatParams, check_matrix, segment_limit_pd, segment_limit_positive, temper_dirichlet
+from ..settings import ConfigKind, Setting
+from .base import (ConjugateModel, Mixture, NatParams, RandomRestart, StartsFromData, Tempered, check_matrix,
+                   segment_limit_pd, segment_limit_positive, temper_dirichlet)
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -187,7 +189,7 @@ START_RECORDS_PER_COMPONENT_DIM = 5
 REFINE_TOL = 1e-4
 
 
-class BayesianGMM:
+class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixture):
     """Bayesian Gaussian mixture with Normal-Wishart components.
 
     Parameters
@@ -270,6 +272,37 @@ class BayesianGMM:
     """
 
     name = "gmm"
+    config_kinds = {
+        "gmm": ConfigKind("Bayesian Gaussian mixture (Normal-Wishart components)"),
+        "gmm_dp": ConfigKind("truncated Dirichlet-process mixture, pi ~ Dirichlet(alpha/K)",
+                             defaults={"weight_concentration": 1.0, "mean_precision": 0.1},
+                             docs={"weight_concentration": "alpha, the DP concentration, split as alpha/K"},
+                             build="_from_dp_settings"),
+    }
+    settings = {
+        "n_components": Setting("int", 3, "K, mixture components (the truncation level for gmm_dp)",
+                                low=1, required=True),
+        "n_features": Setting("int", 2, "D, values per record", low=1, required=True),
+        "weight_concentration": Setting("numbers", 1.0, "alpha0 of the Dirichlet on the weights "
+                                        "(a number or K numbers)", low=0, low_open=True),
+        "mean_precision": Setting("float", 1.0, "beta0, what the prior mean m0 is worth in records",
+                                  low=0, low_open=True),
+        "mean": Setting("numbers", None, "m0, a number or D numbers; unset = 0 or from the data "
+                        "(prior_from)"),
+        "degrees_of_freedom": Setting("float", None, "nu0 > D - 1; unset = D"),
+        "scale": Setting("numbers", None, "W0: a number s (s I), D numbers (its diagonal) or a DxD "
+                         "matrix; unset = I or from the data (prior_from)"),
+        "init": Setting("str", "kmeans", "the start on the start's records: kmeans (k-means++ then "
+                        "Lloyd), kmeans++, random_from_data or random_resp", choices=INITS),
+        "n_init": Setting("int", 3, "starts made from the start's records, the best ELBO kept", low=1),
+        "init_sweeps": Setting("int", 5, "CAVI sweeps on the start's records from each start", low=0),
+        "prior_from": Setting("str", "auto", "where m0 and W0 come from when mean / scale are unset: "
+                              "settings (0, I), data (the start's records) or auto (data when their "
+                              "covariance has a condition number above 1e3)", choices=PRIORS_FROM),
+        "init_batches": Setting("int", 4, "minibatches gathered before the streaming start", low=1),
+        "refine_sweeps": Setting("int", 100, "at most this many more CAVI sweeps of the kept start, "
+                                 "until its ELBO per record changes by < 1e-4; 0 = none", low=0),
+    }
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
@@ -279,25 +312,17 @@ class BayesianGMM:
                  mean_precision=1.0, mean=None, degrees_of_freedom=None, scale=None,
                  init="kmeans", n_init=3, init_sweeps=5, prior_from="auto", init_batches=4,
                  refine_sweeps=100):
-        K, D = int(n_components), int(n_features)
-        if K < 1 or K != n_components:
-            raise ValueError(f"n_components must be an integer >= 1, got {n_components}")
-        if D < 1 or D != n_features:
-            raise ValueError(f"n_features must be an integer >= 1, got {n_features}")
+        p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
+        K, D = p["n_components"], p["n_features"]
         a0 = np.asarray(weight_concentration, float)
         a0 = np.full(K, float(a0)) if a0.ndim == 0 else a0
-        if a0.shape != (K,) or not np.all(a0 > 0) or not np.all(np.isfinite(a0)):
-            raise ValueError(f"weight_concentration must be > 0 (a number or {K} numbers), "
+        if a0.shape != (K,):
+            raise ValueError(f"weight_concentration must be a number or {K} numbers, "
                              f"got {weight_concentration}")
-        if not (np.isscalar(mean_precision) and mean_precision > 0 and math.isfinite(mean_precision)):
-            raise ValueError(f"mean_precision must be a number > 0, got {mean_precision}")
-        if prior_from not in PRIORS_FROM:
-            raise ValueError(f"prior_from must be one of {', '.join(repr(p) for p in PRIORS_FROM)}, "
-                             f"got {prior_from!r}")
         m0 = np.asarray(0.0 if mean is None else mean, float)
         if m0.ndim == 0:
             m0 = np.full(D, float(m0))
-        if m0.shape != (D,) or not np.all(np.isfinite(m0)):
+        if m0.shape != (D,):
             raise ValueError(f"mean must be a number or {D} finite numbers, got {mean}")
         nu0 = float(D if degrees_of_freedom is None else degrees_of_freedom)
         if not nu0 > D - 1:
@@ -307,12 +332,7 @@ class BayesianGMM:
         if W0.shape != (D, D) or not np.allclose(W0, W0.T) or np.any(np.linalg.eigvalsh(W0) <= 0):
             raise ValueError(f"scale must be a positive number, {D} positive numbers or a "
                              f"symmetric positive definite {D}x{D} matrix, got {scale}")
-        if init not in INITS:
-            raise ValueError(f"init must be one of {', '.join(repr(i) for i in INITS)}, got {init!r}")
-        for name, v, lo in (("n_init", n_init, 1), ("init_sweeps", init_sweeps, 0),
-                            ("init_batches", init_batches, 1), ("refine_sweeps", refine_sweeps, 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+        mean_precision = p["mean_precision"]
         self.n_init, self.init_sweeps = int(n_init), int(init_sweeps)
         self.init_batches = int(init_batches)
         self.refine_sweeps = int(refine_sweeps)
@@ -484,6 +504,12 @@ class BayesianGMM:
         kw.setdefault("degrees_of_freedom", float(x.shape[1]))
         kw.setdefault("mean_precision", 1.0)
         return cls(n_components, x.shape[1], **kw)
+
+    @classmethod
+    def _from_dp_settings(cls, weight_concentration, n_features, n_components, **kw):
+        """``model.kind = "gmm_dp"``: :meth:`dp_approximation` with the config's settings (unset ones left out)."""
+        return cls.dp_approximation(n_features, concentration=weight_concentration, n_components=n_components,
+                                    **{k: v for k, v in kw.items() if v is not None})
 
     @classmethod
     def dp_approximation(cls, n_features, concentration=1.0, n_components=50, c=10.0, **kw):

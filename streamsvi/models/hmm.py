@@ -66,7 +66,9 @@ import numpy as np
 from scipy.special import digamma, gammaln, logsumexp
 
 from ..sequence_batch import Sequences
-from .base import NatParams, segment_limit_positive, temper_dirichlet
+from ..settings import ConfigKind, Setting
+from .base import (ConjugateModel, NatParams, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
+                   temper_dirichlet)
 
 __all__ = ["DiscreteHMM", "HMMLocal", "sample_hmm"]
 
@@ -179,7 +181,7 @@ def _e_log(a):
     return digamma(a) - digamma(a.sum(axis=-1, keepdims=True))
 
 
-class DiscreteHMM:
+class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
     """K-state hidden Markov model with categorical emissions over V symbols.
 
     Parameters
@@ -205,6 +207,23 @@ class DiscreteHMM:
 
     name = "hmm"
     record_kind = "sequences"
+    config_kinds = {"hmm": ConfigKind("discrete hidden Markov model on symbol sequences")}
+    settings = {
+        "n_states": Setting("int", 5, "K, the hidden states", low=1, config_name="n_components",
+                            required=True),
+        "n_symbols": Setting("int", 4, "V, the alphabet size: symbols are 0..V-1", low=1, required=True),
+        "init_concentration": Setting("numbers", None, "Dirichlet prior of the initial state "
+                                      "distribution; unset = 1/K", low=0, low_open=True),
+        "transition_concentration": Setting("numbers", None, "Dirichlet prior of each transition row; "
+                                            "unset = 1/K", low=0, low_open=True),
+        "emission_concentration": Setting("numbers", None, "Dirichlet prior of each emission row; "
+                                          "unset = 10/V", low=0, low_open=True),
+        "init": Setting("str", "dirichlet", "the start: dirichlet (seed 002's scaled random Dirichlet "
+                        "vectors) or random_resp (random soft state assignments of the records)",
+                        choices=("dirichlet", "random_resp")),
+        "predictive_draws": Setting("int", 100, "draws from q for the held-out variational predictive",
+                                    low=1),
+    }
     #: what ``streamsvi.load(...)`` offers with λ filled in (``fitted.viterbi(x)``, ...)
     scoring_methods = ("log_likelihood", "predictive_logpdf", "elbo_bound", "filtering", "viterbi",
                        "mean_params")
@@ -216,17 +235,8 @@ class DiscreteHMM:
     def __init__(self, n_states=5, n_symbols=4, init_concentration=None,
                  transition_concentration=None, emission_concentration=None, init="dirichlet",
                  predictive_draws=100):
-        K, V = n_states, n_symbols
-        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-            raise ValueError(f"n_states must be an integer >= 1, got {n_states!r}")
-        if isinstance(V, bool) or not isinstance(V, (int, np.integer)) or V < 1:
-            raise ValueError(f"n_symbols must be an integer >= 1, got {n_symbols!r}")
-        K, V = int(K), int(V)
-        if init not in ("dirichlet", "random_resp"):
-            raise ValueError(f"init must be 'dirichlet' or 'random_resp', got {init!r}")
-        if isinstance(predictive_draws, bool) or not isinstance(predictive_draws, (int, np.integer)) \
-                or predictive_draws < 1:
-            raise ValueError(f"predictive_draws must be an integer >= 1, got {predictive_draws!r}")
+        p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
+        K, V = p["n_states"], p["n_symbols"]
         self.n_states, self.n_symbols = K, V
         self.init_concentration = init_concentration
         self.transition_concentration = transition_concentration

@@ -168,7 +168,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
-from .base import NatParams, segment_limit_positive, temper_dirichlet
+from ..settings import ConfigKind, Setting
+from .base import (ChecksState, ConjugateModel, NatParams, RandomRestart, RowWise, ScoresRecords, StoredScaled,
+                   Tempered, segment_limit_positive, temper_dirichlet)
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)
@@ -296,7 +298,7 @@ def _check_prior(name, v, size):
     return a
 
 
-class LDA:
+class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, ChecksState, ScoresRecords):
     """Latent Dirichlet allocation over a fixed vocabulary of V words.
 
     Parameters
@@ -334,12 +336,28 @@ class LDA:
 
     name = "lda"
     record_kind = "bow"
+    config_kinds = {"lda": ConfigKind("latent Dirichlet allocation, a topic model on bags of words")}
+    settings = {
+        "n_components": Setting("int", 10, "K, the topics", low=1, required=True),
+        "n_features": Setting("int", 1000, "V, the vocabulary size (or the hashing trick's buckets)",
+                              low=1, required=True),
+        "doc_topic_prior": Setting("numbers", None, "alpha of Dirichlet(alpha) on each document's topic "
+                                   "proportions (a number or K numbers); unset = 1/K", low=0, low_open=True),
+        "topic_word_prior": Setting("float", None, "eta of Dirichlet(eta) on each topic; unset = 1/K",
+                                    low=0, low_open=True),
+        "max_doc_update_iter": Setting("int", 100, "cap on the local step's sweeps per document", low=1),
+        "mean_change_tol": Setting("float", 1e-3, "a document's local step stops at mean |change of "
+                                   "gamma| < this", low=0),
+        "init": Setting("str", "gamma", "the start: gamma (random topics, as scikit-learn and gensim) "
+                        "or documents (topics seeded from random documents)", choices=("gamma", "documents")),
+        "accelerate": Setting("bool", False, "SQUAREM-accelerated local step (same fixed points, fewer "
+                              "sweeps)"),
+    }
     #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
-    #: annealing kinds (``streamsvi.inference.annealing``): all four; ``svi_step`` takes
-    #: T_t, ρ_t and the random stream of η_t (module docs, "Annealing")
-    annealing_kinds = ("none", "svi+", "deterministic", "stochastic")
+    # annealing kinds (``streamsvi.inference.annealing``): all four, from Tempered and
+    # RandomRestart; ``svi_step`` takes T_t, ρ_t and the random stream of η_t (module docs)
 
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
@@ -348,33 +366,15 @@ class LDA:
     def __init__(self, n_components=10, n_features=1000, doc_topic_prior=None,
                  topic_word_prior=None, max_doc_update_iter=100, mean_change_tol=1e-3,
                  init="gamma", accelerate=False):
-        K, V = n_components, n_features
-        if isinstance(K, bool) or not isinstance(K, (int, np.integer)) or K < 1:
-            raise ValueError(f"n_components must be an integer >= 1, got {n_components!r}")
-        if isinstance(V, bool) or not isinstance(V, (int, np.integer)) or V < 1:
-            raise ValueError(f"n_features must be an integer >= 1 (the vocabulary size), "
-                             f"got {n_features!r}")
-        K, V = int(K), int(V)
+        p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
+        K, V = p["n_components"], p["n_features"]
         alpha = _check_prior("doc_topic_prior", 1.0 / K if doc_topic_prior is None
                              else doc_topic_prior, K)
-        eta = 1.0 / K if topic_word_prior is None else topic_word_prior
-        if isinstance(eta, bool) or not isinstance(eta, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(eta) or eta <= 0:
-            raise ValueError(f"topic_word_prior must be a number > 0, got {topic_word_prior!r}")
-        it = max_doc_update_iter
-        if isinstance(it, bool) or not isinstance(it, (int, np.integer)) or it < 1:
-            raise ValueError(f"max_doc_update_iter must be an integer >= 1, got {max_doc_update_iter!r}")
-        tol = mean_change_tol
-        if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(tol) or tol < 0:
-            raise ValueError(f"mean_change_tol must be a number >= 0, got {mean_change_tol!r}")
-        if init not in ("gamma", "documents"):
-            raise ValueError(f"init must be 'gamma' or 'documents', got {init!r}")
+        eta = 1.0 / K if topic_word_prior is None else p["topic_word_prior"]
+        it, tol = p["max_doc_update_iter"], p["mean_change_tol"]
         self.n_components, self.n_features = K, V
         self.init = init
-        if not isinstance(accelerate, (bool, np.bool_)):
-            raise ValueError(f"accelerate must be true or false, got {accelerate!r}")
-        self.accelerate = bool(accelerate)
+        self.accelerate = p["accelerate"]
         self.doc_topic_prior = doc_topic_prior
         self.topic_word_prior = topic_word_prior
         self.max_doc_update_iter = int(it)

@@ -44,13 +44,14 @@ import math
 import numpy as np
 from scipy.special import expit, log_expit
 
-from .base import NatParams, check_matrix
+from ..settings import REQUIRED, ConfigKind, Setting
+from .base import ChecksState, Classifier, GradientModel, NatParams, ScoresRecords, check_matrix
 from .nonconjugate import check_gaussian_state, gauss_hermite, gaussian_params, linear_form_variance
 
 __all__ = ["BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget"]
 
 
-class BayesianLogisticRegression:
+class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresRecords):
     """Binary Bayesian logistic regression with a mean-field Gaussian posterior.
 
     Parameters
@@ -67,21 +68,28 @@ class BayesianLogisticRegression:
 
     name = "logistic"
     record_kind = "labelled"
+    config_kinds = {"logistic": ConfigKind("Bayesian logistic regression on labelled records (the "
+                                           "gradient path)")}
+    settings = {
+        "n_features": Setting("int", REQUIRED, "D, features per record (the label is one more column)",
+                              low=1),
+        "prior_var": Setting("float", 1.0, "variance of the zero-mean Gaussian prior of every weight",
+                             low=0, low_open=True),
+        "fit_intercept": Setting("bool", True, "add a bias weight"),
+        "init_std": Setting("float", None, "sigma of every weight in the initial q; unset = "
+                            "0.1*sqrt(prior_var)", low=0, low_open=True),
+    }
     n_classes = 2
     scoring_methods = ("predict_proba", "predict", "predictive_logpdf")
 
     def __init__(self, n_features: int, prior_var: float = 1.0, fit_intercept: bool = True,
                  init_std: float | None = None):
-        if isinstance(n_features, bool) or not isinstance(n_features, (int, np.integer)) or n_features < 1:
-            raise ValueError(f"n_features must be an integer >= 1, got {n_features!r}")
-        if not (isinstance(prior_var, (int, float)) and math.isfinite(prior_var) and prior_var > 0):
-            raise ValueError(f"prior_var must be a finite number > 0, got {prior_var!r}")
-        if init_std is not None and not (isinstance(init_std, (int, float)) and init_std > 0):
-            raise ValueError(f"init_std must be a number > 0 or None, got {init_std!r}")
-        self.n_features = int(n_features)
-        self.prior_var = float(prior_var)
-        self.fit_intercept = bool(fit_intercept)
-        self.init_std = None if init_std is None else float(init_std)
+        p = BayesianLogisticRegression.check_settings(dict(n_features=n_features, prior_var=prior_var,
+                                                          fit_intercept=fit_intercept, init_std=init_std))
+        self.n_features = p["n_features"]
+        self.prior_var = p["prior_var"]
+        self.fit_intercept = p["fit_intercept"]
+        self.init_std = p["init_std"]
         self.n_params = self.n_features + int(self.fit_intercept)
 
     def get_params(self) -> dict:
@@ -219,7 +227,7 @@ class BayesianLogisticRegression:
         return out
 
 
-class CorrelatedGaussianTarget:
+class CorrelatedGaussianTarget(GradientModel, ChecksState):
     """The 100-D correlated Gaussian of seed 001 §4.1 as a data-free target.
 
     ``log p(w) = log N(w | m·1, Σ)``, Σ_ij = exp(−½ (t_i − t_j)²) + jitter·δ_ij,
@@ -233,11 +241,13 @@ class CorrelatedGaussianTarget:
 
     name = "gaussian_target"
     record_kind = "dense"
+    settings = {"n_dims": Setting("int", 100, "n, the dimension", low=1),
+                "mean": Setting("float", 2.0, "m, every coordinate's mean"),
+                "jitter": Setting("float", 0.1, "added to the diagonal of the covariance", low=0)}
 
     def __init__(self, n_dims: int = 100, mean: float = 2.0, jitter: float = 0.1):
-        if isinstance(n_dims, bool) or not isinstance(n_dims, (int, np.integer)) or n_dims < 1:
-            raise ValueError(f"n_dims must be an integer >= 1, got {n_dims!r}")
-        self.n_dims, self.mean, self.jitter = int(n_dims), float(mean), float(jitter)
+        p = self.check_settings(dict(n_dims=n_dims, mean=mean, jitter=jitter))
+        self.n_dims, self.mean, self.jitter = p["n_dims"], p["mean"], p["jitter"]
         self.n_params = self.n_dims
         t = np.linspace(0.0, 10.0, self.n_dims)
         self.Sigma = np.exp(-0.5 * (t[:, None] - t[None, :]) ** 2) + self.jitter * np.eye(self.n_dims)
@@ -315,13 +325,18 @@ class SoftmaxRegression(BayesianLogisticRegression):
     """
 
     name = "softmax"
+    config_kinds = {"softmax": ConfigKind("multiclass (softmax) Bayesian logistic regression (the "
+                                          "gradient path)")}
+    settings = {"n_features": BayesianLogisticRegression.settings["n_features"],
+                "n_classes": Setting("int", 3, "C, the classes 0..C-1 of the labels", low=2),
+                **{k: v for k, v in BayesianLogisticRegression.settings.items() if k != "n_features"}}
 
     def __init__(self, n_features: int, n_classes: int = 3, prior_var: float = 1.0,
                  fit_intercept: bool = True, init_std: float | None = None):
+        p = self.check_settings(dict(n_features=n_features, n_classes=n_classes, prior_var=prior_var,
+                                     fit_intercept=fit_intercept, init_std=init_std))
         super().__init__(n_features, prior_var=prior_var, fit_intercept=fit_intercept, init_std=init_std)
-        if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
-            raise ValueError(f"n_classes must be an integer >= 2, got {n_classes!r}")
-        self.n_classes = int(n_classes)
+        self.n_classes = p["n_classes"]
         self.n_inputs = self.n_params                 # P per class
         self.n_params = self.n_classes * self.n_inputs
 

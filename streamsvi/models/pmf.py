@@ -151,97 +151,13 @@ from collections.abc import Mapping
 import numpy as np
 import scipy.sparse as _sparse
 
-from .base import NatParams
+# the batch type and the id rule live beside the other batch types (io/ reads them without
+# importing models/); re-exported here
+from ..ratings_batch import MAX_ID_LENGTH, Ratings, canonical_id  # noqa: F401
+from ..settings import ConfigKind, Setting
+from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords
 
 __all__ = ["PMF", "Ratings", "canonical_id"]
-
-#: longest accepted id (characters)
-MAX_ID_LENGTH = 256
-
-
-def canonical_id(value, what: str = "id") -> str:
-    """The canonical form of a user or item id: a non-empty string.
-
-    Integers become their decimal string (so 42 and "42" are the same id);
-    strings are kept as given. Booleans, floats, None, empty strings, strings
-    longer than 256 characters and strings with control characters are
-    rejected with a ``ValueError`` naming the value.
-
-    >>> canonical_id(42), canonical_id("u-7")
-    ('42', 'u-7')
-    """
-    if isinstance(value, str):
-        if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
-            raise ValueError(f"{what} id must be a non-empty printable string of at most "
-                             f"{MAX_ID_LENGTH} characters, got {value[:40]!r}")
-        return value
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        return str(int(value))
-    raise ValueError(f"{what} id must be a string or an integer, got {type(value).__name__} {value!r}")
-
-
-class Ratings:
-    """A minibatch of ratings: ``user`` and ``item`` ids and ``rating`` values.
-
-    The engine needs only ``shape[0]`` and row selection ``x[int_array]``.
-    Ids are canonicalised with :func:`canonical_id` (an object array of str).
-
-    >>> x = Ratings([1, "a"], ["m1", 2], [4.0, 3.5])
-    >>> len(x), x[np.array([1])].user.tolist(), x.item.tolist()
-    (2, ['a'], ['m1', '2'])
-    """
-
-    __slots__ = ("user", "item", "rating")
-
-    def __init__(self, user, item, rating, *, _canonical: bool = False):
-        rating = np.asarray(rating, dtype=np.float64).reshape(-1)
-        if _canonical:
-            self.user, self.item = user, item
-        else:
-            self.user = np.array([canonical_id(u, "user") for u in np.asarray(user, dtype=object).reshape(-1)],
-                                 dtype=object)
-            self.item = np.array([canonical_id(v, "item") for v in np.asarray(item, dtype=object).reshape(-1)],
-                                 dtype=object)
-        if not (len(self.user) == len(self.item) == len(rating)):
-            raise ValueError(f"user, item and rating must have the same length, got "
-                             f"{len(self.user)}, {len(self.item)}, {len(rating)}")
-        self.rating = rating
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (len(self.rating),)
-
-    def __len__(self):
-        return len(self.rating)
-
-    def __getitem__(self, index):
-        if isinstance(index, (int, np.integer)):
-            index = [int(index)]
-        return Ratings(self.user[index], self.item[index], self.rating[index], _canonical=True)
-
-    def __repr__(self):
-        return f"Ratings(n={len(self)})"
-
-    def copy(self) -> "Ratings":
-        return Ratings(self.user.copy(), self.item.copy(), self.rating.copy(), _canonical=True)
-
-    @classmethod
-    def concat(cls, parts) -> "Ratings":
-        parts = list(parts)
-        if not parts:
-            return cls.empty()
-        return cls(np.concatenate([p.user for p in parts]), np.concatenate([p.item for p in parts]),
-                   np.concatenate([p.rating for p in parts]), _canonical=True)
-
-    @classmethod
-    def empty(cls) -> "Ratings":
-        return cls(np.empty(0, dtype=object), np.empty(0, dtype=object), np.empty(0), _canonical=True)
-
-    def to_records(self) -> list[dict]:
-        """One ``{"user", "item", "rating"}`` dict per rating."""
-        return [{"user": u, "item": v, "rating": float(y)}
-                for u, v, y in zip(self.user, self.item, self.rating)]
-
 
 def _hash64(side: str, ids) -> np.ndarray:
     return np.array([int.from_bytes(hashlib.blake2b(f"{side}\x00{i}".encode(), digest_size=8).digest(),
@@ -719,14 +635,7 @@ def _unique_rows(rows, n) -> tuple[np.ndarray, np.ndarray]:
     return uniq, pos[rows]
 
 
-def _as_float(name, v, positive=True):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
-            or (positive and v <= 0):
-        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v!r}")
-    return float(v)
-
-
-class PMF:
+class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     """Probabilistic matrix factorisation, q in precision form, users and items as growing rows.
 
     Parameters
@@ -768,13 +677,34 @@ class PMF:
 
     name = "pmf"
     record_kind = "ratings"
+    config_kinds = {"pmf": ConfigKind("probabilistic matrix factorisation of (user, item, rating) records")}
+    settings = {
+        "n_factors": Setting("int", 10, "d, the rank of the factorisation", low=1),
+        "sigma2": Setting("float", 0.5, "the rating noise variance", low=0, low_open=True),
+        "prior_var": Setting("float", 1.0, "c, the prior variance of every factor", low=0, low_open=True),
+        "biases": Setting("bool", False, "add a user and an item bias to the mean"),
+        "offset": Setting("float|auto", 0.0, "mu0 subtracted from every rating: a number, or auto = the "
+                          "running mean of the ratings seen"),
+        "init_scale": Setting("float", 0.1, "std of the random initial means of new rows",
+                              low=0, low_open=True),
+        "row_counts": Setting("str", "scaled", "N_i per user/item: scaled = n_total * n_i / records seen, "
+                              "seen = the row's ratings seen so far (one pass over a stream)",
+                              choices=("scaled", "seen")),
+        "remember_rated": Setting("bool", True, "keep rated pairs so that top-k leaves them out"),
+        "bias_var": Setting("float", None, "prior variance of the user and item biases; unset = prior_var",
+                            low=0, low_open=True),
+        "row_clock": Setting("str", "updates", "the clock of a row's step rho_i = schedule(t_i): updates = "
+                             "its update count, ratings = its ratings seen / its ratings in the batch",
+                             choices=("updates", "ratings")),
+        "sweep": Setting("str", "users_first", "which side a minibatch updates first",
+                         choices=("users_first", "items_first")),
+    }
     #: the conjugate blocks, in the order of one CAVI sweep
     blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
     #: what ``streamsvi.load(...)`` offers (each called with λ and ``aux=``)
     scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
-    #: annealing kinds (``streamsvi.inference.annealing``): no local latent assignments to
-    #: temper or restart, so not deterministic/stochastic
-    annealing_kinds = ("none", "svi+")
+    # annealing kinds (``streamsvi.inference.annealing``): none and svi+ only, for it is neither
+    # Tempered nor RandomRestart (no local latent assignments to temper or restart)
     #: δ: an SVI+ step may not take Λ below δ·I/c (no variance above c/δ)
     PREC_FLOOR = 0.5
 
@@ -782,35 +712,16 @@ class PMF:
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
                  row_counts: str = "scaled", remember_rated: bool = True, bias_var=None,
                  row_clock: str = "updates", sweep: str = "users_first"):
-        if isinstance(n_factors, bool) or int(n_factors) != n_factors or n_factors < 1:
-            raise ValueError(f"n_factors must be an integer >= 1, got {n_factors!r}")
-        self.n_factors = int(n_factors)
-        self.sigma2 = _as_float("sigma2", sigma2)
-        self.prior_var = _as_float("prior_var", prior_var)
-        self.bias_var = None if bias_var is None else _as_float("bias_var", bias_var)
-        if not isinstance(biases, (bool, np.bool_)):
-            raise ValueError(f"biases must be true or false, got {biases!r}")
-        self.biases = bool(biases)
-        if isinstance(offset, str):
-            if offset != "auto":
-                raise ValueError(f"offset must be a finite number or 'auto' (the running mean of the "
-                                 f"stream), got {offset!r}")
-            self.offset = "auto"
-        else:
-            self.offset = _as_float("offset", offset, positive=False)
-        self.init_scale = _as_float("init_scale", init_scale)
-        if row_counts not in ("scaled", "seen"):
-            raise ValueError(f"row_counts must be 'scaled' or 'seen', got {row_counts!r}")
-        self.row_counts = row_counts
-        if not isinstance(remember_rated, (bool, np.bool_)):
-            raise ValueError(f"remember_rated must be true or false, got {remember_rated!r}")
-        self.remember_rated = bool(remember_rated)
-        if row_clock not in ("updates", "ratings"):
-            raise ValueError(f"row_clock must be 'updates' or 'ratings', got {row_clock!r}")
-        self.row_clock = row_clock
-        if sweep not in ("users_first", "items_first"):
-            raise ValueError(f"sweep must be 'users_first' or 'items_first', got {sweep!r}")
-        self.sweep = sweep
+        p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
+        self.n_factors = p["n_factors"]
+        self.sigma2, self.prior_var, self.bias_var = p["sigma2"], p["prior_var"], p["bias_var"]
+        self.biases = p["biases"]
+        self.offset = p["offset"]
+        self.init_scale = p["init_scale"]
+        self.row_counts = p["row_counts"]
+        self.remember_rated = p["remember_rated"]
+        self.row_clock = p["row_clock"]
+        self.sweep = p["sweep"]
         if sweep == "items_first":         # the conjugate blocks in the order this model sweeps them
             self.blocks = type(self).blocks[::-1]
         d = self.n_factors

@@ -8,6 +8,7 @@ See ``configs/`` for one example per model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
@@ -15,6 +16,10 @@ import ssl
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..models import CONFIG_KINDS
+from ..models.base import GradientModel
+from ..settings import SettingError, check_settings, did_you_mean
 
 REQUIRED = object()
 
@@ -36,96 +41,11 @@ class Field:
 
 #: section -> field -> Field. "model" fields beyond ``kind`` are the model's own settings.
 SCHEMA: dict[str, dict[str, Field]] = {
+    # [model]: ``kind`` and the settings table of the class it names (streamsvi.models.CONFIG_KINDS;
+    # model_schema); [records]: the settings table of that model's record kind (records_schema)
     "model": {
-        "kind": Field("str", REQUIRED, "Model: gmm, gmm_dp (truncated DP mixture), gauss1d, "
-                      "hmm (discrete hidden Markov model), lda (topic model on bags of words), "
-                      "pmf (matrix factorisation of ratings), hpf (Poisson factorisation of counts), logistic (Bayesian logistic "
-                      "regression on labelled records; the gradient path of seed 001) or softmax "
-                      "(its multiclass form)",
-                      choices=("gmm", "gmm_dp", "gauss1d", "hmm", "lda", "pmf", "hpf", "logistic", "softmax")),
-        "n_components": Field("int", None, "K (the truncation level for gmm_dp; the number of "
-                              "hidden states for hmm; topics for lda); required except for pmf", min=1),
-        "n_features": Field("int", None, "D, values per record (gauss1d: 1; lda: V, the vocabulary "
-                            "size or number of hash buckets)", min=1),
-        "weight_concentration": Field("float", None, "alpha0 of the Dirichlet on the weights "
-                                      "(gmm_dp: the DP concentration alpha, split as alpha/K)", min=0),
-        "mean_precision": Field("float", None, "beta0 (gmm, gmm_dp)", min=0),
-        "mean": Field("float", None, "m0, a number used for every coordinate (gmm, gmm_dp)"),
-        "degrees_of_freedom": Field("float", None, "nu0 > D - 1; default D (gmm, gmm_dp)"),
-        "scale": Field("float", None, "W0 = scale * I (gmm, gmm_dp)", min=0),
-        "sigma2": Field("float", None, "known observation variance (gauss1d); rating noise variance (pmf)",
-                        min=0),
-        "prior_mean": Field("float", None, "mu0 (gauss1d)"),
-        "prior_var": Field("float", None, "tau^2 (gauss1d); c, prior variance of every factor (pmf)", min=0),
-        "n_symbols": Field("int", None, "V, the alphabet size: symbols are 0..V-1 (hmm)", min=1),
-        "init_concentration": Field("float", None, "Dirichlet prior of the initial state "
-                                    "distribution; default 1/K (hmm)", min=0),
-        "transition_concentration": Field("float", None, "Dirichlet prior of each transition row; "
-                                          "default 1/K (hmm)", min=0),
-        "emission_concentration": Field("float", None, "Dirichlet prior of each emission row; "
-                                        "default 10/V (hmm)", min=0),
-        "predictive_draws": Field("int", None, "draws from q for the held-out variational "
-                                  "predictive; default 100 (hmm)", min=1),
-        "doc_topic_prior": Field("float", None, "alpha of Dirichlet(alpha) on each document's topic "
-                                 "proportions; default 1/K (lda)", min=0),
-        "topic_word_prior": Field("float", None, "eta of Dirichlet(eta) on each topic; default 1/K (lda)",
-                                  min=0),
-        "max_doc_update_iter": Field("int", None, "cap on the local step's sweeps per document; "
-                                     "default 100 (lda)", min=1),
-        "mean_change_tol": Field("float", None, "a document's local step stops at mean |change of "
-                                 "gamma| < this; default 1e-3 (lda)", min=0),
-        "init": Field("str", None, "lda: gamma (random topics, as scikit-learn and gensim) or "
-                      "documents (topics seeded from random documents); gmm, gmm_dp: kmeans (default: "
-                      "k-means++ then Lloyd), kmeans++, random_from_data or random_resp, on the start's "
-                      "records (init_batches)", choices=("gamma", "documents", "kmeans", "kmeans++",
-                                                         "random_from_data", "random_resp")),
-        "n_init": Field("int", None, "gmm, gmm_dp: starts made from the start's records, the best "
-                        "ELBO kept; default 3", min=1),
-        "init_sweeps": Field("int", None, "gmm, gmm_dp: CAVI sweeps on the start's records from each "
-                             "start; default 5", min=0),
-        "refine_sweeps": Field("int", None, "gmm, gmm_dp: at most this many more CAVI sweeps of the kept "
-                               "start on the start's records, until its ELBO per record changes by "
-                               "less than 1e-4; 0 = none; default 100", min=0),
-        "init_batches": Field("int", None, "gmm, gmm_dp: minibatches the daemon gathers before its "
-                              "start (init on all of them, then an update on each); 1 = the first "
-                              "minibatch alone; default 4", min=1),
-        "prior_from": Field("str", None, "gmm, gmm_dp: where m0 and W0 come from when mean / scale are "
-                            "not set: settings (m0 = 0, W0 = I), data (the mean and inverse "
-                            "covariance of the start's records) or auto (default: data when that "
-                            "covariance has a condition number above 1e3, else settings); decided "
-                            "once at start and kept in every snapshot",
-                            choices=("auto", "settings", "data")),
-        "accelerate": Field("bool", None, "lda: SQUAREM-accelerated local step (same fixed points, "
-                            "fewer sweeps); default false"),
-        "n_factors": Field("int", None, "d, the rank of the factorisation (pmf); K, the factors (hpf)", min=1),
-        "biases": Field("bool", None, "add a user and an item bias to the mean (pmf)"),
-        "offset": Field("float|auto", None, "mu0 subtracted from every rating: a number, or auto = the "
-                        "running mean of the ratings seen (pmf)"),
-        "bias_var": Field("float", None, "prior variance of the user and item biases (pmf); unset = prior_var",
-                          min=0),
-        "row_clock": Field("str", None, "pmf: the clock of a row's step size rho_i = schedule(t_i): updates = "
-                           "the row's update count, ratings = its ratings seen / its ratings in the batch",
-                           choices=("updates", "ratings")),
-        "sweep": Field("str", None, "pmf: which side a minibatch updates first", choices=("users_first",
-                                                                                          "items_first")),
-        "init_scale": Field("float", None, "std of the random initial means of new rows (pmf); of the log initial shapes (hpf)", min=0),
-        "row_counts": Field("str", None, "N_i per user/item (pmf, hpf): scaled = n_total * n_i / records seen "
-                            "(data set or population), seen = ratings of the row seen so far "
-                            "(one pass over a stream)", choices=("scaled", "seen")),
-        "remember_rated": Field("bool", None, "keep rated (hpf: seen) pairs so top-k leaves them out (pmf, hpf)"),
-        # hpf: the priors of Gopalan, Hofman & Blei (2015), a, a', b', c, c', d' (streamsvi/models/hpf.py)
-        "theta_shape": Field("float", None, "hpf: a, theta_uk ~ Gamma(a, xi_u); default 0.3", min=0),
-        "activity_shape": Field("float", None, "hpf: a', xi_u ~ Gamma(a', a'/b'); default 0.3", min=0),
-        "activity_mean": Field("float", None, "hpf: b', the prior mean of the user activity xi_u; default 1",
-                               min=0),
-        "beta_shape": Field("float", None, "hpf: c, beta_ik ~ Gamma(c, eta_i); default 0.3", min=0),
-        "popularity_shape": Field("float", None, "hpf: c', eta_i ~ Gamma(c', c'/d'); default 0.3", min=0),
-        "popularity_mean": Field("float", None, "hpf: d', the prior mean of the item popularity eta_i; "
-                                 "default 1", min=0),
-        "fit_intercept": Field("bool", None, "add a bias weight; default true (logistic)"),
-        "init_std": Field("float", None, "sigma of every weight in the initial q; default "
-                          "0.1*sqrt(prior_var) (logistic, softmax)", min=0),
-        "n_classes": Field("int", None, "C, the classes 0..C-1 of the labels (softmax); default 3", min=2),
+        "kind": Field("str", REQUIRED, "the model (streamsvi.models.CONFIG_KINDS); its settings are "
+                      "the settings table of its class (model_schema)"),
     },
     "inference": {
         "n_total": Field("float|auto", REQUIRED, "N: data-set size, or population size alpha for an "
@@ -261,30 +181,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 }
 
 
-_GMM_KEYS = frozenset({"n_components", "n_features", "weight_concentration", "mean_precision", "mean",
-                       "degrees_of_freedom", "scale", "init", "n_init", "init_sweeps",
-                       "prior_from", "init_batches", "refine_sweeps"})
-_GMM_INITS = ("kmeans", "kmeans++", "random_from_data", "random_resp")   # = models.gmm.INITS
-#: model kind -> the values of ``model.init`` it takes
-INIT_CHOICES = {"gmm": _GMM_INITS, "gmm_dp": _GMM_INITS, "lda": ("gamma", "documents")}
-#: model kind -> the ``[model]`` settings it takes besides ``kind``; any other is refused.
-MODEL_KEYS: dict[str, frozenset] = {
-    "gmm": _GMM_KEYS,
-    "gmm_dp": _GMM_KEYS,
-    "gauss1d": frozenset({"n_components", "n_features", "sigma2", "prior_mean", "prior_var"}),
-    "hmm": frozenset({"n_components", "n_symbols", "init_concentration", "transition_concentration",
-                      "emission_concentration", "predictive_draws"}),
-    "lda": frozenset({"n_components", "n_features", "doc_topic_prior", "topic_word_prior",
-                      "max_doc_update_iter", "mean_change_tol", "init", "accelerate"}),
-    "pmf": frozenset({"n_factors", "sigma2", "prior_var", "biases", "offset", "init_scale",
-                      "row_counts", "remember_rated", "bias_var", "row_clock", "sweep"}),
-    "hpf": frozenset({"n_factors", "theta_shape", "activity_shape", "activity_mean", "beta_shape",
-                      "popularity_shape", "popularity_mean", "init_scale", "row_counts", "remember_rated"}),
-    "logistic": frozenset({"n_features", "prior_var", "fit_intercept", "init_std"}),
-    "softmax": frozenset({"n_features", "n_classes", "prior_var", "fit_intercept", "init_std"}),
-}
-#: model kinds learned by the gradient path (GradientVI), and the [inference] settings only they take
-GRADIENT_KINDS = frozenset({"logistic", "softmax"})
+#: [inference] settings only the gradient path (a GradientModel) takes
 GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate", "covariance",
                  "rank")
 #: [inference] settings of the conjugate path that the gradient path has no use for
@@ -322,7 +219,7 @@ ANNEALING: dict[str, dict[str, Field]] = {
 
 def _check_annealing(inf: dict, model_kind: str) -> None:
     """Validate ``inference.annealing`` in place: its settings, resolved with defaults."""
-    from ..inference.annealing import annealer_from_dict, supported_kinds
+    from ..inference.annealing import annealer_from_dict
 
     given = inf["annealing"]
     if given is None:
@@ -340,7 +237,7 @@ def _check_annealing(inf: dict, model_kind: str) -> None:
     if (inf["effective_batch_size"] is not None or inf["effective_fraction"] is not None):
         raise ConfigError("inference: set [inference.annealing] or effective_batch_size/effective_fraction, "
                           "not both (effective_batch_size = M is kind = 'svi+' with M0 = M)")
-    kinds = supported_kinds(model_class(model_kind))        # the model's own declaration
+    kinds = model_class(model_kind).annealing_kinds      # from its capability types (models.base)
     if kind not in kinds:
         raise ConfigError(f"inference.annealing.kind: {kind!r} is not defined for model.kind = "
                           f"{model_kind!r} (it has no local latent assignments to temper or restart); "
@@ -353,22 +250,6 @@ def _check_annealing(inf: dict, model_kind: str) -> None:
         inf["annealing"] = annealer_from_dict({"kind": kind, **sec}).to_dict()
     except ValueError as exc:
         raise ConfigError(f"inference.annealing: {exc}") from None
-
-
-def _check_model_keys(model: dict) -> None:
-    """Refuse ``[model]`` settings that belong to another model kind, naming key and kind."""
-    kind = model["kind"]
-    wrong = sorted(k for k, v in model.items() if k != "kind" and v is not None
-                   and k not in MODEL_KEYS[kind])
-    init = model.get("init")
-    if init is not None and kind in INIT_CHOICES and init not in INIT_CHOICES[kind]:
-        raise ConfigError(f"model.init: kind = {kind!r} takes one of {', '.join(INIT_CHOICES[kind])}, "
-                          f"got {init!r}")
-    if wrong:
-        owners = "; ".join(f"{k} is for " + ", ".join(o for o, keys in MODEL_KEYS.items() if k in keys)
-                           for k in wrong)
-        raise ConfigError(f"model: setting(s) {wrong} do not apply to kind = {kind!r} ({owners}); "
-                          f"remove them. kind = {kind!r} takes: {', '.join(sorted(MODEL_KEYS[kind]))}")
 
 
 class ConfigError(ValueError):
@@ -547,14 +428,19 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     """Check a parsed config against :data:`SCHEMA`, fill defaults, return a new dict."""
     if not isinstance(raw, dict):
         raise ConfigError("config must be a TOML table")
-    unknown = set(raw) - set(SCHEMA)
+    sections = set(SCHEMA) | {"records"}
+    unknown = set(raw) - sections
     if unknown:
-        raise ConfigError(f"unknown section(s) {sorted(unknown)}; known: {sorted(SCHEMA)}")
+        hint = "".join(did_you_mean(u, sections) for u in sorted(unknown)[:1])
+        raise ConfigError(f"unknown section(s) {sorted(unknown)}{hint}; known: {sorted(sections)}")
     out = {}
     for section, fields in SCHEMA.items():
         given = raw.get(section, {})
         if not isinstance(given, dict):
             raise ConfigError(f"{section}: expected a table, got {given!r}")
+        if section == "model":              # the chosen kind's own table (model_schema)
+            out[section] = _check_model(given)
+            continue
         extra = set(given) - set(fields)
         literal = sorted(extra & set(LITERAL_SECRETS)) if section == "source" else []
         if literal:
@@ -563,7 +449,8 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
                               f"snapshots and --print-config); set {LITERAL_SECRETS[k]}_env = \"VAR\" "
                               f"(an environment variable) or {LITERAL_SECRETS[k]}_file = \"path\"")
         if extra:
-            raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}; known: {sorted(fields)}")
+            hint = did_you_mean(sorted(extra)[0], fields)
+            raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}{hint}; known: {sorted(fields)}")
         sec = {}
         for name, f in fields.items():
             if name in given:
@@ -575,6 +462,12 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         out[section] = sec
     # cross-field rules
     inf, src, mdl = out["inference"], out["source"], out["model"]
+    cls = model_class(mdl["kind"])
+    kind = _record_kind(cls)
+    out["records"] = _check_records(raw.get("records", {}), kind, mdl["kind"])
+    if inf["n_total"] != "auto" and inf["n_total"] <= 0:
+        raise ConfigError(f"inference.n_total: must be > 0 (N, the data-set or population size), "
+                          f"got {inf['n_total']:g}")
     if inf["effective_batch_size"] is not None and inf["effective_fraction"] is not None:
         raise ConfigError("inference: set effective_batch_size or effective_fraction, not both")
     if inf["effective_batch_size"] is not None and not 0 < inf["effective_batch_size"] <= inf["batch_size"]:
@@ -585,12 +478,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
-    if mdl["kind"] not in ("pmf", "hpf", "logistic", "softmax") and mdl["n_components"] is None:
-        raise ConfigError("model.n_components: required for gmm, gmm_dp, gauss1d, hmm and lda")
-    if mdl["kind"] in ("logistic", "softmax") and mdl["n_components"] is not None:
-        raise ConfigError("model.n_components: logistic regression has no components; remove it "
-                          "(softmax: the number of classes is n_classes)")
-    if mdl["kind"] in GRADIENT_KINDS:
+    if issubclass(cls, GradientModel):
         for key in SVI_ONLY_KEYS:
             if inf[key] is not None:
                 raise ConfigError(f"inference.{key}: SVI+ and annealing settings do not apply to kind = "
@@ -598,32 +486,17 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     else:
         for key in GRADIENT_KEYS:
             if inf[key] is not None:
+                gradient = sorted(k for k, c in CONFIG_KINDS.items() if issubclass(c, GradientModel))
                 raise ConfigError(f"inference.{key}: only used by the gradient path "
-                                  f"(model.kind = {', '.join(sorted(GRADIENT_KINDS))}); remove it")
-    if mdl["kind"] in ("pmf", "hpf"):
-        if src["fields"] is not None:
-            raise ConfigError(f"source.fields: {mdl['kind']} records are JSON objects with user, item and rating")
-        if mdl["kind"] == "hpf" and (out["validation"]["min_rating"] is None or out["validation"]["min_rating"] < 0):
-            raise ConfigError("validation.min_rating: hpf counts must be >= 0; set min_rating = 0 so that negative "
-                              "counts are dead-lettered (out_of_range)")
-    elif mdl["kind"] == "gauss1d":
-        if mdl["n_features"] not in (None, 1):
-            raise ConfigError("model.n_features: gauss1d records have 1 value")
-        mdl["n_features"] = 1
-    elif mdl["kind"] == "hmm":
-        if mdl["n_features"] is not None:
-            raise ConfigError("model.n_features: hmm records are symbol sequences; set n_symbols")
-        if mdl["n_symbols"] is None:
-            raise ConfigError("model.n_symbols: required for hmm (the alphabet size V)")
-    elif mdl["n_features"] is None:
-        raise ConfigError("model.n_features: required for gmm, gmm_dp and lda")
-    _check_model_keys(mdl)
+                                  f"(model.kind = {', '.join(gradient)}); remove it")
+    model = build_model(mdl)               # the model's own cross-setting rules, before any connection
     _check_security(src, raw.get("source", {}), base_dir)
     if inf["n_total"] == "auto" and src["codec"] == "binary":
         raise ConfigError("inference.n_total: 'auto' counts messages (the topics' highwater marks), "
                           "but a binary message carries a whole minibatch; set N as a number")
-    if src["codec"] == "text" and mdl["kind"] != "lda":
-        raise ConfigError(f"source.codec: text records need model.kind = 'lda', got {mdl['kind']!r}")
+    if src["codec"] not in kind.codec_names:
+        raise ConfigError(f"source.codec: {src['codec']!r} is not a codec of {kind.name!r} records "
+                          f"(model.kind = {mdl['kind']!r}); use one of {', '.join(kind.codec_names)}")
     if src["vocabulary"] is not None and src["codec"] != "text":
         raise ConfigError("source.vocabulary: only used by codec = 'text'")
     if src["kind"] == "kafka":
@@ -634,12 +507,14 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             raise ConfigError("source.path: required for a file source")
         if inf["n_total"] == "auto":
             pass  # file source: auto = number of lines, resolved at start
-    if mdl["kind"] == "hmm":
-        if src["fields"] is not None and len(src["fields"]) != 1:
-            raise ConfigError(f"source.fields: hmm records take one name (the key of the symbol "
-                              f"array), got {len(src['fields'])}")
-    elif src["fields"] is not None and mdl["kind"] not in ("pmf", "hpf") and len(src["fields"]) != mdl["n_features"]:
-        raise ConfigError(f"source.fields: {len(src['fields'])} names for n_features={mdl['n_features']}")
+    if src["fields"] is not None:
+        n_fields = kind.n_fields(model)
+        if n_fields is None:
+            raise ConfigError(f"source.fields: {kind.name!r} records (model.kind = {mdl['kind']!r}) are "
+                              f"not read by field names; remove it")
+        if len(src["fields"]) != n_fields:
+            raise ConfigError(f"source.fields: {kind.name!r} records of model.kind = {mdl['kind']!r} take "
+                              f"{n_fields} name(s), got {len(src['fields'])}")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
                          ("source", "vocabulary"), ("scaleout", "lambda_file")):
@@ -668,31 +543,88 @@ def load_config(path) -> dict:
 
 
 def model_class(kind: str):
-    """The model class of a ``model.kind`` (imported on first use)."""
-    from ..models import (HPF, LDA, PMF, BayesianGMM, BayesianLogisticRegression, DiscreteHMM, KnownVarianceGMM1D,
-                          SoftmaxRegression)
+    """The model class of a ``model.kind`` (a look-up in ``streamsvi.models.CONFIG_KINDS``)."""
+    try:
+        return CONFIG_KINDS[kind]
+    except KeyError:
+        raise ConfigError(f"model.kind: expected one of {', '.join(CONFIG_KINDS)}, got {kind!r}"
+                          f"{did_you_mean(str(kind), CONFIG_KINDS)}") from None
 
-    return {"pmf": PMF, "hpf": HPF, "logistic": BayesianLogisticRegression, "softmax": SoftmaxRegression,
-            "hmm": DiscreteHMM, "lda": LDA, "gauss1d": KnownVarianceGMM1D, "gmm_dp": BayesianGMM,
-            "gmm": BayesianGMM}[kind]
+
+def model_schema(kind: str) -> dict:
+    """``{TOML name: Setting}`` of ``model.kind = kind``: its class's table, with the kind's preset
+    defaults and docs (what ``--print-config`` shows and the README documents)."""
+    cls = model_class(kind)
+    preset = cls.config_kinds[kind]
+    out = {}
+    for name, st in cls.settings.items():
+        if st.config:
+            out[st.config_name or name] = dataclasses.replace(
+                st, default=preset.defaults.get(name, st.default), doc=preset.docs.get(name, st.doc))
+    return out
+
+
+def _record_kind(cls):
+    from ..io import records   # noqa: F401  (importing streamsvi.io registers every record kind)
+    from ..io.records import kind_named
+
+    return kind_named(cls.record_kind, cls.name)
+
+
+def _check_model(given: dict) -> dict:
+    """The ``[model]`` table checked against its kind's settings table, every default filled in."""
+    if "kind" not in given:
+        raise ConfigError(f"model.kind: required, one of {', '.join(CONFIG_KINDS)}")
+    kind = given["kind"]
+    cls = model_class(kind)
+    table = model_schema(kind)
+    extra = sorted(k for k in given if k != "kind" and k not in table)
+    if extra:
+        owners = {k: [o for o in CONFIG_KINDS if k in model_schema(o)] for k in extra}
+        if all(owners.values()):
+            text = "; ".join(f"{k} is for " + ", ".join(o) for k, o in owners.items())
+            raise ConfigError(f"model: setting(s) {extra} do not apply to kind = {kind!r} ({text}); "
+                              f"remove them. kind = {kind!r} takes: {', '.join(sorted(table))}")
+        k = next(k for k, o in owners.items() if not o)
+        raise ConfigError(f"model.{k}: not a setting of kind = {kind!r}{did_you_mean(k, table)} "
+                          f"(kind = {kind!r} takes: {', '.join(sorted(table))})")
+    preset = cls.config_kinds[kind]
+    try:
+        values = check_settings(cls.settings, {k: v for k, v in given.items() if k != "kind"},
+                                defaults=preset.defaults, config=True)
+    except SettingError as exc:
+        if exc.problem.startswith("is required"):
+            raise ConfigError(f"model.{exc.name}: required for kind = {kind!r} "
+                              f"({table[exc.name].doc})") from None
+        raise ConfigError(f"model.{exc.name}: {exc.problem}") from None
+    names = {n: st.config_name or n for n, st in cls.settings.items() if st.config}
+    return {"kind": kind, **{names[n]: v for n, v in values.items() if n in names}}
+
+
+def _check_records(given: dict, kind, model_kind: str) -> dict:
+    """The ``[records]`` table checked against the record kind's settings table."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"records: expected a table, got {given!r}")
+    try:
+        return check_settings(kind.settings, given, config=True)
+    except SettingError as exc:
+        if not kind.settings:
+            raise ConfigError(f"records: {kind.name!r} records (model.kind = {model_kind!r}) have no "
+                              f"settings, got {sorted(given)}") from None
+        raise ConfigError(f"records.{exc.name}: {exc.problem}") from None
 
 
 def build_model(model_cfg: dict):
     """The model a validated ``[model]`` section describes."""
     kind = model_cfg["kind"]
-    _check_model_keys(model_cfg)
-    given = {k: v for k, v in model_cfg.items() if k != "kind" and v is not None}
     cls = model_class(kind)
+    table = model_schema(kind)
+    # a config saved by 0.x held every kind's settings, unset ones as None: those are left out
+    given = {k: v for k, v in model_cfg.items() if k != "kind" and (k in table or v is not None)}
+    values = _check_model({"kind": kind, **given})
+    by_arg = {st.config_name or n: n for n, st in cls.settings.items()}
     try:
-        if kind == "hmm":
-            return cls(n_states=given.pop("n_components"), **given)
-        if kind == "gauss1d":
-            given.pop("n_features", None)
-        if kind == "gmm_dp":
-            conc = given.pop("weight_concentration", 1.0)
-            return cls.dp_approximation(given.pop("n_features"), concentration=conc,
-                                        n_components=given.pop("n_components"), **given)
-        return cls(**given)
+        return cls.from_config(kind, {by_arg[k]: v for k, v in values.items() if k != "kind"})
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
 
@@ -704,7 +636,7 @@ def build_engine(cfg: dict, n_total: float):
     inf = cfg["inference"]
     schedule = (RobbinsMonro(inf["tau0"], inf["kappa"], inf["rho_min"])
                 if inf["schedule"] == "robbins_monro" else Constant(inf["rho"]))
-    if cfg["model"]["kind"] in GRADIENT_KINDS:
+    if issubclass(model_class(cfg["model"]["kind"]), GradientModel):
         from ..inference.gradients import GradientVI
 
         covariance = inf["covariance"] or "diagonal"

@@ -29,6 +29,7 @@ import numpy as np
 from ..checkpoint import CheckpointStore, check_compatible
 from ..inference.engine import start_records
 from ..io.records import record_kind
+from ..models.base import Classifier, StartsFromData
 from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
 from .signals import StopOnSignals
@@ -118,9 +119,8 @@ class Daemon(StopOnSignals):
         # N is a setting: a number in the config wins (retuning is logged below); "auto"
         # keeps the N resolved at the first start rather than re-reading a grown topic.
         engine = build_engine(self.cfg, snap.engine.n_total if n == "auto" else float(n))
-        adopt = getattr(engine.model, "adopt_prior", None)     # a prior computed from the first data
-        if adopt is not None:                                  # is the snapshot's, never recomputed
-            adopt(snap.engine.model)
+        if isinstance(engine.model, StartsFromData):   # a prior computed from the first data
+            engine.model.adopt_prior(snap.engine.model)  # is the snapshot's, never recomputed
         notes = check_compatible(snap, engine)
         for n in notes:
             log.warning("settings changed since the checkpoint: %s", n)
@@ -609,9 +609,9 @@ class Daemon(StopOnSignals):
 
     def _classifier_metrics(self) -> None:
         """Held-out log-loss and accuracy, for models that predict class probabilities."""
-        proba = getattr(self.engine.model, "predict_proba", None)
-        if proba is None:
+        if not isinstance(self.engine.model, Classifier):
             return
+        proba = self.engine.model.predict_proba
         ho = np.asarray(self.heldout)
         p = proba(self.state.lam, ho[:, :-1])
         y = ho[:, -1].astype(np.int64)
@@ -698,10 +698,10 @@ def default_source(cfg, metrics):
     src, val = cfg["source"], cfg["validation"]
     model = build_model(cfg["model"])
     kind = record_kind(model)
-    if src["codec"] not in kind.codec_names:
+    if src["codec"] not in kind.codec_names:     # validate() refuses it already; a hand-made cfg
         raise ValueError(f"source.codec: {src['codec']!r} is not a codec for {kind.name!r} records "
-                         f"(model {cfg['model']['kind']!r}); choose one of {list(kind.codec_names)}")
-    codec = kind.make_codec(src["codec"], model, src)
+                         f"(model {model.name!r}); choose one of {list(kind.codec_names)}")
+    codec = kind.make_codec(src["codec"], model, {**src, **(cfg.get("records") or {})})
     validator = kind.make_validator(model, val)
     if src["kind"] == "file":
         if isinstance(kind, DenseKind):

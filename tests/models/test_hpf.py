@@ -224,9 +224,9 @@ def test_refuses_bad_counts(bad, what):
         HPF().check_batch(Ratings(["a", "b"], ["m", "m"], [1.0, bad]))
 
 
-@pytest.mark.parametrize("kw, msg", [({"n_factors": 0}, "n_factors must be an integer >= 1, got 0"),
-                                     ({"theta_shape": -1}, "theta_shape must be a finite number > 0"),
-                                     ({"row_counts": "all"}, "row_counts must be 'scaled' or 'seen'")])
+@pytest.mark.parametrize("kw, msg", [({"n_factors": 0}, "n_factors must be >= 1, got 0"),
+                                     ({"theta_shape": -1}, "theta_shape must be > 0, got -1"),
+                                     ({"row_counts": "all"}, "row_counts must be one of 'scaled', 'seen', got 'all'")])
 def test_refuses_bad_settings(kw, msg):
     with pytest.raises(ValueError, match=msg):
         HPF(**kw)
@@ -248,12 +248,3 @@ def test_example_config_validates():
     assert out.returncode == 0, out.stderr
     cfg = json.loads(out.stdout)
     assert cfg["model"]["kind"] == "hpf" and cfg["model"]["n_factors"] == 20
-
-
-def test_config_requires_counts_to_be_validated(tmp_path):
-    from streamsvi.service.config import ConfigError, load_config
-
-    text = (ROOT / "configs" / "hpf.toml").read_text().replace("min_rating = 0.0", "")
-    (tmp_path / "c.toml").write_text(text)
-    with pytest.raises(ConfigError, match="validation.min_rating: hpf counts must be >= 0"):
-        load_config(tmp_path / "c.toml")

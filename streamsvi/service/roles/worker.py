@@ -49,7 +49,8 @@ import zlib
 import numpy as np
 
 from ...inference.engine import EngineState
-from ..config import GRADIENT_KINDS, ConfigError, build_model, client_security
+from ...models.base import GradientModel, RowWise
+from ..config import ConfigError, build_model, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .transport import Delta, LambdaFile
@@ -70,10 +71,11 @@ def check_scaleout_config(cfg) -> None:
     if cfg["source"]["kind"] != "kafka":
         raise ConfigError("source.kind: the worker and applier roles need a Kafka source")
     kind = cfg["model"]["kind"]
-    if kind in GRADIENT_KINDS:
+    model = build_model(cfg["model"])
+    if isinstance(model, GradientModel):
         raise ConfigError(f"model.kind: {kind} learns by stochastic gradients (the gradient path), whose "
                           f"steps are not sums of worker statistics: run it as one process")
-    if hasattr(build_model(cfg["model"]), "svi_step"):
+    if isinstance(model, RowWise):
         raise ConfigError(f"model.kind: {kind} updates only the rows a batch touches (a row-wise step); "
                           f"it cannot be split into worker deltas yet: run it as one process")
     if not cfg["scaleout"]["deltas_topic"]:
