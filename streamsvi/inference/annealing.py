@@ -60,15 +60,16 @@ def supported_kinds(model) -> tuple:
     """The annealing kinds ``model`` supports: its ``annealing_kinds`` declaration.
 
     Without one, a model on the engine's dense path supports all four kinds
-    (the engine tempers and restarts its target itself); a row-wise model
-    (``svi_step``: the model applies the step) supports only ``none`` and
-    ``svi+`` unless it declares more, because the engine cannot temper a step
-    it does not make (PMF declares ``("none", "svi+")``; LDA all four, its
-    ``svi_step`` takes T_t, ρ_t and the random stream).
+    (the engine tempers its target block by block and restarts it); a model of
+    row blocks (``row_blocks``, whose rows are its only latent variables) or
+    with its own step (``svi_step``) supports only ``none`` and ``svi+``
+    unless it declares more (PMF declares ``("none", "svi+")``; LDA all four,
+    its ``svi_step`` takes T_t, ρ_t and the random stream).
     """
     kinds = getattr(model, "annealing_kinds", None)
     if kinds is None:
-        kinds = ("none", "svi+") if hasattr(model, "svi_step") else KINDS
+        own_step = hasattr(model, "svi_step") or bool(getattr(model, "row_blocks", None))
+        kinds = ("none", "svi+") if own_step else KINDS
     return tuple(kinds)
 
 
@@ -131,7 +132,8 @@ class Annealer:
         kinds = supported_kinds(model)
         if self.kind not in kinds:
             why = ""
-            if self.kind in ("deterministic", "stochastic") and hasattr(model, "svi_step"):
+            if self.kind in ("deterministic", "stochastic") and (
+                    hasattr(model, "svi_step") or getattr(model, "row_blocks", None)):
                 why = (" (this kind tempers or restarts local latent assignments q(z) and their "
                        "global counts; a row-wise model applies its own step, and this one's step "
                        "does not temper or restart)")
@@ -141,8 +143,10 @@ class Annealer:
         if self.kind == "stochastic" and not hasattr(model, "random_init"):
             raise ValueError(f"annealing kind 'stochastic' needs model.random_init; "
                              f"model {model.name!r} has none")
-        if self.kind == "deterministic" and not hasattr(model, "temper"):
-            raise ValueError(f"annealing kind 'deterministic' needs model.temper; "
+        if self.kind == "deterministic" and not (getattr(model, "param_blocks", None)
+                                                  or hasattr(model, "temper")):
+            raise ValueError(f"annealing kind 'deterministic' needs the model's param_blocks "
+                             f"(each family tempers its block) or model.temper; "
                              f"model {model.name!r} has none")
 
     def _check_t(self, t):

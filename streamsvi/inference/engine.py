@@ -82,7 +82,9 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from ..models.base import NatParams
+from ..models.blocks import blocks_temper
 from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
+from .blocks import dense_step, is_rowwise, row_init, row_update
 from .schedules import Constant, RobbinsMonro, Schedule
 
 
@@ -272,6 +274,8 @@ class SVI:
     boundary_fraction: float = 0.9
     short_batches: str = "error"
     annealer: Annealer | None = None
+    #: caches of the row storage (id→row indices, record formats): never state, never compared
+    _rows_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _check_positive_number("n_total", self.n_total)
@@ -310,7 +314,11 @@ class SVI:
     def init(self, x_init, seed: int = 0) -> EngineState:
         """A fresh state: λ from ``model.init_params`` on ``x_init``, step 0."""
         rng = np.random.Generator(np.random.PCG64(seed))
-        init_state = getattr(self.model, "init_state", None)   # row-wise models (module docs)
+        if is_rowwise(self.model):                     # growing rows keyed by id (module docs)
+            lam, aux = row_init(self.model, self._rows_cache, rng, self.model.check_batch(x_init))
+            return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
+                               aux=aux)
+        init_state = getattr(self.model, "init_state", None)   # LDA's scaled storage (module docs)
         if init_state is not None:
             lam, aux = init_state(rng, self.model.check_batch(x_init), self.n_total)
             return EngineState(step=0, lam=lam, rng_state=rng.bit_generator.state, records_seen=0,
@@ -389,7 +397,7 @@ class SVI:
             stats = stats_w = model.suffstats(local, x)
         target = model.prior() + stats_w * (float(self.n_total) / S)
         if T != 1.0:
-            target = model.temper(target, T)
+            target = self._temper(target, T)
         rho_a = ann.restart_weight(t)
         if rho_a > 0:
             rng = np.random.Generator(np.random.PCG64())
@@ -409,7 +417,9 @@ class SVI:
         both cases nothing changed.
         """
         model = self.model
-        if hasattr(model, "svi_step"):          # row-wise models (module docs)
+        if is_rowwise(model):                   # growing rows keyed by id (module docs)
+            return self._row_update(state, x)
+        if hasattr(model, "svi_step"):          # LDA's own sparse step, until it moves onto the blocks
             return self._rowwise_update(state, x)
         t = state.step + 1
         tg = self.stochastic_target(state, x, t)
@@ -462,23 +472,39 @@ class SVI:
         weight was negative (``min_weight`` ≥ 0: λ̂ is inside). Shared by
         :meth:`update` and the scale-out applier, which gets λ̂ from a worker.
         """
-        model, tau = self.model, self.boundary_fraction
-        clipped = blocks = 0
-        if min_weight < 0 and not model.in_domain(
-                NatParams({k: lam[k] + (rho / tau) * (target[k] - lam[k]) for k in lam})):
-            rho_arr = {}
-            for names, limit in model.max_step(lam, target):
-                limit = np.asarray(limit, float)
-                rho_b = np.minimum(rho, tau * limit)
-                clipped += int(np.count_nonzero(rho_b < rho))
-                blocks += int(limit.size)
-                for nm in names:
-                    rho_arr[nm] = rho_b.reshape(rho_b.shape + (1,) * (lam[nm].ndim - rho_b.ndim))
-            new_lam = NatParams({k: (1.0 - rho_arr.get(k, rho)) * lam[k] + rho_arr.get(k, rho) * target[k]
-                                 for k in lam})
-        else:
-            new_lam = lam * (1.0 - rho) + target * rho
-        return new_lam, clipped, blocks
+        return dense_step(self.model.param_blocks, lam, target, rho, self.boundary_fraction, min_weight)
+
+    def _temper(self, target: NatParams, T: float) -> NatParams:
+        """θ(target)/T block by block (each block's family tempers its own parameters)."""
+        return blocks_temper(self.model.param_blocks, target, T)
+
+    def _row_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
+        """:meth:`update` for a model of row blocks (module docs): same weights, the row step."""
+        model = self.model
+        x = model.check_batch(x)
+        S = x.shape[0]
+        t = state.step + 1
+        M = self.effective_size(S, t)
+        weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
+        ann = self.annealing
+        T, rho_a = ann.temperature(t), ann.restart_weight(t)
+        out = row_update(model, self._rows_cache, state.lam, state.aux, x, weights=weights,
+                         n_total=float(self.n_total), records_before=state.records_seen,
+                         schedule=self.schedule, tau=self.boundary_fraction, effective_batch_size=M)
+        new_lam = out["lam"]
+        if not new_lam.all_finite():
+            raise FloatingPointError(f"update {t} would make λ non-finite; state left unchanged")
+        N = float(self.n_total)
+        info = UpdateInfo(step=t, rho=self.schedule(t), batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=out["elbo"],
+                          elbo_per_record=out["elbo"] / N, grad_variance=out["grad_variance"],
+                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
+                          domain_blocks=out["domain_blocks"],
+                          min_weight=1.0 if weights is None else float(weights.min()),
+                          annealing_level=self._annealing_level(noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
+        return EngineState(step=t, lam=new_lam, rng_state=rng_state,
+                           records_seen=state.records_seen + S, aux=out["aux"]), info
 
     def _rowwise_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """:meth:`update` for a model with ``svi_step``: same weights, the model applies the step."""

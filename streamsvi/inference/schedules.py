@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 
 class Schedule:
     """A step-size schedule: ``schedule(t) -> ρ_t`` for 1-based step ``t``."""
@@ -36,6 +38,20 @@ class Schedule:
 
     def to_dict(self) -> dict:
         raise NotImplementedError  # pragma: no cover - interface
+
+    def many(self, t) -> np.ndarray:
+        """ρ at an array of (real) clocks t ≥ 1, e.g. the per-row clocks of a row block.
+
+        The built-in schedules evaluate their formula with numpy over the array; the
+        result can differ from ``self(t)`` in the last bit (numpy's power), so a clock
+        that counts whole updates uses :meth:`at_steps`.
+        """
+        return np.array([self(float(v)) for v in np.asarray(t, dtype=np.float64)])
+
+    def at_steps(self, t) -> np.ndarray:
+        """ρ at an array of integer clocks: ``self(t_i)`` exactly, once per distinct clock."""
+        vals, idx = np.unique(np.asarray(t), return_inverse=True)
+        return np.array([self(int(v)) for v in vals])[idx]
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,10 @@ class RobbinsMonro(Schedule):
         return {"kind": "robbins_monro", "tau0": self.tau0, "kappa": self.kappa,
                 "rho_min": self.rho_min}
 
+    def many(self, t) -> np.ndarray:
+        rho = np.minimum((self.tau0 + np.asarray(t, dtype=np.float64)) ** (-float(self.kappa)), 1.0)
+        return rho if self.rho_min is None else np.maximum(rho, self.rho_min)
+
 
 @dataclass(frozen=True)
 class Constant(Schedule):
@@ -95,6 +115,9 @@ class Constant(Schedule):
 
     def to_dict(self) -> dict:
         return {"kind": "constant", "rho": self.rho}
+
+    def many(self, t) -> np.ndarray:
+        return np.full(len(t), float(self.rho))
 
 
 def schedule_from_dict(d: dict) -> Schedule:

@@ -38,6 +38,10 @@ from scipy.special import logsumexp
 
 from ..settings import ConfigKind, Setting
 from .base import ConjugateModel, NatParams, RandomRestart, Tempered, check_matrix, segment_limit_positive
+from functools import cached_property
+
+from .base import NatParams, check_matrix
+from .blocks import DenseBlock, Gaussian1D, blocks_in_domain, blocks_max_step, blocks_temper
 
 
 @dataclass(frozen=True)
@@ -128,9 +132,14 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
         resp = np.exp(log_rho - log_norm[:, None])
         return Gauss1DLocal(resp, log_norm if temperature == 1.0 else temperature * log_norm)
 
+    @cached_property
+    def param_blocks(self) -> tuple:
+        """λ's one block (``streamsvi.models.blocks``): K scalar Gaussians (η1, η2)."""
+        return (DenseBlock(("eta1", "eta2"), Gaussian1D()),)
+
     def temper(self, target, T) -> NatParams:
         """θ/T: (eta1, eta2) are the natural parameters of N(m, s²) themselves."""
-        return target if T == 1.0 else target * (1.0 / T)
+        return blocks_temper(self.param_blocks, target, T)
 
     def random_init(self, rng, x, n_total) -> NatParams:
         """Seed 002 §4.3 for this model: means drawn from N(x̄, var(x)), precision of
@@ -161,10 +170,10 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
         return float(-kl.sum())
 
     def in_domain(self, lam) -> bool:
-        return lam.all_finite() and bool(np.all(lam["eta2"] < 0))
+        return blocks_in_domain(self.param_blocks, lam)
 
     def max_step(self, lam, target):
-        return [(("eta1", "eta2"), segment_limit_positive(-lam["eta2"], -target["eta2"]))]
+        return blocks_max_step(self.param_blocks, lam, target)
 
     def responsibilities(self, lam, x) -> np.ndarray:
         return self.local_step(lam, self.check_batch(x)).resp

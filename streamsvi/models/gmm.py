@@ -53,6 +53,11 @@ from scipy.special import digamma, gammaln, logsumexp, multigammaln
 from ..settings import ConfigKind, Setting
 from .base import (ConjugateModel, Mixture, NatParams, RandomRestart, StartsFromData, Tempered, check_matrix,
                    segment_limit_pd, segment_limit_positive, temper_dirichlet)
+from functools import cached_property
+
+from .base import NatParams, check_matrix
+from .blocks import (DenseBlock, Dirichlet, NormalWishart, blocks_in_domain, blocks_max_step,
+                     blocks_temper)
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -778,8 +783,15 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
             s *= temperature
         return GMMLocal(L, s, Zt)
 
+    @cached_property
+    def param_blocks(self) -> tuple:
+        """λ's blocks (``streamsvi.models.blocks``): q(π) a Dirichlet (clipped entry by entry),
+        the K components a Normal–Wishart (β, β m, Ψ, ν)."""
+        return (DenseBlock(("alpha",), Dirichlet(per="entry")),
+                DenseBlock(("beta", "beta_m", "Psi", "nu"), NormalWishart(self.n_features)))
+
     def temper(self, target: NatParams, T: float) -> NatParams:
-        """The λ whose natural parameter is θ(target)/T (seed 002 eq. 8).
+        """The λ whose natural parameter is θ(target)/T (seed 002 eq. 8), block by block.
 
         Conventions: ``alpha`` is the Dirichlet concentration (natural parameter
         α − 1, so α_T = 1 + (α − 1)/T); ``beta``, ``beta_m`` and ``Psi`` are
@@ -787,12 +799,7 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
         stored as ν, whose natural parameter is (ν − D)/2 (the power of |Λ|), so
         ν_T = D + (ν − D)/T. Every result is in the domain for T ≥ 1.
         """
-        if T == 1.0:
-            return target
-        D = self.n_features
-        return NatParams(alpha=temper_dirichlet(target["alpha"], T), beta=target["beta"] / T,
-                         beta_m=target["beta_m"] / T, Psi=target["Psi"] / T,
-                         nu=D + (target["nu"] - D) / T)
+        return blocks_temper(self.param_blocks, target, T)
 
     def random_init(self, rng: np.random.Generator, x, n_total) -> NatParams:
         """A fresh random initialisation η_t for stochastic annealing (seed 002 §4.3).
@@ -897,20 +904,10 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
 
     def in_domain(self, lam: NatParams) -> bool:
         """True when λ is a valid Dirichlet × Normal-Wishart natural parameter."""
-        if not lam.all_finite() or np.any(lam["alpha"] <= 0) or np.any(lam["nu"] <= self.n_features - 1):
-            return False
-        try:
-            np.linalg.cholesky(self._block(lam))
-        except np.linalg.LinAlgError:
-            return False
-        return True
+        return blocks_in_domain(self.param_blocks, lam)
 
     def max_step(self, lam: NatParams, target: NatParams):
-        D = self.n_features
-        lim_nw = np.minimum(segment_limit_pd(self._block(lam), self._block(target)),
-                            segment_limit_positive(lam["nu"], target["nu"], floor=D - 1.0))
-        return [(("alpha",), segment_limit_positive(lam["alpha"], target["alpha"])),
-                (("beta", "beta_m", "Psi", "nu"), lim_nw)]
+        return blocks_max_step(self.param_blocks, lam, target)
 
     # ------------------------------------------------------------- scoring
     def responsibilities(self, lam: NatParams, x) -> np.ndarray:

@@ -69,6 +69,10 @@ from ..sequence_batch import Sequences
 from ..settings import ConfigKind, Setting
 from .base import (ConjugateModel, NatParams, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
                    temper_dirichlet)
+from functools import cached_property
+
+from .base import NatParams
+from .blocks import DenseBlock, Dirichlet, blocks_in_domain, blocks_max_step, blocks_temper
 
 __all__ = ["DiscreteHMM", "HMMLocal", "sample_hmm"]
 
@@ -331,12 +335,15 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
             trans=self._b0 + n_total * max(mean_len - 1.0, 1.0) / K * rng.dirichlet(np.ones(K), size=K),
             emit=self._e0 + n_total * mean_len / K * rng.dirichlet(np.ones(V), size=K))
 
+    @cached_property
+    def param_blocks(self) -> tuple:
+        """λ's blocks (``streamsvi.models.blocks``): q(π), each row of q(A) and of q(B), Dirichlets."""
+        return tuple(DenseBlock((k,), Dirichlet(per="row")) for k in ("init", "trans", "emit"))
+
     def temper(self, target: NatParams, T: float) -> NatParams:
         """Natural parameter ÷ T (seed 002 eq. 8): all three arrays are Dirichlet
         concentrations α (natural parameter α − 1), so α_T = 1 + (α − 1)/T."""
-        if T == 1.0:
-            return target
-        return NatParams({k: temper_dirichlet(target[k], T) for k in target})
+        return blocks_temper(self.param_blocks, target, T)
 
     # ---------------------------------------------------------- local step
     def _expectations(self, lam: NatParams) -> dict:
@@ -481,13 +488,11 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
     # -------------------------------------------------------------- domain
     def in_domain(self, lam: NatParams) -> bool:
         """True when every Dirichlet concentration is finite and > 0."""
-        return bool(lam.all_finite() and all(np.all(lam[k] > 0) for k in ("init", "trans", "emit")))
+        return blocks_in_domain(self.param_blocks, lam)
 
     def max_step(self, lam: NatParams, target: NatParams):
         """One block per Dirichlet factor: q(π) (a scalar limit), each q(A_k), each q(B_k)."""
-        return [(("init",), np.min(segment_limit_positive(lam["init"], target["init"]))),
-                (("trans",), segment_limit_positive(lam["trans"], target["trans"]).min(axis=1)),
-                (("emit",), segment_limit_positive(lam["emit"], target["emit"]).min(axis=1))]
+        return blocks_max_step(self.param_blocks, lam, target)
 
     # ------------------------------------------------------------- scoring
     def mean_params(self, lam: NatParams):

@@ -139,7 +139,8 @@ from scipy.special import digamma, gammaln, logsumexp
 from ..ratings_batch import Ratings, canonical_id
 from ..settings import ConfigKind, Setting
 from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords
-from .pmf import _hashed_normals, _RowIndex
+from .blocks import RowIndex as _RowIndex
+from .pmf import _hashed_normals
 
 __all__ = ["HPF"]
 

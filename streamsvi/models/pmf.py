@@ -145,8 +145,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
 from collections.abc import Mapping
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as _sparse
@@ -156,6 +156,7 @@ import scipy.sparse as _sparse
 from ..ratings_batch import MAX_ID_LENGTH, Ratings, canonical_id  # noqa: F401
 from ..settings import ConfigKind, Setting
 from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords
+from .blocks import GaussianRows, RowBlock, RowIndex, RowStats
 
 __all__ = ["PMF", "Ratings", "canonical_id"]
 
@@ -183,407 +184,6 @@ def _hashed_normals(seed: int, side: str, ids, D: int) -> np.ndarray:
     u = ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
     u1, u2 = u[:, :D], u[:, D:]
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-
-
-class _RowIndex:
-    """id → row lookups for the append-only id lists of ``aux`` (a cache, not state).
-
-    The id lists of successive states are prefixes of one another, so one
-    dict serves a whole lineage: an entry ``id → r`` is valid for a list of
-    length n iff r < n. New ids extend the dict only from the newest list of
-    the lineage (its "tip"); growing an older list (a branch) builds a fresh
-    dict. Results never depend on the cache, only the cost does.
-    """
-
-    _KEEP = 8
-
-    def __init__(self):
-        self._by_list: dict[int, tuple] = {}
-        self._lock = threading.Lock()           # scorers may look ids up from several threads
-
-    def _entry(self, ids: list):
-        with self._lock:
-            e = self._by_list.get(id(ids))
-        if e is None or e[0] is not ids:
-            e = (ids, {k: r for r, k in enumerate(ids)}, [len(ids)])
-            self._remember(e)
-        return e
-
-    def _remember(self, e):
-        with self._lock:
-            if len(self._by_list) >= self._KEEP:
-                self._by_list.pop(next(iter(self._by_list)))
-            self._by_list[id(e[0])] = e
-
-    def lookup(self, ids: list, keys, grow: bool = True) -> tuple[np.ndarray, list, list]:
-        """(rows of ``keys``, the new ids in order, the grown list) — rows ≥ len(ids) are new."""
-        _, d, tip = self._entry(ids)
-        n = len(ids)
-        get = d.get
-        if isinstance(keys, np.ndarray):
-            keys = keys.tolist()
-        rows = np.array([get(k, -1) for k in keys], dtype=np.int64).reshape(-1)
-        new: dict = {}
-        miss = np.flatnonzero((rows < 0) | (rows >= n))
-        for p in miss.tolist():               # ids without a row in this list, in order of appearance
-            k = keys[p]
-            r = new.get(k)
-            if r is None:
-                r = new[k] = n + len(new)
-            rows[p] = r
-        if not new or not grow:
-            return rows, list(new), ids
-        grown = ids + list(new)
-        if tip[0] == n:
-            d.update(new)
-            tip[0] = len(grown)
-            self._remember((grown, d, tip))
-        else:
-            self._remember((grown, {k: r for r, k in enumerate(grown)}, [len(grown)]))
-        return rows, list(new), grown
-
-
-def _cholesky_rows(A) -> tuple[np.ndarray, np.ndarray]:
-    """Cholesky factors of a stack (n, p, p) and which rows have one (finite and PD); never raises."""
-    n = len(A)
-    if n == 0:
-        return A.copy(), np.zeros(0, dtype=bool)
-    finite = np.isfinite(A).reshape(n, -1).all(axis=1)
-    if finite.all():
-        try:
-            return np.linalg.cholesky(A), np.ones(n, dtype=bool)
-        except np.linalg.LinAlgError:
-            pass
-    L = np.zeros_like(A)
-    ok = np.zeros(n, dtype=bool)
-    for k in np.flatnonzero(finite):
-        try:
-            L[k] = np.linalg.cholesky(A[k])
-            ok[k] = True
-        except np.linalg.LinAlgError:
-            pass
-    return L, ok
-
-
-def _pd_rows(A) -> np.ndarray:
-    """Per row of a stack: finite and positive definite in the sense that Cholesky succeeds.
-
-    The same test the moments and the KL use (``np.linalg.cholesky``/``inv``),
-    so a row that passes can always be inverted; never raises.
-    """
-    return _cholesky_rows(A)[1]
-
-
-def _eigvalsh_rows(K) -> np.ndarray:
-    """``eigvalsh`` per row; a row whose eigenvalues fail is given ±inf (so it takes s = 0)."""
-    out = np.full(K.shape[:2], np.inf)
-    for k in range(len(K)):
-        try:
-            out[k] = np.linalg.eigvalsh(K[k])
-        except np.linalg.LinAlgError:
-            pass
-    return out
-
-
-def _tril_inv(L) -> np.ndarray:
-    """Inverses of a stack of lower-triangular matrices by forward substitution, vectorised over the stack.
-
-    For the small D of PMF rows this is several times faster than ``np.linalg.inv`` (one LAPACK call
-    per matrix); the result is lower triangular like L.
-    """
-    n, D, _ = L.shape
-    X = np.zeros_like(L)
-    d = 1.0 / np.diagonal(L, axis1=1, axis2=2)
-    for i in range(D):
-        X[:, i, i] = d[:, i]
-        if i:
-            X[:, i, :i] = -np.einsum("nk,nkj->nj", L[:, i, :i], X[:, :i, :i]) * d[:, i, None]
-    return X
-
-
-def _concat_params(parts: dict) -> NatParams:
-    """NatParams whose arrays are the row-wise concatenations of ``parts[name]`` (one copy, into one buffer)."""
-    layout, off = [], 0
-    for k, ps in parts.items():
-        shape = (sum(len(p) for p in ps),) + tuple(ps[0].shape[1:])
-        size = int(np.prod(shape))
-        layout.append((k, shape, off, off + size))
-        off += size
-    flat = np.empty(off)
-    for (k, shape, lo, hi), ps in zip(layout, parts.values()):
-        pos = lo
-        for p in ps:
-            flat[pos:pos + p.size] = np.asarray(p, dtype=np.float64).reshape(-1)
-            pos += p.size
-    return NatParams._wrap(tuple(layout), flat)
-
-
-def _rho_rows(schedule, t) -> np.ndarray:
-    """ρ = schedule(t) for an array of (real) clocks t ≥ 1; vectorised for the built-in schedules."""
-    from ..inference.schedules import Constant, RobbinsMonro
-
-    if isinstance(schedule, RobbinsMonro):
-        rho = np.minimum((schedule.tau0 + t) ** (-float(schedule.kappa)), 1.0)
-        return rho if schedule.rho_min is None else np.maximum(rho, schedule.rho_min)
-    if isinstance(schedule, Constant):
-        return np.full(len(t), float(schedule(1)))
-    return np.array([schedule(float(v)) for v in t])
-
-
-# ---------------------------------------------------------------- row storage
-# One update touches the rows of the users and items of its batch, a few hundred out of thousands.
-# States are immutable (the engine compares them, keeps the input of a failed update, and a
-# checkpoint may be written from one while the next update runs), so a state cannot share a
-# mutable array with its successor. Copying every per-row array on every update made the cost of
-# an update grow with the number of rows (MovieLens latest-small: ~7 MB per update at the end).
-# Instead each side's rows live in an append-only log of records shared by a lineage of states:
-# a state's row r is ``log.buf[where[r]]``. An update appends the new records of its touched rows
-# past the end of the log and gives its successor a ``where`` with those rows pointed at them;
-# entries a state can see are never written again, so every older state still reads its own
-# values. Per update the cost is the touched records plus one copy of ``where`` (8 bytes a row);
-# when the log is full its live records are compacted into a new, larger log (amortised O(1)
-# per appended record). A branch (an update of a state that is not the newest of its lineage)
-# compacts too, so it never writes into records another state can see.
-
-class _Log:
-    """An append-only buffer shared by a lineage of states: entries below ``used`` are never rewritten."""
-
-    __slots__ = ("buf", "used", "lock")
-
-    def __init__(self, buf, used):
-        self.buf, self.used, self.lock = buf, int(used), threading.Lock()
-
-    def __getstate__(self):                  # pickle / deepcopy: the entries in use, not the lock
-        return self.buf[:self.used], self.used
-
-    def __setstate__(self, state):
-        self.__init__(np.array(state[0]), state[1])
-
-    def claim(self, end: int, k: int) -> int:
-        """Reserve ``k`` entries after ``end`` if ``end`` is the tip and they fit: their start, or −1."""
-        with self.lock:
-            if self.used != end or end + k > len(self.buf):
-                return -1
-            self.used = end + k
-            return end
-
-
-class _Rows:
-    """One side's rows in one state: row r's record is ``log.buf[where[r]]`` (never modified)."""
-
-    __slots__ = ("log", "where", "end", "kl", "finite")
-
-    def __init__(self, log, where, end, kl, finite=None):
-        where.flags.writeable = kl.flags.writeable = False
-        self.log, self.where, self.end = log, where, int(end)
-        self.kl = kl                  # the KL column again, contiguous (the ELBO sums it every update)
-        self.finite = finite          # λ columns all finite: True/False, None = not yet known
-
-    @classmethod
-    def from_records(cls, rec, fmt) -> "_Rows":
-        n, W = rec.shape
-        buf = np.empty((2 * n + 256, W))
-        buf[:n] = rec
-        finite = bool(np.isfinite(rec[:, :fmt.n_lam]).all())
-        return cls(_Log(buf, n), np.arange(n, dtype=np.int64), n, rec[:, fmt.kl].copy(), finite)
-
-    def __len__(self):
-        return len(self.where)
-
-    def gather(self, rows) -> np.ndarray:
-        """The records of ``rows`` (a new array)."""
-        return self.log.buf[self.where[rows]]
-
-    def column(self, cols) -> np.ndarray:
-        """``cols`` of every row (a new array)."""
-        return self.log.buf[self.where, cols]
-
-    def all_finite(self, n_lam_cols) -> bool:
-        if self.finite is None:
-            self.finite = bool(np.isfinite(self.log.buf[self.where, :n_lam_cols]).all())
-        return self.finite
-
-    def with_records(self, rows, rec, fmt) -> "_Rows":
-        """The successor whose ``rows`` (sorted, unique; rows ≥ len(self) are new) have the records ``rec``.
-
-        Every new row must be among ``rows``. ``self`` is unchanged.
-        """
-        k, n_old = len(rows), len(self.where)
-        n_new = n_old if k == 0 else max(n_old, int(rows[-1]) + 1)
-        if n_new - n_old != int(np.count_nonzero(rows >= n_old)):
-            raise ValueError("every new row needs a record")
-        ok = bool(np.isfinite(rec[:, :fmt.n_lam]).all())
-        finite = ok if self.finite is True else (False if not ok else None)
-        kl = np.empty(n_new)
-        kl[:n_old] = self.kl
-        kl[rows] = rec[:, fmt.kl]
-        log = self.log
-        pos = log.claim(self.end, k)
-        if pos >= 0:                          # the tip of its lineage: append past everything visible
-            log.buf[pos:pos + k] = rec
-            where = np.empty(n_new, dtype=np.int64)
-            where[:n_old] = self.where
-            where[rows] = np.arange(pos, pos + k)
-            return _Rows(log, where, pos + k, kl, finite)
-        buf = np.empty((4 * n_new + 4 * k + 1024, log.buf.shape[1]))   # compact into a new log
-        buf[:n_old] = log.buf[self.where]
-        buf[rows] = rec
-        return _Rows(_Log(buf, n_new), np.arange(n_new, dtype=np.int64), n_new, kl, finite)
-
-
-def _pairs_append(log, end, pairs):
-    """Append (k, 2) int64 ``pairs`` to the rated-pairs log after ``end``: the new (log, end)."""
-    k = len(pairs)
-    if log is not None:
-        pos = log.claim(end, k)
-        if pos >= 0:
-            log.buf[pos:pos + k] = pairs
-            return log, pos + k
-    old = log.buf[:end] if log is not None else np.zeros((0, 2), dtype=np.int64)
-    buf = np.empty((2 * (end + k) + 1024, 2), dtype=np.int64)
-    buf[:end] = old
-    buf[end:end + k] = pairs
-    return _Log(buf, end + k), end + k
-
-
-def _readonly(a):
-    a.flags.writeable = False
-    return a
-
-
-class _RowParams(NatParams):
-    """λ of a PMF state kept in the row logs (see "row storage" above): ``lam["user_h"]`` etc.
-
-    Reading a name gathers the whole array once (cached, read-only); the update reads only the rows
-    it touches. Arithmetic and comparisons act on the gathered arrays, as for any NatParams.
-    """
-
-    __slots__ = ("_sides", "_fmt", "_cache", "_mat")
-    _NAMES = ("user_h", "user_prec", "item_h", "item_prec")
-
-    def __new__(cls, *args, **kwargs):
-        if len(args) == 3 and isinstance(args[0], _Rows):
-            return object.__new__(cls)
-        return NatParams(*args, **kwargs)       # built from arrays (``type(lam)({...})``): a plain NatParams
-
-    def __init__(self, user: _Rows, item: _Rows, fmt):
-        self._sides, self._fmt, self._cache, self._mat = {"user": user, "item": item}, fmt, {}, None
-
-    def _get(self, key):
-        a = self._cache.get(key)
-        if a is None:
-            if key not in self._NAMES:
-                raise KeyError(key)
-            side, what = key.split("_")
-            D = self._fmt.D
-            rows = self._sides[side]
-            a = rows.column(self._fmt.h) if what == "h" else rows.column(self._fmt.P).reshape(len(rows), D, D)
-            self._cache[key] = a = _readonly(a)
-        return a
-
-    def _views(self):
-        return {k: self._get(k) for k in self._NAMES}
-
-    def __getitem__(self, key):
-        return self._get(key)
-
-    def __iter__(self):
-        return iter(self._NAMES)
-
-    def __len__(self):
-        return 4
-
-    def __reduce__(self):                   # keeps sharing the logs with the state's aux in a copy
-        return _RowParams, (self._sides["user"], self._sides["item"], self._fmt)
-
-    def _flat_params(self):
-        if self._mat is None:
-            self._mat = NatParams(self._views())
-        return self._mat
-
-    # the NatParams buffer, built only when arithmetic or a comparison asks for it
-    _flat = property(lambda self: self._flat_params()._flat)
-    _layout = property(lambda self: self._flat_params()._layout)
-
-    def all_finite(self) -> bool:
-        n = self._fmt.n_lam
-        return self._sides["user"].all_finite(n) and self._sides["item"].all_finite(n)
-
-    def rows(self, side, rows):
-        """(h, Λ) of ``rows`` of ``side`` without gathering the whole side."""
-        rec = self._sides[side].gather(rows)
-        D = self._fmt.D
-        return rec[:, self._fmt.h], rec[:, self._fmt.P].reshape(-1, D, D)
-
-
-class _PMFAux(Mapping):
-    """``state.aux`` of a PMF state: the JSON values (id lists, seed, running mean, flags) and, read
-    from the row logs on first access, the per-row arrays ``{user,item}_{n,t,N,kl,E}`` and ``rated``.
-
-    A read-only mapping: ``dict(aux)`` or ``{**aux}`` gives a plain dict of plain arrays (what a
-    snapshot stores, and what ``svi_step`` also accepts).
-    """
-
-    __slots__ = ("_plain", "_sides", "_rated", "_fmt", "_cache", "_keys")
-    _ROW_KEYS = tuple(f"{s}_{c}" for s in ("user", "item") for c in ("n", "t", "N", "kl", "E"))
-
-    def __init__(self, plain: dict, user: _Rows, item: _Rows, rated, fmt):
-        self._plain, self._sides, self._rated, self._fmt = plain, {"user": user, "item": item}, rated, fmt
-        self._cache = {}
-        self._keys = tuple(plain) + self._ROW_KEYS + (("rated",) if rated is not None else ())
-
-    def __getitem__(self, key):
-        if key in self._plain:
-            return self._plain[key]
-        a = self._cache.get(key)
-        if a is not None:
-            return a
-        if key == "rated" and self._rated is not None:
-            log, end = self._rated
-            a = log.buf[:end] if log is not None else np.zeros((0, 2), dtype=np.int64)
-            a = _readonly(a.view())
-        elif key in self._ROW_KEYS:
-            side, c = key.split("_")
-            rows, f, D = self._sides[side], self._fmt, self._fmt.D
-            if c == "E":
-                a = rows.column(f.E).reshape(len(rows), D + 1, D + 1)
-            elif c == "kl":
-                a = rows.kl
-            else:
-                a = rows.column(getattr(f, c))
-                if c in ("n", "t"):
-                    a = a.astype(np.int64)
-            a = _readonly(a)
-        else:
-            raise KeyError(key)
-        self._cache[key] = a
-        return a
-
-    def __contains__(self, key):
-        return key in self._keys
-
-    def __iter__(self):
-        return iter(self._keys)
-
-    def __len__(self):
-        return len(self._keys)
-
-    def __repr__(self):
-        return f"PMFAux(users={len(self._plain['users'])}, items={len(self._plain['items'])})"
-
-
-class _Format:
-    """Column layout of a row record: h (D), Λ (D²), E[X̃X̃ᵀ] ((D+1)²), KL, N, n, t."""
-
-    def __init__(self, D):
-        self.D = D
-        self.h = slice(0, D)
-        self.P = slice(D, D + D * D)
-        self.n_lam = D + D * D
-        self.E = slice(self.n_lam, self.n_lam + (D + 1) ** 2)
-        self.kl = self.E.stop
-        self.N, self.n, self.t = self.kl + 1, self.kl + 2, self.kl + 3
-        self.width = self.kl + 4
 
 
 class _Grouped:
@@ -623,16 +223,6 @@ class _Grouped:
         if self._Cy is None or self._Cy.shape[1] != n_other:
             self._Cy = self.matrix(self.ys, n_other)
         return self._Cy
-
-
-def _unique_rows(rows, n) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(rows, return_inverse=True)`` for integer rows in [0, n), without sorting."""
-    mark = np.zeros(n, dtype=bool)
-    mark[rows] = True
-    uniq = np.flatnonzero(mark)
-    pos = np.empty(n, dtype=np.int64)
-    pos[uniq] = np.arange(len(uniq))
-    return uniq, pos[rows]
 
 
 class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
@@ -739,8 +329,7 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             B[D, d] = 1.0      # 1 × item bias
         self._B = B
         self._perm = np.r_[0:D - 1, D, D - 1] if self.biases else None   # (v, e, 1) -> (v, 1, e)
-        self._index = {"user": _RowIndex(), "item": _RowIndex()}
-        self._fmt = _Format(D)
+        self._index = {"user": RowIndex(), "item": RowIndex()}
 
     def get_params(self) -> dict:
         """The settings; those added by issue 18 only when they differ from the former behaviour, so a
@@ -791,75 +380,87 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     def prior_like(self, lam) -> NatParams:
         return self.prior(lam["user_h"].shape[0], lam["item_h"].shape[0])
 
+    def init_params(self, rng, x, n_total) -> NatParams:
+        """Not for PMF: its initial state (λ and aux together) comes from the engine's row storage."""
+        raise TypeError("a PMF state (λ and its aux) is made by the engine's row storage: "
+                        "use SVI(model, n_total).init(x)")
+
     def _new_rows(self, seed, side, ids):
         m = self.init_scale * _hashed_normals(seed, side, ids, self.dim)
         P = np.broadcast_to(self._eta_P, (len(ids), self.dim, self.dim))
         return m / self._pv, P
 
-    def _init_records(self, seed, side, ids) -> np.ndarray:
-        """Row records (see ``_Format``) of new ids: prior precision, hashed random mean, zero counts."""
-        f, D, k = self._fmt, self.dim, len(ids)
-        h, _ = self._new_rows(seed, side, ids)
-        m = h * self._pv                       # Λ = diag(1/c): mean c h, covariance diag(c)
-        rec = np.zeros((k, f.width))
-        rec[:, f.h] = h
-        rec[:, f.P] = self._eta_P.reshape(-1)
-        E = np.empty((k, D + 1, D + 1))
-        E[:, :D, :D] = np.diag(self._pv) + m[:, :, None] * m[:, None, :]
-        E[:, :D, D] = E[:, D, :D] = m
-        E[:, D, D] = 1.0
-        rec[:, f.E] = E.reshape(k, -1)
-        rec[:, f.kl] = 0.5 * (m * m / self._pv).sum(axis=1)
-        return rec
+    # ------------------------------------------------------------ row blocks (streamsvi.models.blocks)
+    @cached_property
+    def family(self) -> GaussianRows:
+        """The family of every user and item row: Gaussian rows in precision form, prior
+        N(0, diag c), working domain Λ ⪰ δ·diag(1/c) with δ = ``PREC_FLOOR``."""
+        return GaussianRows(self._pv, floor=self.PREC_FLOOR)
 
-    def init_state(self, rng, x, n_total):
-        """λ with one row per user and item of ``x`` (first-appearance order) and the aux maps."""
-        x = self.check_batch(x)
-        seed = int(rng.integers(0, 2**63))
-        # svi_plus_seen: whether an SVI+ step ever moved this state (only then can a row's data part
-        # be indefinite, which the rescaling of a row must check; snapshots without it are checked)
-        plain = {"seed": seed, "users": [], "items": [], "svi_plus_seen": False}
-        if self.offset == "auto":
-            plain.update({"rating_sum": 0.0, "rating_count": 0})
-        sides = {}
-        for side in ("user", "item"):
-            _, new, grown = self._index[side].lookup(plain[f"{side}s"], getattr(x, side))
-            plain[f"{side}s"] = grown
-            sides[side] = _Rows.from_records(self._init_records(seed, side, new), self._fmt)
-        rated = (None, 0) if self.remember_rated else None
-        return (_RowParams(sides["user"], sides["item"], self._fmt),
-                _PMFAux(plain, sides["user"], sides["item"], rated, self._fmt))
+    @cached_property
+    def row_blocks(self) -> tuple:
+        """The two row blocks, users and items, keyed by id (N_i from ``row_counts``, t_i from ``row_clock``)."""
+        return tuple(RowBlock(side, self.family, counts=self.row_counts, clock=self.row_clock)
+                     for side in ("user", "item"))
 
-    def init_params(self, rng, x, n_total) -> NatParams:
-        return self.init_state(rng, x, n_total)[0]
+    @property
+    def sweep_order(self) -> tuple:
+        """The blocks in the order of one step (``sweep``): the second uses the first's new moments."""
+        return ("item", "user") if self.sweep == "items_first" else ("user", "item")
 
-    def _stores(self, lam, aux):
-        """(user rows, item rows, rated (log, end) or None, plain aux dict) of a state.
+    @property
+    def pair_log(self):
+        """The name of the (user row, item row) log in ``aux`` (``remember_rated``), or None."""
+        return "rated" if self.remember_rated else None
 
-        A state made by this model shares its logs; any other (a loaded snapshot, a hand-made
-        dict) is checked and copied into new logs once.
+    pair_blocks = ("user", "item")
+
+    def init_row_values(self) -> dict:
+        """The model's own JSON values in a fresh state's aux: the running mean's sums with ``offset="auto"``."""
+        return {"rating_sum": 0.0, "rating_count": 0} if self.offset == "auto" else {}
+
+    def row_keys(self, x) -> dict:
+        """The user and item id of each rating."""
+        return {"user": x.user, "item": x.item}
+
+    def new_rows(self, seed, side, ids) -> np.ndarray:
+        """h of new rows: prior precision, mean N(0, init_scale²) per coordinate hashed from (seed, side, id)."""
+        return self._new_rows(seed, side, ids)[0]
+
+    def begin_batch(self, x, plain: dict, rows: dict) -> dict:
+        """The batch's centred ratings y' and its ratings grouped by user and by item rows.
+
+        With ``offset="auto"`` the running sums in ``plain`` take in this batch first (μ0 of a
+        batch's statistics includes the batch).
         """
-        if (isinstance(aux, _PMFAux) and isinstance(lam, _RowParams) and aux._fmt.D == self.dim
-                and lam._sides["user"] is aux._sides["user"] and lam._sides["item"] is aux._sides["item"]):
-            return aux._sides["user"], aux._sides["item"], aux._rated, dict(aux._plain)
-        self.check_state(lam, aux)
-        f = self._fmt
-        sides = {}
-        for side in ("user", "item"):
-            n = len(aux[f"{side}s"])
-            rec = np.empty((n, f.width))
-            rec[:, f.h] = lam[f"{side}_h"]
-            rec[:, f.P] = np.asarray(lam[f"{side}_prec"]).reshape(n, -1)
-            rec[:, f.E] = np.asarray(aux[f"{side}_E"]).reshape(n, -1)
-            for c in ("kl", "N", "n", "t"):
-                rec[:, getattr(f, c)] = aux[f"{side}_{c}"]
-            sides[side] = _Rows.from_records(rec, f)
-        rated = None
-        if self.remember_rated:
-            old = np.asarray(aux["rated"], dtype=np.int64).reshape(-1, 2) if "rated" in aux else None
-            rated = (None, 0) if old is None or len(old) == 0 else _pairs_append(None, 0, old)
-        plain = {k: v for k, v in aux.items() if k not in _PMFAux._ROW_KEYS and k != "rated"}
-        return sides["user"], sides["item"], rated, plain
+        S = len(x)
+        if self.offset == "auto":            # μ0: the running mean of every rating seen, this batch included
+            plain["rating_sum"] = float(plain["rating_sum"]) + float(np.sum(x.rating))
+            plain["rating_count"] = int(plain["rating_count"]) + S
+        y = x.rating - self.mu0(plain)
+        return {"y": y, "g": {"user": _Grouped(rows["user"], rows["item"], y),
+                              "item": _Grouped(rows["item"], rows["user"], y)}}
+
+    def batch_loglik(self, ctx, caches) -> float:
+        """Σ_r E_q[log N(y'_r | f_r, σ²)] over the batch, from the touched rows' cached E[X̃X̃ᵀ].
+
+        E f_r = Eu[:, -1]·a_i and E f_r² = ⟨Eu, Q_i⟩ summed per user through the grouped
+        ratings (a_i, Q_i: item i's design moments).
+        """
+        y, gu = ctx["y"], ctx["g"]["user"]
+        Qv, av = self._design_moments(caches["item"], "user")
+        Eu = caches["user"]
+        nI = len(Qv)
+        sum_yEf = float(np.sum(Eu[:, :, -1] * (gu.Cy(nI) @ av)))
+        sum_Ef2 = float(np.sum(Eu.reshape(len(Eu), -1) * (gu.C1(nI) @ Qv.reshape(nI, -1))))
+        return (-0.5 * math.log(2 * math.pi * self.sigma2) * len(y)
+                - (float(np.dot(y, y)) - 2.0 * sum_yEf + sum_Ef2) / (2 * self.sigma2))
+
+    def block_stats(self, side, ctx, caches, weights) -> RowStats:
+        """The statistics of the touched rows of ``side`` from the other side's current moments."""
+        other = "item" if side == "user" else "user"
+        Q, a = self._design_moments(caches[other], side)
+        return RowStats(*self._block_stats(side, Q, a, ctx["g"][side], weights))
 
     def refresh_cache(self, lam, aux) -> dict:
         """A copy of ``aux`` with the per-row caches (E[X̃X̃ᵀ], KL) recomputed from λ.
@@ -888,10 +489,9 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             if not (math.isfinite(float(aux["rating_sum"])) and int(aux["rating_count"]) >= 0):
                 raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
-        if (isinstance(aux, _PMFAux) and isinstance(lam, _RowParams) and aux._fmt.D == D
-                and all(lam._sides[s] is aux._sides[s] and len(aux._sides[s]) == len(aux[f"{s}s"])
-                        for s in ("user", "item"))):
-            return                            # made by svi_step/init_state: consistent by construction
+        consistent = getattr(aux, "consistent_with", None)
+        if consistent is not None and consistent(lam) and lam["user_h"].shape[1:] == (D,):
+            return                            # made by the engine's row storage: consistent by construction
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
             if lam[f"{side}_h"].shape != (n, D) or lam[f"{side}_prec"].shape != (n, D, D):
@@ -914,25 +514,8 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
                       - D + float(np.log(pv).sum()) + logdetP)
 
     def _moments_kl(self, h, P, L=None):
-        """(_moments, KL) of rows from one Cholesky factor L of Λ (computed unless given)."""
-        if L is None:
-            L = np.linalg.cholesky(P)
-        n, D = h.shape
-        Linv = _tril_inv(L)
-        S = np.swapaxes(Linv, 1, 2) @ Linv
-        m = np.einsum("nij,nj->ni", S, h)
-        E = np.empty((n, D + 1, D + 1))
-        top = E[:, :D, :D]
-        np.multiply(m[:, :, None], m[:, None, :], out=top)
-        top += S
-        E[:, :D, D] = m
-        E[:, D, :D] = m
-        E[:, D, D] = 1.0
-        pv = self._pv
-        logdetP = 2.0 * np.log(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-        kl = 0.5 * ((np.diagonal(S, axis1=1, axis2=2) / pv).sum(axis=1) + (m * m / pv).sum(axis=1)
-                    - D + float(np.log(pv).sum()) + logdetP)
-        return m, S, E, kl
+        """(mean, covariance, E[X̃X̃ᵀ], KL) of rows from one Cholesky factor L of Λ (the family's)."""
+        return self.family.moments_kl(h, P, L)
 
     def _moments(self, h, P):
         """Mean (n, D), covariance (n, D, D), E[X̃X̃ᵀ] (n, D+1, D+1) of rows given (h, Λ).
@@ -1001,7 +584,7 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     def local_step(self, lam, x, aux=None):
         """Index ``x`` against ``aux`` and gather every row's moments (PMF has no local variables).
 
-        Every id of ``x`` must already have a row (e.g. ``aux`` from ``init_state`` on ``x``).
+        Every id of ``x`` must already have a row (e.g. ``aux`` of ``SVI(model, n).init(x)``).
         """
         x = self.check_batch(x)
         if aux is None:
@@ -1071,202 +654,6 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     def in_domain(self, lam) -> bool:
         return lam.all_finite() and bool(self._pd(lam["user_prec"]).all() and self._pd(lam["item_prec"]).all())
 
-    # ------------------------------------------------------------ the update
-    def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
-                 boundary_fraction, effective_batch_size=None):
-        """One SVI / SVI+ step on the touched rows: users, then items, or the reverse (``sweep``).
-
-        Called by :meth:`streamsvi.inference.SVI.update`; returns a dict with
-        ``lam``, ``aux``, ``elbo``, ``grad_variance``, ``grad_norm``,
-        ``domain_clipped`` and ``domain_blocks``. ``lam`` and ``aux`` are
-        new objects; the arguments are not modified. The cost is that of the
-        rows the batch touches (plus 8 bytes per row; see "row storage").
-        """
-        if aux is None:
-            raise ValueError("a PMF state needs aux; start it with SVI.init")
-        x = self.check_batch(x)
-        U, I, rated, plain = self._stores(lam, aux)
-        f = self._fmt
-        seed = plain["seed"]
-        # rows of the batch's ids (new ids get new rows) and the records of the touched rows
-        work, inv, glob = {}, {}, {}
-        for side, rows_store in (("user", U), ("item", I)):
-            rows, new, grown = self._index[side].lookup(plain[f"{side}s"], getattr(x, side))
-            plain[f"{side}s"] = grown
-            n_old = len(rows_store)
-            uniq, inv[side] = _unique_rows(rows, n_old + len(new))
-            old = uniq < n_old
-            W = np.empty((len(uniq), f.width))
-            W[old] = rows_store.gather(uniq[old])
-            if new:                             # new rows are n_old, n_old + 1, ...: the tail of uniq
-                W[~old] = self._init_records(seed, side, new)
-            work[side], glob[side] = W, (uniq, rows, new)
-        S = len(x)
-        M = float(S if effective_batch_size is None else effective_batch_size)
-        R = records_before + S
-        if self.offset == "auto":            # μ0: the running mean of every rating seen, this batch included
-            plain["rating_sum"] = float(plain["rating_sum"]) + float(np.sum(x.rating))
-            plain["rating_count"] = int(plain["rating_count"]) + S
-        y = x.rating - self.mu0(plain)
-        eta_P = self._eta_P
-        D = self.dim
-        report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
-
-        def E_of(side):
-            return work[side][:, f.E].reshape(-1, D + 1, D + 1)
-
-        # the ELBO at the old λ (new rows at their initial values), from the per-row caches:
-        # Σ_r E[log N(y'_r | f_r, σ²)] with E f_r = Eu_u[:, -1]·a_i and E f_r² = ⟨Eu_u, Q_i⟩ summed
-        # per user through the grouped ratings (a_i, Q_i: item i's design moments)
-        gu = _Grouped(inv["user"], inv["item"], y)
-        gi = _Grouped(inv["item"], inv["user"], y)
-        Qv, av = self._design_moments(E_of("item"), "user")
-        Eu = E_of("user")
-        nI = len(Qv)
-        sum_yEf = float(np.sum(Eu[:, :, -1] * (gu.Cy(nI) @ av)))
-        sum_Ef2 = float(np.sum(Eu.reshape(len(Eu), -1) * (gu.C1(nI) @ Qv.reshape(nI, -1))))
-        local = (-0.5 * math.log(2 * math.pi * self.sigma2) * S
-                 - (float(np.dot(y, y)) - 2.0 * sum_yEf + sum_Ef2) / (2 * self.sigma2))
-        kl = 0.0
-        for side, rows_store in (("user", U), ("item", I)):
-            uniq, _, new = glob[side]
-            kl_all = rows_store.kl
-            if new:
-                kl_all = np.concatenate([kl_all, work[side][len(uniq) - len(new):, f.kl]])
-            kl += float(np.sum(kl_all))
-        elbo = -kl + (n_total / S) * local
-
-        check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
-        if weights is not None:
-            plain["svi_plus_seen"] = True
-        common = (weights, n_total, R, M, S, schedule, boundary_fraction, eta_P, report, check_floor)
-        if self.sweep == "items_first":      # items from the current users, then users from the new items
-            Qu, au = self._design_moments(E_of("user"), "item")
-            self._step_block("item", Qu, au, gi, work["item"], *common)
-            Qv, av = self._design_moments(E_of("item"), "user")
-            self._step_block("user", Qv, av, gu, work["user"], *common)
-        else:                                 # users from the current items, then items from the new users
-            self._step_block("user", Qv, av, gu, work["user"], *common)
-            Qu, au = self._design_moments(E_of("user"), "item")
-            self._step_block("item", Qu, au, gi, work["item"], *common)
-        # publish: nothing above wrote to a log, so a failure before here leaves no trace
-        U2 = U.with_records(glob["user"][0], work["user"], f)
-        I2 = I.with_records(glob["item"][0], work["item"], f)
-        if rated is not None:
-            rated = _pairs_append(rated[0], rated[1], np.stack([glob["user"][1], glob["item"][1]], axis=1))
-        return {"lam": _RowParams(U2, I2, f), "aux": _PMFAux(plain, U2, I2, rated, f), "elbo": elbo,
-                "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
-                "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
-
-    def _step_block(self, side, Q, a, g, W, weights, n_total, R, M, S, schedule, tau, eta_P, report,
-                    check_floor=True):
-        """Step the touched rows of one side: ``W`` holds their records (row k ↔ local row k of the
-        grouping ``g``) and is updated in place (λ, counters, and the cached E[X̃X̃ᵀ] and KL)."""
-        f, D = self._fmt, self.dim
-        uniq, sums_w, sums, counts, sq = self._block_stats(side, Q, a, g, weights)
-        every = len(uniq) == len(W)           # svi_step: every record of W is touched (uniq = 0, 1, ...)
-        Wu = W if every else W[uniq]
-        n_new = Wu[:, f.n] + counts
-        t_new = Wu[:, f.t] + 1
-        N_old = Wu[:, f.N]
-        N_new = n_total * n_new / R if self.row_counts == "scaled" else n_new.astype(np.float64)
-        scale = N_new / counts
-        hs, Ps = self._unpack(sums_w)
-        tgt_h = scale[:, None] * hs
-        tgt_P = eta_P + scale[:, None, None] * Ps
-        h_old, P_old = Wu[:, f.h], Wu[:, f.P].reshape(-1, D, D)
-        r = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
-        if np.any(r != 1.0):
-            h_eff = r[:, None] * h_old
-            P_eff = eta_P + r[:, None, None] * (P_old - eta_P)
-            # after SVI+ a data part may be non-PSD: stretching it must not take Λ below δ I/c
-            # (without SVI+ every data part is PSD, so Λ_eff ⪰ η: nothing to check)
-            if check_floor:
-                bad = ~_pd_rows(P_eff - self.PREC_FLOOR * eta_P)
-                h_eff[bad], P_eff[bad] = h_old[bad], P_old[bad]
-        else:
-            h_eff, P_eff = h_old, P_old
-        if self.row_clock == "ratings":       # t_i = n_i / |S_i|: the row's ratings in units of this batch's
-            rho = _rho_rows(schedule, n_new / counts)
-        else:
-            rho_vals, rho_idx = np.unique(t_new, return_inverse=True)
-            rho = np.array([schedule(int(t)) for t in rho_vals])[rho_idx]
-        if weights is None:
-            new_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * tgt_h
-            new_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * tgt_P
-            new_P = 0.5 * (new_P + np.swapaxes(new_P, 1, 2))
-            L_new, ok = _cholesky_rows(new_P)
-            keep = ~ok                        # only a state left below η by SVI+ can get here
-        else:
-            new_h, new_P, keep = self._noisy_step(sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau,
-                                                  eta_P, report)
-            report["domain_blocks"] += len(uniq)
-        if keep.any():                         # last resort: the row keeps its λ (counted)
-            new_h[keep], new_P[keep] = h_old[keep], P_old[keep]
-            report["domain_clipped"] += int(np.count_nonzero(keep))
-        if weights is not None or keep.any():
-            L_new = None
-        _, _, E, kl = self._moments_kl(new_h, new_P, L_new)
-        # ‖λ̂ − λ^eff‖² before the records are overwritten (h_eff, P_eff may be views of them)
-        report["grad_norm_sq"] += float(np.sum((tgt_h - h_eff) ** 2) + np.sum((tgt_P - P_eff) ** 2))
-        Wu[:, f.h] = new_h
-        Wu[:, f.P] = new_P.reshape(len(uniq), -1)
-        Wu[:, f.E] = E.reshape(len(uniq), -1)
-        Wu[:, f.kl], Wu[:, f.N], Wu[:, f.n], Wu[:, f.t] = kl, N_new, n_new, t_new
-        if not every:
-            W[uniq] = Wu
-        # metric: Σ_i N_i² tr Σ̂_i / M_i (M_i = |S_i| M/|S|)
-        mean = sums / counts[:, None]
-        tr = np.where(counts > 1, (sq - counts * np.einsum("ij,ij->i", mean, mean))
-                      / np.maximum(counts - 1, 1), 0.0)
-        report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
-
-    def _noisy_step(self, sums, scale, rho, h_eff, P_eff, tgt_h, tgt_P, tau, eta_P, report):
-        """The SVI+ step of touched rows with its noise shrunk symmetrically into the domain.
-
-        Splits the weighted target into the SVI target (w ≡ 1, from the
-        unweighted ``sums``) and the noise ξ = λ̂ − λ̂_SVI, zero-mean and
-        symmetric given the batch (a linear function of the Gaussian ε). The
-        row moves to ``base + s ρ ξ`` with ``base = (1 − ρ) λ^eff + ρ λ̂_SVI``
-        and s = min(1, τ / ‖ρ L⁻¹ Ξ L⁻ᵀ‖₂), L Lᵀ = Λ_base − δ I/c, Ξ the
-        precision part of ξ: the largest s for which both base ± (s ρ/τ) ξ are
-        in the working domain. s(ξ) = s(−ξ), so E_w[λ_new] = base exactly:
-        the step is unbiased for every weight variance (module docs). Returns
-        (h, Λ, rows that must keep their old λ); rows with s < 1 are counted
-        in ``report["domain_clipped"]``.
-        """
-        hs0, Ps0 = self._unpack(sums)
-        base_h = (1.0 - rho)[:, None] * h_eff + rho[:, None] * (scale[:, None] * hs0)
-        base_P = (1.0 - rho)[:, None, None] * P_eff + rho[:, None, None] * (eta_P + scale[:, None, None] * Ps0)
-        base_P = 0.5 * (base_P + np.swapaxes(base_P, 1, 2))
-        xi_h = rho[:, None] * (tgt_h - scale[:, None] * hs0)
-        xi_P = rho[:, None, None] * (tgt_P - eta_P - scale[:, None, None] * Ps0)
-        xi_P = 0.5 * (xi_P + np.swapaxes(xi_P, 1, 2))
-        s = np.zeros(len(rho))
-        ok = (np.isfinite(xi_h).all(axis=1) & np.isfinite(xi_P).reshape(len(rho), -1).all(axis=1)
-              & np.isfinite(base_P).reshape(len(rho), -1).all(axis=1))
-        idx = np.flatnonzero(ok)
-        if len(idx):
-            L, chol_ok = _cholesky_rows(base_P[idx] - self.PREC_FLOOR * eta_P)
-            idx, L = idx[chol_ok], L[chol_ok]
-            if len(idx):
-                Linv = _tril_inv(L)
-                K = Linv @ xi_P[idx] @ np.swapaxes(Linv, 1, 2)
-                K = 0.5 * (K + np.swapaxes(K, 1, 2))
-                ev = np.linalg.eigvalsh(K) if np.isfinite(K).all() else _eigvalsh_rows(K)
-                radius = np.max(np.abs(ev), axis=1)
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    s[idx] = np.where(radius > tau, tau / radius, 1.0)
-                s[idx] = np.where(np.isfinite(s[idx]), s[idx], 0.0)
-        report["domain_clipped"] += int(np.count_nonzero(s < 1.0))
-        new_h = base_h + s[:, None] * xi_h
-        new_P = base_P + s[:, None, None] * xi_P
-        bad = ~(_pd_rows(new_P) & np.isfinite(new_h).all(axis=1))
-        if bad.any():                          # rounding: fall back to the SVI step for these rows
-            new_h[bad], new_P[bad] = base_h[bad], base_P[bad]
-        keep = ~(_pd_rows(new_P) & np.isfinite(new_h).all(axis=1))
-        return new_h, new_P, keep
-
     # ------------------------------------------------------------ scoring
     def rows_of(self, aux, side: str, ids) -> np.ndarray:
         """Rows of ``ids`` (canonicalised) on ``side`` ("user"/"item"); −1 for unknown ids."""
@@ -1284,8 +671,8 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         E[:, D, D] = 1.0
         if known.any():
             r = rows[known]
-            h, P = lam.rows(side, r) if isinstance(lam, _RowParams) else (lam[f"{side}_h"][r],
-                                                                         lam[f"{side}_prec"][r])
+            rows_of = getattr(lam, "rows", None)    # λ in the engine's row storage: gather only these
+            h, P = rows_of(side, r) if rows_of is not None else (lam[f"{side}_h"][r], lam[f"{side}_prec"][r])
             E[known] = self._moments(h, P)[2]
         return E
 

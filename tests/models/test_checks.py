@@ -4,7 +4,7 @@ Each check runs on every case of ``tests/conftest.py::MODEL_CASES``; a model
 registered in ``streamsvi.models.MODELS`` without a case fails
 ``test_every_model_has_a_case``.
 
-Row-wise models (PMF: ``init_state``/``svi_step``, engine docs) keep an id→row
+Row-wise models (PMF: row blocks keyed by id, ``streamsvi.inference.blocks``) keep an id→row
 map in ``state.aux``; their primitives take it as ``aux=``. Three checks apply
 to them in an adapted form, because the mathematics differs, not the code
 (LDA also has ``svi_step``, to write only a batch's columns, but its λ is one
@@ -29,14 +29,14 @@ from tests.conftest import MODEL_CASES, registered_model_names
 
 
 def _rowwise(model) -> bool:
-    return hasattr(model, "svi_step")
+    return hasattr(model, "svi_step") or bool(getattr(model, "row_blocks", None))
 
 
 def _per_row(model) -> bool:
     """Row-wise models whose rows are conditionally conjugate blocks with their own N_i/|S_i|
     (PMF). LDA applies its own (sparse) step too, but its λ is one block with one scale, so
     every check applies to it as written."""
-    return _rowwise(model) and hasattr(model, "blocks")
+    return bool(getattr(model, "row_blocks", None))
 
 
 def _aux_equal(a, b) -> bool:
@@ -117,8 +117,8 @@ def test_merging_half_batch_statistics_equals_one_batch(model_case):
     model, X = model_case
     kw = {}
     if _per_row(model):
-        lam, aux = model.init_state(np.random.default_rng(0), X, len(X))
-        kw = {"aux": aux}
+        st = SVI(model, len(X)).init(X, seed=0)
+        lam, kw = st.lam, {"aux": st.aux}
     else:
         lam = model.init_params(np.random.default_rng(0), X, len(X))
     w = np.random.default_rng(1).normal(1.0, 1.0, size=len(X))
@@ -400,7 +400,7 @@ def test_reported_elbo_is_untempered(anneal_case):
         assert info.elbo == pytest.approx(before, rel=1e-12)
         state = new
     assert model.in_domain(state.lam)
-    if not hasattr(model, "svi_step"):
+    if not _rowwise(model):
         return
     # a row-wise model's own step on minibatches: the batch's documents' untempered bound
     # (LDA: the global term refreshed each step here, K·V small)

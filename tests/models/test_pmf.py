@@ -11,6 +11,7 @@ from streamsvi import load
 from streamsvi.checkpoint import CheckpointStore
 from streamsvi.estimators import MatrixFactorization
 from streamsvi.inference import SVI, Constant, EngineState, RobbinsMonro, batch_vi
+from streamsvi.inference.blocks import row_update
 from streamsvi.models import PMF, NatParams, Ratings
 from streamsvi.models.pmf import canonical_id
 from tests.conftest import pmf_ratings
@@ -185,9 +186,9 @@ def test_svi_plus_noise_of_a_row_has_the_closed_form_covariance():
     """
     x = pmf_ratings(n_users=5, n_items=12, n=80, d=2, seed=8)
     model = PMF(n_factors=2, sigma2=0.5, prior_var=1.0)
-    state = model.init_state(np.random.default_rng(0), x, len(x))
-    state = EngineState(0, state[0], np.random.Generator(np.random.PCG64(0)).bit_generator.state, 0,
-                        aux=state[1])
+    state = SVI(model, len(x)).init(x, seed=0)
+    state = EngineState(0, state.lam, np.random.Generator(np.random.PCG64(0)).bit_generator.state, 0,
+                        aux=state.aux)
     S, M, N = len(x), 20.0, 400.0
     H = _svi_plus_user_targets(model, state, x, M, N, 1000)
     items = state.aux["items"]
@@ -233,9 +234,9 @@ def test_svi_plus_with_huge_weight_variance_never_raises_and_keeps_lambda_valid(
 
 def _one_user_step(model, state, x, weights, rho=0.85):
     """λ of the user rows after one step on ``x`` (the user block depends only on the old items)."""
-    out = model.svi_step(state.lam, state.aux, x, weights=weights, n_total=float(len(x)),
-                         records_before=state.records_seen, schedule=Constant(rho), step=state.step + 1,
-                         boundary_fraction=0.9, effective_batch_size=None if weights is None else 1.0)
+    out = row_update(model, {}, state.lam, state.aux, x, weights=weights, n_total=float(len(x)),
+                     records_before=state.records_seen, schedule=Constant(rho), tau=0.9,
+                     effective_batch_size=None if weights is None else 1.0)
     return out["lam"]["user_h"], out["lam"]["user_prec"], out["domain_clipped"]
 
 
@@ -523,7 +524,8 @@ def test_bias_var_is_the_prior_of_the_bias_coordinate_only():
     lam = model.prior(2, 1)
     np.testing.assert_array_equal(lam["user_prec"][0], np.diag([2.0, 2.0, 10.0]))
     x = Ratings(["u"], ["i"], [1.0])
-    lam, aux = model.init_state(np.random.default_rng(0), x, 1.0)
+    st = SVI(model, 1.0).init(x, seed=0)
+    lam, aux = st.lam, st.aux
     m = lam["user_h"][0] * np.array([0.5, 0.5, 0.1])
     kl = 0.5 * np.sum(m ** 2 / np.array([0.5, 0.5, 0.1]))        # covariance = the prior's: only the mean
     assert aux["user_kl"][0] == pytest.approx(kl, rel=1e-12)
