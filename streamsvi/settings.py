@@ -166,9 +166,11 @@ def check_value(name: str, s: Setting, v):
             raise bad
         return v
     if s.choices and v not in s.choices:
-        raise bad
+        hint = did_you_mean(v, [c for c in s.choices if isinstance(c, str)]) if isinstance(v, str) else ""
+        raise SettingError(name, f"must be {s.expected()}, got {v!r}{hint}")
     if t in ("int", "float", "float|auto") and not _in_range(s, v):
-        raise SettingError(name, f"must be {s.range_text()}, got {given!r}")   # the right type, out of range
+        # the right type, out of range: "n_init must be an integer >= 1", "kappa must be in (0.5, 1]"
+        raise SettingError(name, f"must be {s.expected() if t == 'int' else s.range_text()}, got {given!r}")
     return v
 
 

@@ -116,6 +116,10 @@ def test_every_setting_is_checked_at_load():
     with pytest.raises(ConfigError, match="degrees_of_freedom must be > n_features - 1 = 2"):
         validate({**BASE, "model": {"kind": "gmm", "n_components": 2, "n_features": 3,
                                     "degrees_of_freedom": 1.5}})
+    # the engine's own rules too
+    with pytest.raises(ConfigError, match="inference.rank: required with covariance = 'lowrank'"):
+        validate({**BASE, "inference": {"n_total": 10, "covariance": "lowrank"},
+                  "model": {"kind": "logistic", "n_features": 3}})
     with pytest.raises(ConfigError, match="source.codec: 'text' is not a codec of 'ratings' records"):
         validate({**BASE, "source": {"kind": "file", "path": "x", "codec": "text"}, "model": {"kind": "pmf"}})
 

@@ -34,10 +34,21 @@ def test_every_config_key_and_metric_is_documented():
     from streamsvi.service.metrics import DaemonMetrics
 
     text = README.read_text()
+    from streamsvi.io.records import KINDS
+    from streamsvi.models import CONFIG_KINDS
+    from streamsvi.service.config import model_schema
+
     for section, fields in SCHEMA.items():
         assert f"`[{section}]`" in text
         for key in fields:
             assert f"`{key}`" in text, f"{section}.{key} missing from the README"
+    for kind in CONFIG_KINDS:              # [model]: each kind's settings table
+        for key in model_schema(kind):
+            assert f"`{key}`" in text, f"model.{key} ({kind}) missing from the README"
+    assert "`[records]`" in text
+    for rk in KINDS.values():
+        for key in rk.settings:
+            assert f"`{key}`" in text, f"records.{key} ({rk.name}) missing from the README"
     for mf in DaemonMetrics().registry.collect():
         name = mf.name + ("_total" if mf.type == "counter" else "")
         assert f"`{name}" in text, f"metric {name} missing from the README"

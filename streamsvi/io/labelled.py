@@ -258,14 +258,14 @@ class LabelledKind(RecordKind):
         raise ValueError(f"codec for labelled records must be one of {list(self.codec_names)}, got {name!r}")
 
     def make_validator(self, model, options):
-        return LabelledValidator(model.n_features, n_classes=getattr(model, "n_classes", 2),
+        return LabelledValidator(model.n_features, n_classes=model.n_classes,
                                  max_abs=options.get("max_abs", 1e12),
                                  max_message_bytes=options.get("max_message_bytes", 1_048_576))
 
     def scoring_codec_validator(self, model, fields, options):
         """The JSON codec and validator of ``streamsvi score``: the label is optional there."""
         return (LabelledJsonCodec(model.n_features, fields, optional_label=True),
-                LabelledValidator(model.n_features, n_classes=getattr(model, "n_classes", 2),
+                LabelledValidator(model.n_features, n_classes=model.n_classes,
                                   max_abs=options.get("max_abs", 1e12),
                                   max_message_bytes=options.get("max_message_bytes", 1_048_576),
                                   optional_label=True))

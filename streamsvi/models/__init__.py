@@ -4,8 +4,9 @@ Adding a model family: its file, and its class in the tuple of :data:`MODELS`
 below. Everything else (the ``[model]`` kinds of the config, ``--print-config``,
 the check suite's cases, the annealing kinds) is read from the class.
 """
-from .base import (ChecksState, Classifier, ConjugateModel, GradientModel, Mixture, Model, NatParams,
-                   RandomRestart, RowWise, ScoresRecords, StartsFromData, StoredScaled, Tempered)
+from .base import (ChecksState, Classifier, ConjugateModel, CoordinateLoglik, GradientModel, Mixture, Model,
+                   NatParams, PairedStats, RandomRestart, RowWise, ScoresRecords, StartsFromData, StoredScaled,
+                   Tempered)
 from .gauss1d import KnownVarianceGMM1D
 from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
@@ -45,6 +46,12 @@ def model_to_dict(model) -> dict:
 
 
 __all__ = ["Model", "ConjugateModel", "GradientModel", "Tempered", "RandomRestart", "StartsFromData",
+<<<<<<< HEAD
            "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "CONFIG_KINDS",
            "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+=======
+           "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "PairedStats",
+           "CoordinateLoglik", "CONFIG_KINDS",
+           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+>>>>>>> declared
            "model_to_dict"]

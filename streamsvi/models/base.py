@@ -308,6 +308,24 @@ class StoredScaled:
         """λ in the dense form."""
 
 
+class PairedStats:
+    """``suffstats_pair(local, x, weights)``: the weighted and the unweighted statistics for the
+    price of one (the engine needs both under SVI+)."""
+
+    @abstractmethod
+    def suffstats_pair(self, local, x, weights):
+        """``(weighted, unweighted)`` sums of statistics."""
+
+
+class CoordinateLoglik:
+    """The gradient path's local expectation gradients use the model's own
+    ``loglik_coordinate(w, nodes, x)`` (``streamsvi.models.nonconjugate``)."""
+
+    @abstractmethod
+    def loglik_coordinate(self, w, nodes, x):
+        """log p(x | w) with one coordinate of w moved to each node."""
+
+
 class RowWise:
     """λ (and ``aux``) grow with the data or are written only where a batch touches them:
     the model applies its own step (``svi_step``), so its statistics cannot travel as

@@ -76,6 +76,15 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
     }
     n_features = 1
 
+    @classmethod
+    def check_cases(cls) -> dict:
+        """The check suite's case: three well-separated components, 400 records."""
+        def gauss1d():
+            rng = np.random.default_rng(2)
+            X = np.concatenate([rng.normal(-3, 1, 150), rng.normal(0.5, 1, 100), rng.normal(4, 1, 150)])
+            return cls(n_components=3, sigma2=1.0, prior_mean=0.0, prior_var=25.0), X[:, None]
+        return {"gauss1d": gauss1d}
+
     def __init__(self, n_components=3, sigma2=1.0, prior_mean=0.0, prior_var=10.0):
         p = self.check_settings({k: v for k, v in locals().items() if k in self.settings})
         self.n_components = p["n_components"]

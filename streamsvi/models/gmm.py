@@ -51,7 +51,7 @@ import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, Mixture, NatParams, RandomRestart, StartsFromData, Tempered, check_matrix,
+from .base import (ConjugateModel, Mixture, NatParams, PairedStats, RandomRestart, StartsFromData, Tempered, check_matrix,
                    segment_limit_pd, segment_limit_positive, temper_dirichlet)
 from functools import cached_property
 
@@ -194,7 +194,7 @@ START_RECORDS_PER_COMPONENT_DIM = 5
 REFINE_TOL = 1e-4
 
 
-class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixture):
+class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixture, PairedStats):
     """Bayesian Gaussian mixture with Normal-Wishart components.
 
     Parameters
@@ -312,6 +312,29 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
     START_SETTINGS = ("init", "n_init", "init_sweeps", "prior_from", "init_batches", "refine_sweeps")
+
+    @classmethod
+    def check_cases(cls) -> dict:
+        """The check suite's cases (``tests/models/test_checks.py``): a 2-D mixture with a set prior,
+        seed 000's prior in 3-D, and the truncated DP mixture."""
+        from ..datasets import make_blobs
+
+        def gmm():
+            X, _ = make_blobs(400, seed=11)
+            return cls(n_components=4, n_features=2, weight_concentration=0.8, mean_precision=0.2,
+                       degrees_of_freedom=3.0, scale=0.7), X
+
+        def gmm_paper_prior_3d():
+            rng = np.random.default_rng(5)
+            X = np.concatenate([rng.normal(-2, 1.0, (150, 3)), rng.normal(2, 0.6, (150, 3)),
+                                rng.normal([0, 3, -3], 0.8, (100, 3))])
+            return cls.paper_prior(3, 3), X
+
+        def gmm_dp():
+            X, _ = make_blobs(300, seed=3)
+            return cls.dp_approximation(n_features=2, concentration=1.0, n_components=12), X
+
+        return {"gmm": gmm, "gmm_paper_prior_3d": gmm_paper_prior_3d, "gmm_dp": gmm_dp}
 
     def __init__(self, n_components=3, n_features=2, weight_concentration=1.0,
                  mean_precision=1.0, mean=None, degrees_of_freedom=None, scale=None,

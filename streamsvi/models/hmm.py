@@ -67,7 +67,7 @@ from scipy.special import digamma, gammaln, logsumexp
 
 from ..sequence_batch import Sequences
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, NatParams, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
+from .base import (ConjugateModel, NatParams, PairedStats, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
                    temper_dirichlet)
 from functools import cached_property
 
@@ -185,7 +185,7 @@ def _e_log(a):
     return digamma(a) - digamma(a.sum(axis=-1, keepdims=True))
 
 
-class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
+class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords, PairedStats):
     """K-state hidden Markov model with categorical emissions over V symbols.
 
     Parameters
@@ -235,6 +235,17 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords):
     #: Settings that only shape the initial λ (``init_params``): a snapshot made with
     #: other values still resumes (``streamsvi.checkpoint.check_compatible``).
     START_SETTINGS = ("init",)
+
+    @classmethod
+    def check_cases(cls) -> dict:
+        """The check suite's case: a synthetic 3-state HMM over 4 symbols, 300 sequences of 3..9."""
+        def hmm():
+            rng = np.random.default_rng(8)
+            A = np.array([[0.8, 0.15, 0.05], [0.1, 0.8, 0.1], [0.2, 0.1, 0.7]])
+            B = np.array([[0.7, 0.2, 0.05, 0.05], [0.05, 0.7, 0.2, 0.05], [0.05, 0.05, 0.3, 0.6]])
+            X, _ = sample_hmm([0.5, 0.3, 0.2], A, B, rng.integers(3, 10, size=300), rng)
+            return cls(n_states=3, n_symbols=4, emission_concentration=0.5), X
+        return {"hmm": hmm}
 
     def __init__(self, n_states=5, n_symbols=4, init_concentration=None,
                  transition_concentration=None, emission_concentration=None, init="dirichlet",

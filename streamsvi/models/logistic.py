@@ -45,13 +45,13 @@ import numpy as np
 from scipy.special import expit, log_expit
 
 from ..settings import REQUIRED, ConfigKind, Setting
-from .base import ChecksState, Classifier, GradientModel, NatParams, ScoresRecords, check_matrix
+from .base import ChecksState, Classifier, CoordinateLoglik, GradientModel, NatParams, ScoresRecords, check_matrix
 from .nonconjugate import check_gaussian_state, gauss_hermite, gaussian_params, linear_form_variance
 
 __all__ = ["BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget"]
 
 
-class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresRecords):
+class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresRecords, CoordinateLoglik):
     """Binary Bayesian logistic regression with a mean-field Gaussian posterior.
 
     Parameters
@@ -227,7 +227,7 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         return out
 
 
-class CorrelatedGaussianTarget(GradientModel, ChecksState):
+class CorrelatedGaussianTarget(GradientModel, ChecksState, CoordinateLoglik):
     """The 100-D correlated Gaussian of seed 001 §4.1 as a data-free target.
 
     ``log p(w) = log N(w | m·1, Σ)``, Σ_ij = exp(−½ (t_i − t_j)²) + jitter·δ_ij,

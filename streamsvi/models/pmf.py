@@ -298,6 +298,21 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     #: δ: an SVI+ step may not take Λ below δ·I/c (no variance above c/δ)
     PREC_FLOOR = 0.5
 
+    @staticmethod
+    def synthetic_ratings(n_users=25, n_items=18, n=400, d=2, seed=6, noise=0.3) -> Ratings:
+        """A small synthetic rating set: y = u_iᵀv_j + 3 + noise, ids mixing strings and integers."""
+        rng = np.random.default_rng(seed)
+        U, V = rng.normal(size=(n_users, d)), rng.normal(size=(n_items, d))
+        i, j = rng.integers(0, n_users, n), rng.integers(0, n_items, n)
+        y = (U[i] * V[j]).sum(1) + 3.0 + noise * rng.normal(size=n)
+        return Ratings([f"u{k}" for k in i], j.tolist(), y)
+
+    @classmethod
+    def check_cases(cls) -> dict:
+        """The check suite's case: rank 2 with biases on :meth:`synthetic_ratings`."""
+        return {"pmf": lambda: (cls(n_factors=2, sigma2=0.25, prior_var=1.0, biases=True, offset=3.0),
+                                cls.synthetic_ratings())}
+
     def __init__(self, n_factors: int = 10, sigma2: float = 0.5, prior_var: float = 1.0,
                  biases: bool = False, offset: float = 0.0, init_scale: float = 0.1,
                  row_counts: str = "scaled", remember_rated: bool = True, bias_var=None,

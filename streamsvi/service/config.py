@@ -521,6 +521,8 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             p = out[sec][key]
             if p is not None and not Path(p).is_absolute():
                 out[sec][key] = str((base_dir / p).resolve())
+    # the engine's own rules (covariance = lowrank needs rank, ...), also before any connection
+    build_engine(out, 1.0 if inf["n_total"] == "auto" else float(inf["n_total"]), model=model)
     return out
 
 
@@ -629,8 +631,9 @@ def build_model(model_cfg: dict):
         raise ConfigError(f"model: {exc}") from None
 
 
-def build_engine(cfg: dict, n_total: float):
-    """The SVI engine of a validated config, with N resolved to a number."""
+def build_engine(cfg: dict, n_total: float, model=None):
+    """The SVI engine of a validated config, with N resolved to a number (``model``: the config's
+    model, already built)."""
     from ..inference import SVI, Constant, RobbinsMonro
 
     inf = cfg["inference"]
@@ -647,7 +650,7 @@ def build_engine(cfg: dict, n_total: float):
             raise ConfigError("inference.rank: required with covariance = 'lowrank' (the columns of B in "
                               "diag + B B^T), e.g. rank = 10")
         try:
-            return GradientVI(build_model(cfg["model"]), n_total=n_total,
+            return GradientVI(model if model is not None else build_model(cfg["model"]), n_total=n_total,
                               estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
                               quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
                               learning_rate=lr, optimizer=optimizer, covariance=covariance,
@@ -655,7 +658,7 @@ def build_engine(cfg: dict, n_total: float):
         except ValueError as exc:
             raise ConfigError(f"inference: {exc}") from None
     try:
-        return SVI(build_model(cfg["model"]), n_total=n_total, schedule=schedule,
+        return SVI(model if model is not None else build_model(cfg["model"]), n_total=n_total, schedule=schedule,
                    effective_batch_size=inf["effective_batch_size"],
                    effective_fraction=inf["effective_fraction"],
                    boundary_fraction=inf["boundary_fraction"], short_batches="svi",

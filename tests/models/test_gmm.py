@@ -289,9 +289,9 @@ def test_kmeans_init_recovers_separated_blobs_and_beats_random_init():
 
 def test_init_settings_in_the_config():
     from streamsvi.models.gmm import INITS
-    from streamsvi.service.config import INIT_CHOICES, ConfigError, build_model, validate
+    from streamsvi.service.config import ConfigError, build_model, model_schema, validate
 
-    assert INIT_CHOICES["gmm"] == INIT_CHOICES["gmm_dp"] == INITS
+    assert model_schema("gmm")["init"].choices == model_schema("gmm_dp")["init"].choices == INITS
     base = {"inference": {"n_total": 100.0}, "source": {"kind": "file", "path": "x.jsonl"},
             "checkpoint": {"directory": "c"}}
     for kind in ("gmm", "gmm_dp"):
@@ -303,14 +303,14 @@ def test_init_settings_in_the_config():
         m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
                                                     "n_init": 2, "init_sweeps": 0, "init_batches": 2}})["model"])
         assert (m.n_init, m.init_sweeps, m.init_batches) == (2, 0, 2)
-        with pytest.raises(ConfigError, match="model.n_init: must be >= 1, got 0"):
+        with pytest.raises(ConfigError, match="model.n_init: must be an integer >= 1, got 0"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "n_init": 0}})
-        with pytest.raises(ConfigError, match=f"model.init: kind = '{kind}' takes one of kmeans, kmeans\\+\\+, "
-                                              "random_from_data, random_resp, got 'gamma'"):
+        with pytest.raises(ConfigError, match="model.init: must be one of 'kmeans', 'kmeans\\+\\+', "
+                                              "'random_from_data', 'random_resp', got 'gamma'"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "init": "gamma"}})
-        with pytest.raises(ConfigError, match="model.init: expected one of .*got 'k-means'"):
+        with pytest.raises(ConfigError, match="model.init: must be one of .*got 'k-means'; did you mean 'kmeans'"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2, "init": "k-means"}})
-    with pytest.raises(ConfigError, match="model.init: kind = 'lda' takes one of gamma, documents, got 'kmeans'"):
+    with pytest.raises(ConfigError, match="model.init: must be one of 'gamma', 'documents', got 'kmeans'"):
         validate({**base, "model": {"kind": "lda", "n_components": 3, "n_features": 20, "init": "kmeans"}})
 
 
@@ -522,7 +522,7 @@ def test_prior_from_in_the_config():
         m = build_model(validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
                                                     "prior_from": "data", "scale": 2.0}})["model"])
         assert m.get_params()["scale"] == 2.0 and m.prior_pending
-        with pytest.raises(ConfigError, match="model.prior_from: expected one of .*got 'sklearn'"):
+        with pytest.raises(ConfigError, match="model.prior_from: must be one of .*got 'sklearn'"):
             validate({**base, "model": {"kind": kind, "n_components": 3, "n_features": 2,
                                         "prior_from": "sklearn"}})
 

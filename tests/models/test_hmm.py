@@ -256,7 +256,7 @@ def test_check_batch_rejects_bad_sequences():
         model.check_batch([[0.5, 1]])
     with pytest.raises(ValueError, match="n_states must be an integer >= 1, got 0"):
         DiscreteHMM(0, 3)
-    with pytest.raises(ValueError, match="emission_concentration must be > 0"):
+    with pytest.raises(ValueError, match="emission_concentration must be a finite number > 0"):
         DiscreteHMM(2, 3, emission_concentration=-1.0)
 
 
@@ -323,7 +323,7 @@ def test_example_config_builds_the_model():
     assert cfg["validation"]["max_sequence_length"] == 10000
     raw = {"model": {"kind": "hmm", "n_components": 3}, "inference": {"n_total": 10},
            "source": {"kind": "file", "path": "x.jsonl"}, "checkpoint": {"directory": "ck"}}
-    with pytest.raises(ConfigError, match="model.n_symbols: required for hmm"):
+    with pytest.raises(ConfigError, match="model.n_symbols: required for kind = 'hmm'"):
         validate(raw)
     raw["model"]["n_symbols"] = 4
     assert build_model(validate(raw)["model"]).get_params()["emission_concentration"] is None

@@ -18,7 +18,7 @@ from scipy.special import gammaln
 
 from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi, load_state, save_state
 from streamsvi.models import HPF, MODELS, Ratings
-from tests.conftest import hpf_counts
+from streamsvi.models.hpf import sample_counts as hpf_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 
