@@ -46,12 +46,7 @@ def model_to_dict(model) -> dict:
 
 
 __all__ = ["Model", "ConjugateModel", "GradientModel", "Tempered", "RandomRestart", "StartsFromData",
-<<<<<<< HEAD
-           "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "CONFIG_KINDS",
-           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
-=======
            "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "PairedStats",
            "CoordinateLoglik", "CONFIG_KINDS",
-           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
->>>>>>> declared
+           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]
