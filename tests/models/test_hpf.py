@@ -224,7 +224,7 @@ def test_refuses_bad_counts(bad, what):
         HPF().check_batch(Ratings(["a", "b"], ["m", "m"], [1.0, bad]))
 
 
-@pytest.mark.parametrize("kw, msg", [({"n_factors": 0}, "n_factors must be >= 1, got 0"),
+@pytest.mark.parametrize("kw, msg", [({"n_factors": 0}, "n_factors must be an integer >= 1, got 0"),
                                      ({"theta_shape": -1}, "theta_shape must be > 0, got -1"),
                                      ({"row_counts": "all"}, "row_counts must be one of 'scaled', 'seen', got 'all'")])
 def test_refuses_bad_settings(kw, msg):
