@@ -157,6 +157,10 @@ class Family:
     """
 
     fields: tuple = ()
+    #: row families only: whether the engine's row storage keeps Σ over every row of the cache
+    #: in the state (``<block>_total`` in aux, so a resumed state continues bit for bit); a model
+    #: reads the totals as ``caches.totals`` (``streamsvi.inference.blocks.RowCaches``)
+    keeps_total: bool = False
 
     def in_domain(self, arrays) -> bool:  # pragma: no cover - interface
         raise NotImplementedError

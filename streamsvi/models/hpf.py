@@ -20,9 +20,9 @@ complete conditional is Gamma or multinomial (the paper's eqs. 5–8).
 Variational family (mean field, the paper's eq. 9 and Fig. 5)::
 
     q(θ_uk) = Gamma(γ^shp_uk, γ^rte_uk)     ``user_shape``, ``user_rate``  (U, K)
-    q(ξ_u)  = Gamma(a' + K a, κ^rte_u)      ``user_act_rate``              (U,)
+    q(ξ_u)  = Gamma(a' + K a, κ^rte_u)      ``user_hyper``              (U,)
     q(β_ik) = Gamma(λ^shp_ik, λ^rte_ik)     ``item_shape``, ``item_rate``  (I, K)
-    q(η_i)  = Gamma(c' + K c, τ^rte_i)      ``item_pop_rate``              (I,)
+    q(η_i)  = Gamma(c' + K c, τ^rte_i)      ``item_hyper``              (I,)
     q(z_ui) = Mult(y_ui, φ_ui)              local, one per non-zero count
 
 The shapes of ξ and η are constants of the model (a' + K a, c' + K c), so only
@@ -130,22 +130,22 @@ True
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
+from functools import cached_property
 
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp
 
 from ..ratings_batch import Ratings, canonical_id
 from ..settings import ConfigKind, Setting
-from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords
-from .blocks import RowIndex as _RowIndex
+from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords, segment_limit_positive
+from .blocks import Family, RowBlock, RowIndex, RowStats
 from .pmf import _hashed_normals
 
 __all__ = ["HPF"]
 
-_NAMES = ("user_shape", "user_rate", "user_act_rate", "item_shape", "item_rate", "item_pop_rate")
-_ROW_KEYS = tuple(f"{s}_{c}" for s in ("user", "item") for c in ("n", "t", "N"))
+_NAMES = ("user_shape", "user_rate", "user_hyper", "item_shape", "item_rate", "item_hyper")
+_ROW_KEYS = tuple(f"{s}_{c}" for s in ("user", "item") for c in ("n", "t", "N", "kl", "moments"))
 
 
 def _row_sums(rows, values, n) -> np.ndarray:
@@ -154,6 +154,116 @@ def _row_sums(rows, values, n) -> np.ndarray:
     out = np.zeros((n,) + values.shape[1:])
     np.add.at(out, rows, values)
     return out
+
+
+class HierarchicalGammaRows(Family):
+    """Rows of K Gammas with a Gamma hyperprior on their rate (HPF's users or items).
+
+    Row u: q(θ_uk) = Gamma(shape_k, rate_k), q(ξ_u) = Gamma(A, hyper_rate) with
+    A = a' + K a fixed; the prior is θ_uk | ξ_u ~ Gamma(a, ξ_u), ξ_u ~ Gamma(a', r0)
+    (r0 = a'/b'). λ arrays ``<block>_shape``, ``<block>_rate`` (n, K) and
+    ``<block>_hyper`` (n,); flat λ (2K + 1): shape, rate, hyper rate. Cache
+    (``moments``, 2K + 2): E[θ], E[log θ], E[ξ], E[log ξ]. The row's KL term is the
+    whole prior part of the row, KL(q(ξ) ‖ p(ξ)) + Σ_k E_q[log q(θ_k) − log p(θ_k | ξ)],
+    which depends on the row alone.
+
+    The family owns the blend (bnpy's "each parameter family owns its blend"):
+
+    * target: shape = a + (N_i/|S_i|) Σ_r w_r y_r φ_r (the statistics' shape part, scaled
+      like every row family's); rate = the statistics' rate part **as it is**: the model
+      puts the record-free target E[ξ_u] + Σ_i E[β_i] there (``HPF.block_stats``), which
+      no batch estimates and which must not be scaled by N_i/|S_i| (module docs, "the
+      streaming form"). The unweighted ``sums`` carry 0 there, so the gradient-variance
+      estimate sees only the y φ statistics.
+    * rescale (a new N_i): only the shape's data part, shape − a.
+    * step: (shape, rate) ← (1 − ρ)(shape, rate)_eff + ρ target, then the hyper rate
+      ← (1 − ρ) hyper + ρ (r0 + Σ_k E[θ_k]) at the new θ (CAVI's order, (2) then (3)).
+    * SVI+: a weighted shape target can be ≤ 0; the row takes ρ ← min(ρ, τ s_max) with
+      s_max where a shape reaches 0 (the rates stay positive).
+    """
+
+    fields = ("shape", "rate", "hyper")
+    cache_name = "moments"
+    keeps_total = True          # Σ_rows E[θ] (E[β]): the all-items sums of the rates (module docs)
+
+    def __init__(self, K, a, A, r0, rate0=None):
+        self.K, self.a, self.A, self.r0 = int(K), float(a), float(A), float(r0)
+        self.a_hyper = self.A - self.K * self.a              # a', the hyperprior's shape
+        self.n_lam = 2 * self.K + 1
+        self.n_cache = 2 * self.K + 2
+
+    def unpack(self, flat):
+        K = self.K
+        return flat[:, :K], flat[:, K:2 * K], flat[:, 2 * K]
+
+    def pack(self, lam, out):
+        K = self.K
+        out[:, :K], out[:, K:2 * K], out[:, 2 * K] = lam
+
+    def in_domain(self, arrays) -> bool:
+        return all(bool(np.isfinite(x).all() and np.all(x > 0)) for x in arrays)
+
+    def max_step(self, cur, tgt) -> np.ndarray:
+        return segment_limit_positive(cur[0], tgt[0]).min(axis=-1)
+
+    def temper(self, arrays, T):
+        raise NotImplementedError("HPF rows are not tempered (annealing kinds: none, svi+)")
+
+    def kl(self, arrays, prior=None) -> np.ndarray:
+        shape, rate, hyper = arrays
+        a, A, a0, r0 = self.a, self.A, self.a_hyper, self.r0
+        Ex, Elx = A / hyper, digamma(A) - np.log(hyper)
+        lp_x = a0 * np.log(r0) - gammaln(a0) + (a0 - 1) * Elx - r0 * Ex
+        lq_x = A * np.log(hyper) - gammaln(A) + (A - 1) * Elx - hyper * Ex
+        Et, Elt = shape / rate, digamma(shape) - np.log(rate)
+        lp_t = a * Elx[:, None] - gammaln(a) + (a - 1) * Elt - Ex[:, None] * Et
+        lq_t = shape * np.log(rate) - gammaln(shape) + (shape - 1) * Elt - rate * Et
+        return (lq_x - lp_x) + (lq_t - lp_t).sum(axis=1)
+
+    def cache_of(self, lam, L=None):
+        shape, rate, hyper = lam
+        cache = np.concatenate([shape / rate, digamma(shape) - np.log(rate), (self.A / hyper)[:, None],
+                                (digamma(self.A) - np.log(hyper))[:, None]], axis=1)
+        return cache, self.kl(lam)
+
+    def cache_view(self, cache):
+        return cache
+
+    def prior_rows(self, lam):
+        cache, kl = self.cache_of(self.unpack(lam))
+        return np.array(lam, dtype=np.float64), cache, kl
+
+    def target(self, scale, sums):
+        K = self.K
+        return self.a + scale[:, None] * sums[:, :K], sums[:, K:2 * K]
+
+    def rescale(self, lam, r, check_floor: bool):
+        shape, rate, hyper = lam
+        eff = self.a + r[:, None] * (shape - self.a)
+        if check_floor:
+            bad = ~(eff > 0).all(axis=1)
+            eff[bad] = shape[bad]
+        return eff, rate, hyper
+
+    def plain_step(self, lam_eff, tgt, rho):
+        shape, rate, hyper = lam_eff
+        rc = (1.0 - rho)[:, None]
+        new_shape = rc * shape + rho[:, None] * tgt[0]
+        new_rate = rc * rate + rho[:, None] * tgt[1]
+        new_hyper = (1.0 - rho) * hyper + rho * (self.r0 + (new_shape / new_rate).sum(axis=1))
+        ok = (np.isfinite(new_shape).all(axis=1) & np.isfinite(new_rate).all(axis=1) & np.isfinite(new_hyper)
+              & (new_shape > 0).all(axis=1) & (new_rate > 0).all(axis=1) & (new_hyper > 0))
+        return (new_shape, new_rate, new_hyper), None, ~ok
+
+    def noisy_step(self, sums, scale, rho, lam_eff, tgt, tau):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lim = self.max_step(lam_eff, tgt)
+        rho_b = np.minimum(rho, tau * lim)
+        new, _, keep = self.plain_step(lam_eff, tgt, rho_b)
+        return new, keep, int(np.count_nonzero(rho_b < rho))
+
+    def sqdist(self, a, b) -> float:
+        return float(np.sum((a[0] - b[0]) ** 2) + np.sum((a[1] - b[1]) ** 2))
 
 
 def _positive(doc, default):
@@ -206,8 +316,8 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
                                   "them out"),
     }
     #: the coordinate blocks in the order of one sweep (module docs, (2)–(5))
-    blocks = (("user_shape", "user_rate"), ("user_act_rate",), ("item_shape", "item_rate"),
-              ("item_pop_rate",))
+    blocks = (("user_shape", "user_rate"), ("user_hyper",), ("item_shape", "item_rate"),
+              ("item_hyper",))
     scoring_methods = ("recommend", "predict_rate", "predictive_logpdf")
     # annealing kinds: none and svi+, for it is neither Tempered nor RandomRestart (φ could be
     # tempered; the step in the adapter below does not do it yet)
@@ -227,7 +337,7 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             "item": (self.beta_shape, self.popularity_shape + K * self.beta_shape,
                      self.popularity_shape / self.popularity_mean, self.popularity_mean),
         }
-        self._index = {"user": _RowIndex(), "item": _RowIndex()}
+        self._index = {"user": RowIndex(), "item": RowIndex()}
 
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in self.settings}
@@ -276,67 +386,106 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         """The top of the hierarchy in λ's layout: shapes a (c), rates b' (d') = E[ξ] (E[η]) and the
         activity (popularity) rates a'/b' (c'/d'). The coordinate targets depend on λ: :meth:`prior_like`."""
         out = {}
-        for side, n, act in (("user", n_users, "user_act_rate"), ("item", n_items, "item_pop_rate")):
+        for side, n, act in (("user", n_users, "user_hyper"), ("item", n_items, "item_hyper")):
             a, _, r0, rate0 = self._side[side]
             out[f"{side}_shape"] = np.full((n, self.n_factors), a)
             out[f"{side}_rate"] = np.full((n, self.n_factors), rate0)
             out[act] = np.full(n, r0)
         return NatParams({k: out[k] for k in _NAMES})
 
-    def _init_rows(self, seed, side, ids):
-        """(shape, rate, act_rate) of new rows: hashed random shapes, the prior mean rate."""
-        a, A, r0, rate0 = self._side[side]
-        z = _hashed_normals(seed, side, ids, self.n_factors)
-        shape = a * np.exp(self.init_scale * z)
-        rate = np.full_like(shape, rate0)
-        act = r0 + self._mean(shape, rate).sum(axis=1)      # (3)/(5) at the initial row
-        return shape, rate, act
-
-    def init_state(self, rng, x, n_total):
-        """λ with one row per user and item of ``x`` (first-appearance order) and ``aux``."""
-        x = self.check_batch(x)
-        seed = int(rng.integers(0, 2**63))
-        aux = {"seed": seed, "users": [], "items": []}
-        lam = {}
-        for side in ("user", "item"):
-            _, new, grown = self._index[side].lookup([], getattr(x, side))
-            aux[f"{side}s"] = grown
-            shape, rate, act = self._init_rows(seed, side, new)
-            lam[f"{side}_shape"], lam[f"{side}_rate"] = shape, rate
-            lam[f"{side}_{'act' if side == 'user' else 'pop'}_rate"] = act
-            for c in ("n", "t", "N"):
-                aux[f"{side}_{c}"] = np.zeros(len(new))
-        lam = NatParams({k: lam[k] for k in _NAMES})
-        aux["theta_total"] = self._mean(lam["user_shape"], lam["user_rate"]).sum(axis=0)
-        aux["beta_total"] = self._mean(lam["item_shape"], lam["item_rate"]).sum(axis=0)
-        if self.remember_rated:
-            aux["rated"] = np.zeros((0, 2), dtype=np.int64)
-        return lam, aux
-
     def init_params(self, rng, x, n_total) -> NatParams:
-        return self.init_state(rng, x, n_total)[0]
+        """Not for HPF: its initial state (λ and aux together) comes from the engine's row storage."""
+        raise TypeError("an HPF state (λ and its aux) is made by the engine's row storage: "
+                        "use SVI(model, n_total).init(x)")
 
     def check_state(self, lam, aux) -> None:
         """Raise ``ValueError`` unless (λ, aux) is a consistent HPF state of this model."""
         if set(lam) != set(_NAMES):
             raise ValueError(f"HPF parameters must be {sorted(_NAMES)}, got {sorted(lam)}")
-        need = {"seed", "users", "items", "theta_total", "beta_total"} | set(_ROW_KEYS)
+        need = {"seed", "users", "items"} | set(_ROW_KEYS)
         if not isinstance(aux, Mapping) or not need <= set(aux):
             missing = sorted(need - set(aux or {}))
             raise ValueError(f"an HPF state needs aux with {missing}")
         K = self.n_factors
-        for side, act in (("user", "user_act_rate"), ("item", "item_pop_rate")):
+        for side in ("user", "item"):
             n = len(aux[f"{side}s"])
-            for nm, shp in ((f"{side}_shape", (n, K)), (f"{side}_rate", (n, K)), (act, (n,))):
-                if np.shape(lam[nm]) != shp:
-                    raise ValueError(f"HPF {nm} has shape {np.shape(lam[nm])}, expected {shp} for {n} "
-                                     f"{side}s and K={K}")
-            for c in ("n", "t", "N"):
+            for nm, shp in ((f"{side}_shape", (n, K)), (f"{side}_rate", (n, K)), (f"{side}_hyper", (n,)),
+                            (f"{side}_moments", (n, 2 * K + 2))):
+                got = np.shape(aux[nm] if nm.endswith("moments") else lam[nm])
+                if got != shp:
+                    raise ValueError(f"HPF {nm} has shape {got}, expected {shp} for {n} {side}s and K={K}")
+            for c in ("n", "t", "N", "kl"):
                 if np.shape(aux[f"{side}_{c}"]) != (n,):
                     raise ValueError(f"aux {side}_{c} must have {n} entries, got {np.shape(aux[f'{side}_{c}'])}")
-        for nm in ("theta_total", "beta_total"):
-            if np.shape(aux[nm]) != (K,):
-                raise ValueError(f"aux {nm} must have K={K} entries, got {np.shape(aux[nm])}")
+
+    # ------------------------------------------------------------ row blocks (streamsvi.models.blocks)
+    @cached_property
+    def row_blocks(self) -> tuple:
+        """Users and items, keyed by id: Gamma rows with their hierarchy (:class:`HierarchicalGammaRows`)."""
+        return tuple(RowBlock(side, HierarchicalGammaRows(self.n_factors, *self._side[side]),
+                              counts=self.row_counts) for side in ("user", "item"))
+
+    #: users from the current items, then items from the new users (module docs, (1)–(5))
+    sweep_order = ("user", "item")
+    pair_blocks = ("user", "item")
+
+    @property
+    def pair_log(self):
+        """The name of the seen (user row, item row) log in ``aux`` (``remember_rated``), or None."""
+        return "rated" if self.remember_rated else None
+
+    def init_row_values(self) -> dict:
+        return {}
+
+    def row_keys(self, x) -> dict:
+        return {"user": x.user, "item": x.item}
+
+    def new_rows(self, seed, side, ids) -> np.ndarray:
+        """λ (flat: shape, rate, hyper rate) of new rows: hashed random shapes (``init_scale``), the
+        prior mean rate b' (d'), and the hyper rate at its coordinate optimum (3) / (5)."""
+        a, _, r0, rate0 = self._side[side]
+        shape = a * np.exp(self.init_scale * _hashed_normals(seed, side, ids, self.n_factors))
+        rate = np.full_like(shape, rate0)
+        hyper = r0 + self._mean(shape, rate).sum(axis=1)
+        return np.concatenate([shape, rate, hyper[:, None]], axis=1)
+
+    def begin_batch(self, x, plain: dict, rows: dict) -> dict:
+        return {"y": x.rating, "rows": rows}
+
+    def _batch_phi(self, ctx, caches):
+        K = self.n_factors
+        return self._phi(caches["user"][:, K:2 * K][ctx["rows"]["user"]],
+                         caches["item"][:, K:2 * K][ctx["rows"]["item"]])
+
+    def batch_loglik(self, ctx, caches) -> float:
+        """Σ_r [y_r log Σ_k exp(E log θ_uk + E log β_ik) − log y_r!] at the touched rows' moments."""
+        _, lse = self._batch_phi(ctx, caches)
+        return float(np.sum(self.local_elbo_terms(ctx["y"], lse)))
+
+    def global_loglik(self, ctx, caches) -> float:
+        """−Σ_k Θ_k B_k: −E[θ_uᵀβ_i] summed over every (user, item) pair, zeros included."""
+        K = self.n_factors
+        return -float(caches.totals["user"][:K] @ caches.totals["item"][:K])
+
+    def block_stats(self, side, ctx, caches, weights) -> RowStats:
+        """Per touched row of ``side``: Σ_r w_r y_r φ_r (φ at the current moments of both sides) and,
+        in the rate part, the record-free rate target E[ξ_u] + Σ_i E[β_i] (every item row:
+        ``caches.totals``). See :class:`HierarchicalGammaRows` for why the rate part is there."""
+        K = self.n_factors
+        other = "item" if side == "user" else "user"
+        phi, _ = self._batch_phi(ctx, caches)
+        t = ctx["y"][:, None] * phi
+        inv = ctx["rows"][side]
+        n = len(caches[side])
+        sums = np.zeros((n, 2 * K))
+        sums[:, :K] = _row_sums(inv, t, n)
+        sums_w = sums.copy()
+        if weights is not None:
+            sums_w[:, :K] = _row_sums(inv, np.asarray(weights, dtype=np.float64)[:, None] * t, n)
+        sums_w[:, K:] = caches[side][:, 2 * K][:, None] + caches.totals[other][:K][None, :]
+        counts = np.bincount(inv, minlength=n)
+        sq = _row_sums(inv, np.einsum("rk,rk->r", t, t)[:, None], n)[:, 0]
+        return RowStats(np.arange(n), sums_w, sums, counts, sq)
 
     def in_domain(self, lam) -> bool:
         return lam.all_finite() and all(bool(np.all(np.asarray(lam[k]) > 0)) for k in _NAMES)
@@ -380,8 +529,8 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         nu, ni = local["shape"]
         K = self.n_factors
         return NatParams(user_shape=_row_sums(local["urows"], t, nu), user_rate=np.zeros((nu, K)),
-                         user_act_rate=np.zeros(nu), item_shape=_row_sums(local["irows"], t, ni),
-                         item_rate=np.zeros((ni, K)), item_pop_rate=np.zeros(ni))
+                         user_hyper=np.zeros(nu), item_shape=_row_sums(local["irows"], t, ni),
+                         item_rate=np.zeros((ni, K)), item_hyper=np.zeros(ni))
 
     def prior_like(self, lam) -> NatParams:
         """The part of each block's coordinate target that no record carries, at λ.
@@ -393,7 +542,7 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         """
         out = {}
         Em = {s: self._mean(lam[f"{s}_shape"], lam[f"{s}_rate"]) for s in ("user", "item")}
-        for side, other, act in (("user", "item", "user_act_rate"), ("item", "user", "item_pop_rate")):
+        for side, other, act in (("user", "item", "user_hyper"), ("item", "user", "item_hyper")):
             a, A, r0, _ = self._side[side]
             out[f"{side}_shape"] = np.full_like(Em[side], a)
             out[f"{side}_rate"] = self._act_mean(side, lam[act])[:, None] + Em[other].sum(axis=0)[None, :]
@@ -401,22 +550,14 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         return NatParams({k: out[k] for k in _NAMES})
 
     # ------------------------------------------------------------ ELBO
-    def _row_kl(self, side, shape, rate, act_rate) -> np.ndarray:
-        """−(E log p − E log q) of each row's (ξ or η, and its K Gammas): the row's KL term."""
-        a, A, r0, _ = self._side[side]
-        a0 = self.activity_shape if side == "user" else self.popularity_shape
-        Ex, Elx = A / act_rate, digamma(A) - np.log(act_rate)
-        lp_x = a0 * np.log(r0) - gammaln(a0) + (a0 - 1) * Elx - r0 * Ex
-        lq_x = A * np.log(act_rate) - gammaln(A) + (A - 1) * Elx - act_rate * Ex
-        Et, Elt = self._mean(shape, rate), self._elog(shape, rate)
-        lp_t = a * Elx[:, None] - gammaln(a) + (a - 1) * Elt - Ex[:, None] * Et
-        lq_t = shape * np.log(rate) - gammaln(shape) + (shape - 1) * Elt - rate * Et
-        return (lq_x - lp_x) + (lq_t - lp_t).sum(axis=1)
+    def _row_kl(self, side, shape, rate, hyper_rate) -> np.ndarray:
+        """The KL term of each row (its Gammas and its ξ or η): :meth:`HierarchicalGammaRows.kl`."""
+        return self.row_blocks[0 if side == "user" else 1].family.kl((shape, rate, hyper_rate))
 
     def global_elbo(self, lam) -> float:
         """Σ_rows −KL − Σ_k Θ_k B_k (the prior terms and the all-pairs −E[θᵀβ])."""
         kl = sum(float(np.sum(self._row_kl(s, lam[f"{s}_shape"], lam[f"{s}_rate"], lam[act])))
-                 for s, act in (("user", "user_act_rate"), ("item", "item_pop_rate")))
+                 for s, act in (("user", "user_hyper"), ("item", "item_hyper")))
         Th = self._mean(lam["user_shape"], lam["user_rate"]).sum(axis=0)
         B = self._mean(lam["item_shape"], lam["item_rate"]).sum(axis=0)
         return -kl - float(Th @ B)
@@ -505,145 +646,6 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             raise ValueError("HPF scoring needs aux=state.aux (the id→row maps of the state); "
                              "streamsvi.load(...) passes it")
         return aux
-
-    # ------------------------------------------------------------ the update
-    def svi_step(self, lam, aux, x, *, weights, n_total, records_before, schedule, step,
-                 boundary_fraction, effective_batch_size=None):
-        """One SVI / SVI+ sweep on the rows ``x`` touches (module docs); see :class:`_RowStep`."""
-        return _RowStep(self).run(lam, aux, x, weights=weights, n_total=n_total,
-                                  records_before=records_before, schedule=schedule,
-                                  boundary_fraction=boundary_fraction,
-                                  effective_batch_size=effective_batch_size)
-
-
-# ====================================================================================
-# ADAPTER: the global step of HPF, until the engine owns it (issue 24, "one step").
-#
-# Everything below applies λ ← (1 − ρ_i) λ + ρ_i λ̂ to growing rows with per-row clocks,
-# per-row counts and the fraction-to-boundary rule: the engine's job once its row storage
-# (blocks API, branch ``step``) exists. The model's part is above: φ (local_step), the
-# additive statistics (suffstats), the record-free targets (prior_like) and the ELBO.
-# Storage here is plain arrays copied on every update (cost O(rows); fine for catalogues
-# of 10⁴–10⁵ rows, and what the engine's row log will replace).
-# ====================================================================================
-
-class _RowStep:
-    """One users-then-items sweep of HPF on the touched rows (module docs, "one update")."""
-
-    def __init__(self, model: HPF):
-        self.m = model
-
-    def run(self, lam, aux, x, *, weights, n_total, records_before, schedule, boundary_fraction,
-            effective_batch_size):
-        m = self.m
-        if aux is None:
-            raise ValueError("an HPF state needs aux; start it with SVI.init")
-        x = m.check_batch(x)
-        m.check_state(lam, aux)
-        S = len(x)
-        M = float(S if effective_batch_size is None else effective_batch_size)
-        R = records_before + S
-        new_aux = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in aux.items()}
-        arr = {k: np.array(lam[k], dtype=np.float64) for k in _NAMES}
-        rows, added = {}, {}
-        for side in ("user", "item"):
-            r, new, grown = m._index[side].lookup(aux[f"{side}s"], getattr(x, side))
-            rows[side], added[side] = r, len(new)
-            new_aux[f"{side}s"] = grown
-            if new:                                 # new rows at their (hashed) initial values
-                shape, rate, act = m._init_rows(aux["seed"], side, new)
-                act_key = "user_act_rate" if side == "user" else "item_pop_rate"
-                arr[f"{side}_shape"] = np.concatenate([arr[f"{side}_shape"], shape])
-                arr[f"{side}_rate"] = np.concatenate([arr[f"{side}_rate"], rate])
-                arr[act_key] = np.concatenate([arr[act_key], act])
-                for c in ("n", "t", "N"):
-                    new_aux[f"{side}_{c}"] = np.concatenate([new_aux[f"{side}_{c}"], np.zeros(len(new))])
-                tot = "theta_total" if side == "user" else "beta_total"
-                new_aux[tot] = new_aux[tot] + m._mean(shape, rate).sum(axis=0)
-        y = x.rating
-        report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
-
-        # φ at the old λ (new rows at their initial values) and the ELBO there
-        elog_i = m._elog(arr["item_shape"], arr["item_rate"])
-        phi, lse = m._phi(m._elog(arr["user_shape"], arr["user_rate"])[rows["user"]], elog_i[rows["item"]])
-        kl = sum(float(np.sum(m._row_kl(s, arr[f"{s}_shape"], arr[f"{s}_rate"], arr[a])))
-                 for s, a in (("user", "user_act_rate"), ("item", "item_pop_rate")))
-        elbo = (-kl - float(new_aux["theta_total"] @ new_aux["beta_total"])
-                + (n_total / S) * float(np.sum(m.local_elbo_terms(y, lse))))
-
-        ctx = (weights, y, n_total, R, M, S, schedule, boundary_fraction, report)
-        self._side("user", "item", rows, phi, arr, new_aux, *ctx)
-        phi, _ = m._phi(m._elog(arr["user_shape"], arr["user_rate"])[rows["user"]], elog_i[rows["item"]])
-        self._side("item", "user", rows, phi, arr, new_aux, *ctx)
-        if m.remember_rated:
-            new_aux["rated"] = np.concatenate([np.asarray(aux["rated"], dtype=np.int64).reshape(-1, 2),
-                                               np.stack([rows["user"], rows["item"]], axis=1)])
-        return {"lam": NatParams({k: arr[k] for k in _NAMES}), "aux": new_aux, "elbo": elbo,
-                "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
-                "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
-
-    def _side(self, side, other, rows, phi, arr, aux, weights, y, n_total, R, M, S, schedule, tau, report):
-        """Step the touched rows of ``side`` ((2)+(3) for users, (4)+(5) for items), in place."""
-        m = self.m
-        a, A, r0, _ = m._side[side]
-        act_key = "user_act_rate" if side == "user" else "item_pop_rate"
-        tot_key, other_tot = ("theta_total", "beta_total") if side == "user" else ("beta_total", "theta_total")
-        n_rows = len(arr[act_key])
-        mark = np.zeros(n_rows, dtype=bool)
-        mark[rows[side]] = True
-        uniq = np.flatnonzero(mark)
-        pos = np.empty(n_rows, dtype=np.int64)
-        pos[uniq] = np.arange(len(uniq))
-        inv = pos[rows[side]]                         # record → touched-row index
-        t = y[:, None] * phi
-        sums = _row_sums(inv, t, len(uniq))
-        sums_w = sums if weights is None else _row_sums(inv, weights[:, None] * t, len(uniq))
-        counts = np.bincount(inv, minlength=len(uniq)).astype(np.float64)
-
-        n_new = aux[f"{side}_n"][uniq] + counts
-        t_new = aux[f"{side}_t"][uniq] + 1
-        N_old = aux[f"{side}_N"][uniq]
-        N_new = n_total * n_new / R if m.row_counts == "scaled" else n_new.copy()
-        scale = N_new / counts
-        shape_old, rate_old, act_old = arr[f"{side}_shape"][uniq], arr[f"{side}_rate"][uniq], arr[act_key][uniq]
-        # the old data part of the shape, rescaled to the row's new count (PMF's rule)
-        ratio = np.where(N_old > 0, N_new / np.where(N_old > 0, N_old, 1.0), 1.0)
-        shape_eff = a + ratio[:, None] * (shape_old - a)
-        bad = ~np.all(shape_eff > 0, axis=1)          # only after SVI+ (a negative data part)
-        shape_eff[bad] = shape_old[bad]
-        tgt_shape = a + scale[:, None] * sums_w
-        tgt_rate = m._act_mean(side, act_old)[:, None] + aux[other_tot][None, :]
-        # ρ per row from its own clock (the schedule once per distinct clock value)
-        vals, idx = np.unique(t_new, return_inverse=True)
-        rho = np.array([schedule(int(v)) for v in vals])[idx]
-        if weights is not None:                       # fraction-to-boundary on the shapes, per row
-            report["domain_blocks"] += len(uniq)
-            d = tgt_shape - shape_eff
-            with np.errstate(divide="ignore", invalid="ignore"):
-                lim = np.where(d < 0, -shape_eff / d, np.inf).min(axis=1)
-            short = rho > tau * lim
-            rho = np.where(short, tau * lim, rho)
-            report["domain_clipped"] += int(np.count_nonzero(short))
-        rc = (1.0 - rho)[:, None]
-        new_shape = rc * shape_eff + rho[:, None] * tgt_shape
-        new_rate = rc * rate_old + rho[:, None] * tgt_rate
-        E_old = m._mean(shape_old, rate_old)
-        E_new = m._mean(new_shape, new_rate)
-        new_act = (1.0 - rho) * act_old + rho * (r0 + E_new.sum(axis=1))
-        report["grad_norm_sq"] += float(np.sum((tgt_shape - shape_eff) ** 2) + np.sum((tgt_rate - rate_old) ** 2))
-        arr[f"{side}_shape"][uniq], arr[f"{side}_rate"][uniq], arr[act_key][uniq] = new_shape, new_rate, new_act
-        aux[f"{side}_n"][uniq], aux[f"{side}_t"][uniq], aux[f"{side}_N"][uniq] = n_new, t_new, N_new
-        if len(uniq) == n_rows:                       # every row touched: sum the total again (exact)
-            aux[tot_key] = m._mean(arr[f"{side}_shape"], arr[f"{side}_rate"]).sum(axis=0)
-        else:                                         # the running total (module docs)
-            aux[tot_key] = aux[tot_key] + (E_new - E_old).sum(axis=0)
-        # metric: Σ_i N_i² tr Σ̂_i / M_i, M_i = |S_i| M/|S|, from the per-record statistics y φ
-        sq = _row_sums(inv, np.einsum("rk,rk->r", t, t)[:, None], len(uniq))[:, 0]
-        mean = sums / counts[:, None]
-        tr = np.where(counts > 1, (sq - counts * np.einsum("ik,ik->i", mean, mean))
-                      / np.maximum(counts - 1, 1), 0.0)
-        report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
-
 
 def sample_counts(n_users=30, n_items=20, K=2, seed=7) -> Ratings:
     """A small count data set from HPF's own generative model (θ, β ~ Gamma(0.8, 1)): the non-zero

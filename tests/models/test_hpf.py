@@ -89,7 +89,7 @@ def test_elbo_matches_monte_carlo():
     n = 20_000
     total = np.zeros(n)
     draws = {}
-    for side, act, a, a0, m0 in (("user", "user_act_rate", 0.7, 0.5, 2.0), ("item", "item_pop_rate", 0.4, 0.9, 0.5)):
+    for side, act, a, a0, m0 in (("user", "user_hyper", 0.7, 0.5, 2.0), ("item", "item_hyper", 0.4, 0.9, 0.5)):
         shp, rte, arate = lam[f"{side}_shape"], lam[f"{side}_rate"], lam[act]
         A = a0 + 2 * a
         xi = rng.gamma(A, 1.0 / arate, size=(n,) + arate.shape)
@@ -108,8 +108,8 @@ def test_elbo_matches_monte_carlo():
 
 
 def test_running_totals_match_the_rows():
-    """Σ_u E[θ_u] and Σ_i E[β_i] kept by differences over 60 minibatch steps (new ids arriving)
-    equal the sums over the rows to 1e-10 relative."""
+    """Σ_u E[θ_u] and Σ_i E[β_i], kept by the engine's row storage by differences over 60
+    minibatch steps (new ids arriving), equal the sums over the rows to 1e-10 relative."""
     x = hpf_counts(n_users=60, n_items=40, seed=2)
     model = HPF(n_factors=3)
     engine = SVI(model, n_total=len(x), schedule=RobbinsMonro(tau0=1.0, kappa=0.7))
@@ -119,8 +119,17 @@ def test_running_totals_match_the_rows():
         state, _ = engine.update(state, x[np.sort(rng.choice(len(x), 50, replace=False))])
     lam, aux = state.lam, state.aux
     assert len(aux["users"]) == 60
-    np.testing.assert_allclose(aux["theta_total"], (lam["user_shape"] / lam["user_rate"]).sum(0), rtol=1e-10)
-    np.testing.assert_allclose(aux["beta_total"], (lam["item_shape"] / lam["item_rate"]).sum(0), rtol=1e-10)
+    K = model.n_factors
+    np.testing.assert_allclose(aux["user_total"][:K], (lam["user_shape"] / lam["user_rate"]).sum(0), rtol=1e-10)
+    np.testing.assert_allclose(aux["item_total"][:K], (lam["item_shape"] / lam["item_rate"]).sum(0), rtol=1e-10)
+    # and they are what the step uses: with ρ = 1 a one-record batch sets the user's rate to
+    # E[ξ_u] + Σ_i E[β_i] over every item row
+    one = x[np.array([5])]
+    new, _ = SVI(model, n_total=len(x), schedule=Constant(1.0)).update(state, one)
+    r = model.rows_of(aux, "user", one.user)[0]
+    expected = (model.activity_shape + K * model.theta_shape) / lam["user_hyper"][r] \
+        + (lam["item_shape"] / lam["item_rate"]).sum(0)
+    np.testing.assert_allclose(new.lam["user_rate"][r], expected, rtol=1e-10)
 
 
 def test_rate_target_counts_every_item_not_only_the_batch():
@@ -135,7 +144,7 @@ def test_rate_target_counts_every_item_not_only_the_batch():
     r = model.rows_of(state.aux, "user", one.user)[0]
     lam = state.lam
     B = (lam["item_shape"] / lam["item_rate"]).sum(0)
-    expected = (model.activity_shape + 2 * model.theta_shape) / lam["user_act_rate"][r] + B
+    expected = (model.activity_shape + 2 * model.theta_shape) / lam["user_hyper"][r] + B
     np.testing.assert_allclose(new.lam["user_rate"][r], expected, rtol=1e-14)
     # untouched users keep their λ
     others = np.setdiff1d(np.arange(len(state.aux["users"])), [r])
