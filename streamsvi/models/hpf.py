@@ -20,9 +20,9 @@ complete conditional is Gamma or multinomial (the paper's eqs. 5–8).
 Variational family (mean field, the paper's eq. 9 and Fig. 5)::
 
     q(θ_uk) = Gamma(γ^shp_uk, γ^rte_uk)     ``user_shape``, ``user_rate``  (U, K)
-    q(ξ_u)  = Gamma(a' + K a, κ^rte_u)      ``user_hyper``              (U,)
+    q(ξ_u)  = Gamma(a' + K a, κ^rte_u)      ``user_hyper``                 (U,)
     q(β_ik) = Gamma(λ^shp_ik, λ^rte_ik)     ``item_shape``, ``item_rate``  (I, K)
-    q(η_i)  = Gamma(c' + K c, τ^rte_i)      ``item_hyper``              (I,)
+    q(η_i)  = Gamma(c' + K c, τ^rte_i)      ``item_hyper``                 (I,)
     q(z_ui) = Mult(y_ui, φ_ui)              local, one per non-zero count
 
 The shapes of ξ and η are constants of the model (a' + K a, c' + K c), so only
@@ -48,23 +48,30 @@ rates are not: Σ_i E[β_ik] in (2) runs over **every** item, because every
 pair (u, i), observed or not, is a Poisson draw, and a zero count still
 pushes θ_u down through the −θ_uᵀβ_i term of its likelihood. No minibatch
 of non-zero records can estimate that sum, but it does not depend on the
-user, so the stream keeps it as two running totals in ``aux``::
+user, so the stream keeps it as two running totals::
 
-    B_k = Σ_{item rows i} E_q[β_ik]       ``beta_total``    (K,)
-    Θ_k = Σ_{user rows u} E_q[θ_uk]       ``theta_total``   (K,)
+    B_k = Σ_{item rows i} E_q[β_ik]       the first K of ``caches.totals["item"]``
+    Θ_k = Σ_{user rows u} E_q[θ_uk]       the first K of ``caches.totals["user"]``
 
 and the rate targets of (2) and (4) are E[ξ_u] + B and E[η_i] + Θ, exact
-(not sampled) for the items (users) seen so far. A totals costs K numbers,
-and keeping it costs only the touched rows: a new row adds its initial
-E[·], an updated row adds E_new − E_old. When a batch touches every row of
-a side (batch VI, small data sets) the total is summed again from the rows,
-which also clears rounding drift (the test checks drift stays < 1e-10
-relative otherwise). An item never seen in the stream is not in B: on a
-fixed data set every item is in after the first epoch; on an open stream B
-covers the catalogue seen so far, which is what a stream can know.
+(not sampled) for the items (users) seen so far. The engine's row storage
+keeps the totals (``streamsvi.inference.blocks.RowCaches``; the family
+declares ``keeps_total``): a total costs K numbers, and keeping it costs
+only the touched rows: a new row adds its initial E[·], an updated row adds
+E_new − E_old, and the state carries it (``aux["user_total"]``), so a
+resumed snapshot continues bit for bit. When a batch touches every row of a
+side (batch VI, small data sets) the total is summed again from the rows,
+which also clears rounding drift (tested: < 1e-10 relative after 60
+minibatch steps otherwise). An item never seen in the stream is not in B:
+on a fixed data set every item is in after the first epoch; on an open
+stream B covers the catalogue seen so far, which is what a stream can know.
 
-One update (``svi_step`` via the adapter at the end of the module) on a
-minibatch S of records touches the users S_u and items S_i in it. It is a
+The step is the engine's (``streamsvi.inference.blocks.row_update`` and
+``step_rows``); this file declares two row blocks, ``user`` and ``item``, of
+the family :class:`HierarchicalGammaRows`, and writes the math: φ, the
+statistics per touched row (``block_stats``: :class:`RowStats`, values that
+add), the record-free part of the rate target, the ELBO terms. One update
+on a minibatch S of records touches the users S_u and items S_i in it. It is a
 block coordinate sweep, users first, like PMF's: φ (1) at the current λ,
 then users (2), (3); φ again at the new users, then items (4), (5). For a
 touched row, with n_u its records seen so far (this batch included), R the
@@ -94,8 +101,9 @@ The ELBO (``UpdateInfo.elbo``, at λ before the update)::
         + Σ_u { E log p(ξ_u) − E log q(ξ_u) + Σ_k [E log p(θ_uk | ξ_u) − E log q(θ_uk)] }
         + Σ_i { the same for η_i, β_i }
 
-(the first line is the φ-maximised local term). In batch mode it is the
-exact ELBO of the data.
+(the first line is the φ-maximised local term: ``batch_loglik``; the
+second ``global_loglik`` from the totals; the rest is the rows' KL, cached
+per row by the family). In batch mode it is the exact ELBO of the data.
 
 Records. HPF uses the ratings record kind with the count in ``rating``
 rather than a kind of its own: the record is the same triple, so the JSON
@@ -320,7 +328,7 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
               ("item_hyper",))
     scoring_methods = ("recommend", "predict_rate", "predictive_logpdf")
     # annealing kinds: none and svi+, for it is neither Tempered nor RandomRestart (φ could be
-    # tempered; the step in the adapter below does not do it yet)
+    # tempered; not written yet)
 
     def __init__(self, n_factors: int = 10, theta_shape: float = 0.3, activity_shape: float = 0.3,
                  activity_mean: float = 1.0, beta_shape: float = 0.3, popularity_shape: float = 0.3,
@@ -496,7 +504,7 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         irows, new_i, _ = self._index["item"].lookup(aux["items"], x.item, grow=False)
         if new_u or new_i:
             raise ValueError(f"ids without a row: users {new_u[:5]}, items {new_i[:5]}; start the state "
-                             f"with init_state on these records or let svi_step add them")
+                             f"with SVI.init on these records, or let an update add them")
         return urows, irows
 
     @staticmethod
