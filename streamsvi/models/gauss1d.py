@@ -66,6 +66,7 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
     """
 
     name = "gauss1d"
+    record_kind = "dense"
     config_kinds = {"gauss1d": ConfigKind("1-D Gaussian mixture with known variance (the worked example)")}
     settings = {
         "n_components": Setting("int", 3, "K, mixture components", low=1, required=True),

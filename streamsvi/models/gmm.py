@@ -51,8 +51,8 @@ import numpy as np
 from scipy.special import digamma, gammaln, logsumexp, multigammaln
 
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, Mixture, NatParams, PairedStats, RandomRestart, StartsFromData, Tempered, check_matrix,
-                   segment_limit_pd, segment_limit_positive, temper_dirichlet)
+from .base import (ConjugateModel, Mixture, NatParams, PairedStats, RandomRestart, StartsFromData, Tempered,
+                   check_matrix, segment_limit_pd, segment_limit_positive, temper_dirichlet)
 from functools import cached_property
 
 from .base import NatParams, check_matrix
@@ -277,6 +277,7 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
     """
 
     name = "gmm"
+    record_kind = "dense"
     config_kinds = {
         "gmm": ConfigKind("Bayesian Gaussian mixture (Normal-Wishart components)"),
         "gmm_dp": ConfigKind("truncated Dirichlet-process mixture, pi ~ Dirichlet(alpha/K)",

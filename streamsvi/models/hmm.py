@@ -67,8 +67,8 @@ from scipy.special import digamma, gammaln, logsumexp
 
 from ..sequence_batch import Sequences
 from ..settings import ConfigKind, Setting
-from .base import (ConjugateModel, NatParams, PairedStats, RandomRestart, ScoresRecords, Tempered, segment_limit_positive,
-                   temper_dirichlet)
+from .base import (ConjugateModel, NatParams, PairedStats, RandomRestart, ScoresRecords, Tempered,
+                   segment_limit_positive, temper_dirichlet)
 from functools import cached_property
 
 from .base import NatParams

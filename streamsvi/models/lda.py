@@ -169,8 +169,8 @@ import scipy.sparse as sp
 from scipy.special import digamma, gammaln
 
 from ..settings import ConfigKind, Setting
-from .base import (ChecksState, ConjugateModel, NatParams, PairedStats, RandomRestart, RowWise, ScoresRecords, StoredScaled,
-                   Tempered, segment_limit_positive, temper_dirichlet)
+from .base import (ChecksState, ConjugateModel, NatParams, PairedStats, RandomRestart, RowWise, ScoresRecords,
+                   StoredScaled, Tempered, segment_limit_positive, temper_dirichlet)
 
 try:
     from . import _ldakernel    # the compiled local step (setup.py; optional)

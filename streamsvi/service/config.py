@@ -649,16 +649,18 @@ def build_engine(cfg: dict, n_total: float, model=None):
         if covariance == "lowrank" and inf["rank"] is None:
             raise ConfigError("inference.rank: required with covariance = 'lowrank' (the columns of B in "
                               "diag + B B^T), e.g. rank = 10")
+        model = model if model is not None else build_model(cfg["model"])
         try:
-            return GradientVI(model if model is not None else build_model(cfg["model"]), n_total=n_total,
+            return GradientVI(model, n_total=n_total,
                               estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
                               quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
                               learning_rate=lr, optimizer=optimizer, covariance=covariance,
                               rank=inf["rank"])
         except ValueError as exc:
             raise ConfigError(f"inference: {exc}") from None
+    model = model if model is not None else build_model(cfg["model"])
     try:
-        return SVI(model if model is not None else build_model(cfg["model"]), n_total=n_total, schedule=schedule,
+        return SVI(model, n_total=n_total, schedule=schedule,
                    effective_batch_size=inf["effective_batch_size"],
                    effective_fraction=inf["effective_fraction"],
                    boundary_fraction=inf["boundary_fraction"], short_batches="svi",
