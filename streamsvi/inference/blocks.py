@@ -73,7 +73,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..models.base import NatParams
+from ..models.base import NatParams, RowWise
 from ..models.blocks import RowIndex, blocks_in_domain, blocks_max_step
 
 __all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_init", "row_stores",
@@ -251,8 +251,8 @@ class RowCaches(dict):
     (local order), and ``totals``: block -> Σ of the cache over **every** row of the block.
 
     The engine keeps both current through the sweep: after a block's step its touched rows'
-    cache is rewritten in place and its total moves by their difference (summed again from the
-    rows when the batch touches every row of the block, which also clears rounding drift). A
+    cache is rewritten and its total moves by their difference (summed again from the rows when
+    the batch touches every row of the block, which also clears rounding drift). A
     model whose step needs an all-rows sum (Poisson factorisation's rate: Σ_i E[β_i] over every
     item, the zero counts) reads it here at the cost of the touched rows.
     """
@@ -607,8 +607,10 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
     M = float(S if effective_batch_size is None else effective_batch_size)
     R = records_before + S
     ctx = model.begin_batch(x, plain, inv)
-    caches = RowCaches({b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()},
-                       {b: _total_with(sides[b], work[b], fmts[b], glob[b]) for b in work})
+    totals = {b: _total_with(sides[b], work[b], fmts[b], glob[b]) for b in work}
+
+    def caches():                          # the touched rows' cached moments, as they are now, and the totals
+        return RowCaches({b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}, totals)
     report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
     # the ELBO at the old λ (new rows at their initial values)
@@ -619,25 +621,27 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
         if new:
             kl_all = np.concatenate([kl_all, work[name][len(uniq) - len(new):, fmts[name].kl]])
         kl += float(np.sum(kl_all))
-    elbo = -kl + model.global_loglik(ctx, caches) + (n_total / S) * model.batch_loglik(ctx, caches)
+    elbo = -kl + (n_total / S) * model.batch_loglik(ctx, caches())
+    if isinstance(model, RowWise):          # the term no record carries (RowWise.global_loglik)
+        elbo += model.global_loglik(ctx, caches())
 
     check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
     if weights is not None:
         plain["svi_plus_seen"] = True
     blocks = {b.name: b for b in model.row_blocks}
     for name in model.sweep_order:
-        stats = model.block_stats(name, ctx, caches, weights)
+        stats = model.block_stats(name, ctx, caches(), weights)
         fmt, W = fmts[name], work[name]
         before = W[:, fmt.cache].sum(axis=0)
         step_rows(blocks[name], fmt, W, stats, weighted=weights is not None,
                   n_total=n_total, R=R, M=M, S=S, schedule=schedule, tau=tau, check_floor=check_floor,
                   report=report)
         if len(W) == len(sides[name]) + len(glob[name][2]):     # every row touched: sum them again
-            caches.totals[name] = W[:, fmt.cache].sum(axis=0)
+            totals[name] = W[:, fmt.cache].sum(axis=0)
         else:
-            caches.totals[name] = caches.totals[name] + (W[:, fmt.cache].sum(axis=0) - before)
+            totals[name] = totals[name] + (W[:, fmt.cache].sum(axis=0) - before)
     # publish: nothing above wrote to a log, so a failure before here leaves no trace
-    new_sides = {name: sides[name].with_records(glob[name][0], work[name], fmts[name], caches.totals[name])
+    new_sides = {name: sides[name].with_records(glob[name][0], work[name], fmts[name], totals[name])
                  for name in sides}
     if pairs is not None:
         a, b = model.pair_blocks

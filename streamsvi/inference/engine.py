@@ -16,46 +16,47 @@ set it to the population size α of population variational Bayes (McInerney,
 Ranganath & Blei 2015): the size of the data set the posterior should
 represent. Larger α makes the posterior more confident.
 
+Parameter blocks (:mod:`streamsvi.models.blocks`, :mod:`~streamsvi.inference.blocks`).
+λ is a set of blocks, each an exponential family with a storage; the model
+returns statistics and the engine makes the one step.
+
 Keeping λ in its domain. SVI+ weights can be negative, and then λ̂_t may lie
 outside the natural-parameter domain (a negative Dirichlet count, a Wishart
 scale that is not positive definite). The domain is convex and the current λ
 is inside it, so the segment from λ towards λ̂_t leaves it at some s_max > 0,
-computed in closed form per block of parameters by the model
-(``max_step``). Each block takes the step ``min(ρ_t, τ · s_max)`` with
-τ = ``boundary_fraction`` (the fraction-to-boundary rule of interior-point
-methods): the same natural-gradient direction, never longer than the
-schedule's step, never closer to the boundary than a fraction 1 − τ of the
-way. Blocks far from the boundary keep ρ_t; the step is continuous in s_max.
-The number of shortened blocks is in ``UpdateInfo.domain_clipped``. The check
-costs one membership test per update (the closed-form limits only when it
-fails), and only when some weight is negative: with non-negative weights
-(SVI, batch VI) λ̂_t is always inside and nothing is checked.
+computed in closed form per block by the block's family (``max_step``; a dense
+model lists its blocks in ``param_blocks``). Each block takes the step
+``min(ρ_t, τ · s_max)`` with τ = ``boundary_fraction`` (the fraction-to-boundary
+rule of interior-point methods): the same natural-gradient direction, never
+longer than the schedule's step, never closer to the boundary than a fraction
+1 − τ of the way. Blocks far from the boundary keep ρ_t; the step is continuous
+in s_max. The number of shortened blocks is in ``UpdateInfo.domain_clipped``.
+The check costs one membership test per update (the closed-form limits only
+when it fails), and only when some weight is negative: with non-negative
+weights (SVI, batch VI) λ̂_t is always inside and nothing is checked.
 
-Row-wise models. A model whose global parameters are many rows that a
-minibatch touches only partly, and that grow as new ids appear (PMF: one
-Gaussian per user and per item), provides ``init_state(rng, x, n_total) ->
-(λ, aux)`` and ``svi_step(lam, aux, x, **context) -> dict``. :meth:`SVI.update`
-then draws the SVI+ weights exactly as above (same random stream, same
-M) and hands them, with ρ's schedule, N, the step and τ, to ``svi_step``,
-which applies the natural-gradient step to the touched rows only (with its
-own per-row N_i, ρ_i and rule for keeping λ in its domain; see the model's docs)
-and returns the new ``lam`` and ``aux`` and the metrics of
-:class:`UpdateInfo` (with ``checked_finite: True`` when it has already made
-sure the new λ is finite, so the engine skips its own pass over λ). LDA uses
-the same path to write only the columns of the words a batch holds (its
-module docs, "Sparse global step"); its step equals the dense update above.
-Every other model never reaches that path.
+Row blocks. A model whose global parameters are rows keyed by id, which a
+minibatch touches only partly and which grow as new ids appear (PMF: one
+Gaussian per user and per item), declares ``row_blocks`` and the row hooks
+(:mod:`streamsvi.models.blocks`). :meth:`SVI.init` makes the rows of the first
+batch's ids and :meth:`SVI.update` draws the SVI+ weights exactly as above
+(same random stream, same M) and makes the row step of
+:func:`~streamsvi.inference.blocks.row_update` on the touched rows only, with
+per-row N_i, ρ_i and the family's domain rule; the state's ``aux`` holds the
+id→row maps and per-row counters. LDA still makes its own sparse step
+(``svi_step``, its module docs, "Sparse global step"), which equals the dense
+update above; every other model never reaches that path.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
-(detAVI: local step at temperature T_t and the target tempered by
-``model.temper``) or stochastic (stochAVI: the target mixed with a fresh
+(detAVI: local step at temperature T_t and the target tempered block by
+block, each family's ``temper``) or stochastic (stochAVI: the target mixed with a fresh
 ``model.random_init`` at weight ρ_t, drawn from the state's random stream).
 The level is a pure function of t; ``UpdateInfo.elbo`` stays the untempered
-ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A row-wise model
-makes its own step, so it declares the kinds it supports (``annealing_kinds``;
+ELBO. ``effective_batch_size=M`` is ``annealer=SVIPlus(M)``. A model of row
+blocks or with its own step declares the kinds it supports (``annealing_kinds``;
 PMF: none and svi+; LDA: all four). For a deterministic or stochastic annealer
-``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
+LDA's ``svi_step`` receives ``temperature`` T_t, ``restart_weight`` ρ_t and
 ``restart_rng``: a generator at the state's random stream (after the SVI+
 draws) when ρ_t > 0, else None, so η_t comes from the same draws as on the
 dense path and nothing is drawn when ρ_t = 0.
@@ -98,9 +99,9 @@ class EngineState:
     docs), so an LDA state passed to ``update`` must not be used afterwards
     (it is unchanged when ``update`` raises).
 
-    ``aux`` is model-owned state beside λ, for row-wise models (see "Row-wise
-    models" in the module docs; PMF keeps its id→row maps and per-row counts
-    there): None for every other model. A dict whose values are JSON values
+    ``aux`` is state beside λ for row blocks (see "Row blocks" in the module
+    docs: the id→row maps and per-row counts) and LDA's scaled storage: None
+    for every other model. A dict whose values are JSON values
     or numpy arrays; it is never modified in place (an update returns a new
     dict), and :mod:`~streamsvi.inference.state` saves it without pickle.
     """
@@ -373,7 +374,7 @@ class SVI:
         exposed so that the noise of λ'_t can be studied on its own. ``t`` is
         the step the target is for (default ``state.step + 1``). Under
         deterministic annealing the local step runs at T_t and the target is
-        ``model.temper(λ̂, T_t)``; under stochastic annealing it is
+        λ̂ tempered block by block (each family's ``temper``); under stochastic annealing it is
         (1 − ρ_t) λ̂ + ρ_t η_t with η_t = ``model.random_init`` drawn from the
         state's random stream (nothing is drawn when ρ_t = 0).
         """

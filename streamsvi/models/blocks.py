@@ -154,6 +154,13 @@ class Family:
     Subclasses set ``fields`` (the array names inside the block, e.g. ``("h", "prec")``
     for a row family whose λ arrays are ``<block>_h``, ``<block>_prec``) where that
     matters, and implement the methods below on tuples of arrays.
+
+    A family used in a :class:`RowBlock` (the engine's row storage) also provides
+    ``n_lam``, ``n_cache``, ``cache_name``, ``unpack(flat)``, ``pack(arrays, out)``,
+    ``cache_view(cache)``, ``prior_rows(init)``, ``target(scale, sums)``,
+    ``rescale(lam, r, check_floor)``, ``plain_step(lam_eff, tgt, rho)``,
+    ``noisy_step(sums, scale, rho, lam_eff, tgt, tau)``, ``cache_of(lam, L)`` and
+    ``sqdist(a, b)``; :class:`GaussianRows` and :class:`GammaRows` document them.
     """
 
     fields: tuple = ()
@@ -485,6 +492,10 @@ class GammaRows(Family):
     def unpack(self, flat):
         K = self.K
         return flat[:, :K], flat[:, K:2 * K]
+
+    def cache_view(self, cache):
+        """The cached moments as the model reads them: (k, 2K), E[x] then E[log x]."""
+        return cache
 
     def in_domain(self, arrays) -> bool:
         return _finite(arrays) and all(bool(np.all(a > 0)) for a in arrays)

@@ -102,16 +102,24 @@ Per-row counters ``*_n`` (ratings), ``*_t`` (updates), ``*_N`` (last N_i)
 and, with ``remember_rated``, the rated (user row, item row) pairs (for
 top-k without already-rated items) are numpy arrays in ``aux``.
 
+Who does what (the block API, ``streamsvi.models.blocks``). Users and items
+are two row blocks (``row_blocks``) of the family
+:class:`~streamsvi.models.blocks.GaussianRows`, which owns the precision floor,
+the rescaling of a row's data part and the symmetric SVI+ step above. The
+engine's row storage (:mod:`streamsvi.inference.blocks`) owns N_i, ρ_i, the
+per-row clocks and counters, new rows and the step; this module writes the
+math only: the statistics t_r of a block given the other block's moments
+(``block_stats``), the batch's expected log-likelihood (``batch_loglik``) and
+the initial rows (``new_rows``).
+
 Storage. A state made by an update does not hold those arrays (nor λ's) as
-such: each side's rows live in an append-only log of records shared by a
-lineage of states, and a state sees row r at ``log[where[r]]``; an update
-appends the records of the rows it touched and copies only ``where``, so its
-cost follows the rows the batch touches, not the rows the model has (see
-"row storage" below). ``state.lam`` (a NatParams) and ``state.aux`` (a
-read-only mapping) gather the full arrays on first access; snapshots hold
-plain arrays, and ``svi_step`` accepts plain arrays too (copying them into
-new logs once). Entries a state can see are never written again, so every
-state stays as it was (also while a later update runs in another thread).
+such: each side's rows live in the engine's append-only log of records shared
+by a lineage of states, so an update's cost follows the rows the batch
+touches, not the rows the model has. ``state.lam`` (a NatParams) and
+``state.aux`` (a read-only mapping) gather the full arrays on first access;
+snapshots hold plain arrays, and an update accepts plain arrays too (copying
+them into new logs once). Entries a state can see are never written again, so
+every state stays as it was (also while a later update runs in another thread).
 
 Metrics (``UpdateInfo``): ``elbo`` is L_t = Σ_rows −KL(q‖p) + (N/|S|) Σ_{r∈S}
 E_q[log p(y_r | u, v)] at λ before the update (new rows at their initial
