@@ -110,9 +110,9 @@ rather than a kind of its own: the record is the same triple, so the JSON
 and binary codecs, the id rules (42 ≡ "42"), the dead-letter reasons and
 the validator (``[validation] min_rating = 0``) all carry over, and a new
 kind would have been 4–7 more files for no new information. ``check_batch``
-refuses counts that are negative or non-finite (the daemon's validator
-dead-letters them first: an hpf config must set ``[validation] min_rating
->= 0``). A non-integer count (a play fraction, a dwell time) is accepted:
+refuses counts that are negative or non-finite; in the daemon the ratings
+kind's validator dead-letters them first (``out_of_range``, ``non_finite``):
+the class's ``min_rating = 0`` is a floor no config can lower. A non-integer count (a play fraction, a dwell time) is accepted:
 every update above is defined for real y ≥ 0, and log y! is lgamma(y + 1).
 
 Scoring: :meth:`HPF.recommend` ranks items by the posterior mean rate
@@ -305,8 +305,11 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
 
     name = "hpf"
     record_kind = "ratings"
+    #: counts are >= 0: the ratings kind's validator dead-letters a negative count (out_of_range)
+    #: whatever ``[validation] min_rating`` says, so no record can fail an update
+    min_rating = 0.0
     config_kinds = {"hpf": ConfigKind("hierarchical Poisson factorisation of (user, item, count) records "
-                                      "(the count in 'rating'; set [validation] min_rating = 0)")}
+                                      "(the count in 'rating')")}
     settings = {
         "n_factors": Setting("int", 10, "K, the number of latent factors", low=1),
         "theta_shape": _positive("a: theta_uk ~ Gamma(a, xi_u)", 0.3),

@@ -275,6 +275,8 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
 
     name = "pmf"
     record_kind = "ratings"
+    #: the smallest rating a record may carry (a floor for the ratings kind's validator): none
+    min_rating = None
     config_kinds = {"pmf": ConfigKind("probabilistic matrix factorisation of (user, item, rating) records")}
     settings = {
         "n_factors": Setting("int", 10, "d, the rank of the factorisation", low=1),

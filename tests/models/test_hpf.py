@@ -257,3 +257,17 @@ def test_example_config_validates():
     assert out.returncode == 0, out.stderr
     cfg = json.loads(out.stdout)
     assert cfg["model"]["kind"] == "hpf" and cfg["model"]["n_factors"] == 20
+
+
+def test_negative_counts_are_dead_lettered_whatever_the_config_says():
+    """The class's min_rating = 0 is a floor for the ratings kind's validator: a config without
+    [validation] min_rating (or with a lower one) still dead-letters a negative count, so no record
+    can make an update raise (a crash loop)."""
+    from streamsvi.io.records import record_kind
+
+    x = Ratings(["a", "b", "c"], ["m", "m", "n"], [2.0, -1.0, 0.0])
+    for options in ({}, {"min_rating": -5.0}, {"min_rating": 1.0}):
+        v = record_kind(HPF()).make_validator(HPF(), options)
+        good, bad = v.validate(x)
+        assert (1, "out_of_range") in [(i, r) for i, r, _ in bad]
+    assert len(record_kind(HPF()).make_validator(HPF(), {}).validate(x)[0]) == 2
