@@ -369,6 +369,10 @@ class RowAux(Mapping):
         self._row_keys = tuple(f"{b}_{c}" for b, fmt in fmts.items() for c in _row_columns(fmt))
         self._keys = tuple(plain) + self._row_keys + ((pair_name,) if pairs is not None else ())
 
+    def family_of(self, block):
+        """The family whose records this aux's ``block`` rows hold."""
+        return self._fmts[block].family
+
     def consistent_with(self, lam) -> bool:
         """Whether ``lam`` is the λ made together with this aux (same logs, same lengths)."""
         return (isinstance(lam, RowParams) and all(

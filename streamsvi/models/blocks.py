@@ -169,7 +169,12 @@ class Family:
     #: reads the totals as ``caches.totals`` (``streamsvi.inference.blocks.RowCaches``)
     keeps_total: bool = False
 
-    def in_domain(self, arrays) -> bool:  # pragma: no cover - interface
+    def in_domain(self, arrays) -> bool:
+        """Finite and inside the family's domain."""
+        return _finite(arrays) and self.in_domain_finite(arrays)
+
+    def in_domain_finite(self, arrays) -> bool:  # pragma: no cover - interface
+        """:meth:`in_domain` for arrays already known to be finite (the engine checks all of λ at once)."""
         raise NotImplementedError
 
     def max_step(self, cur, tgt) -> np.ndarray:  # pragma: no cover - interface
@@ -200,8 +205,8 @@ class Dirichlet(Family):
             raise ValueError(f"per must be 'row' or 'entry', got {per!r}")
         self.per = per
 
-    def in_domain(self, arrays) -> bool:
-        return _finite(arrays) and all(bool(np.all(a > 0)) for a in arrays)
+    def in_domain_finite(self, arrays) -> bool:
+        return all(bool(np.all(a > 0)) for a in arrays)
 
     def max_step(self, cur, tgt) -> np.ndarray:
         (a,), (b,) = cur, tgt
@@ -242,9 +247,9 @@ class NormalWishart(Family):
         A[:, D, D] = beta
         return A
 
-    def in_domain(self, arrays) -> bool:
+    def in_domain_finite(self, arrays) -> bool:
         beta, beta_m, Psi, nu = arrays
-        if not _finite(arrays) or np.any(nu <= self.D - 1):
+        if np.any(nu <= self.D - 1):
             return False
         try:
             np.linalg.cholesky(self.joint(beta, beta_m, Psi))
@@ -264,8 +269,8 @@ class NormalWishart(Family):
 class Gaussian1D(Family):
     """K scalar Gaussians as natural parameters (η1, η2) = (m/s², −1/(2 s²)); domain η2 < 0."""
 
-    def in_domain(self, arrays) -> bool:
-        return _finite(arrays) and bool(np.all(arrays[1] < 0))
+    def in_domain_finite(self, arrays) -> bool:
+        return bool(np.all(arrays[1] < 0))
 
     def max_step(self, cur, tgt) -> np.ndarray:
         return segment_limit_positive(-cur[1], -tgt[1])
@@ -318,10 +323,8 @@ class GaussianRows(Family):
         return cache.reshape(-1, D + 1, D + 1)
 
     # -- domain
-    def in_domain(self, arrays) -> bool:
+    def in_domain_finite(self, arrays) -> bool:
         h, P = arrays
-        if not _finite(arrays):
-            return False
         if len(P) == 0:
             return True
         return bool((np.linalg.eigvalsh(0.5 * (P + np.swapaxes(P, 1, 2)))[:, 0] > 0).all())
@@ -497,8 +500,8 @@ class GammaRows(Family):
         """The cached moments as the model reads them: (k, 2K), E[x] then E[log x]."""
         return cache
 
-    def in_domain(self, arrays) -> bool:
-        return _finite(arrays) and all(bool(np.all(a > 0)) for a in arrays)
+    def in_domain_finite(self, arrays) -> bool:
+        return all(bool(np.all(a > 0)) for a in arrays)
 
     def max_step(self, cur, tgt) -> np.ndarray:
         return np.minimum(segment_limit_positive(cur[0], tgt[0]).min(axis=-1),
@@ -592,12 +595,12 @@ class RowBlock:
 
 
 def _block_arrays(lam, block):
-    return tuple(lam[n] for n in block.names)
+    return [lam[n] for n in block.names]
 
 
 def blocks_in_domain(blocks, lam) -> bool:
-    """Every dense block's arrays in its family's domain."""
-    return all(b.family.in_domain(_block_arrays(lam, b)) for b in blocks)
+    """Every dense block's arrays in its family's domain (λ's finiteness checked once, on its buffer)."""
+    return lam.all_finite() and all(b.family.in_domain_finite(_block_arrays(lam, b)) for b in blocks)
 
 
 def blocks_max_step(blocks, lam, target) -> list:

@@ -916,16 +916,6 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
                 - (0.5 * D) * (b0 * s_ib + s_logb))
 
     # -------------------------------------------------------------- domain
-    def _block(self, p: NatParams) -> np.ndarray:
-        """[[Psi_k, beta_m_k], [beta_m_kᵀ, beta_k]]: PD iff β_k > 0 and W_k⁻¹ ≻ 0."""
-        K, D = self.n_components, self.n_features
-        A = np.empty((K, D + 1, D + 1))
-        A[:, :D, :D] = p["Psi"]
-        A[:, :D, D] = p["beta_m"]
-        A[:, D, :D] = p["beta_m"]
-        A[:, D, D] = p["beta"]
-        return A
-
     def in_domain(self, lam: NatParams) -> bool:
         """True when λ is a valid Dirichlet × Normal-Wishart natural parameter."""
         return blocks_in_domain(self.param_blocks, lam)

@@ -515,7 +515,7 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
                 raise ValueError("aux rating_sum must be finite and rating_count >= 0")
         D = self.dim
         consistent = getattr(aux, "consistent_with", None)
-        if consistent is not None and consistent(lam) and lam["user_h"].shape[1:] == (D,):
+        if consistent is not None and consistent(lam) and all(aux.family_of(s).D == D for s in ("user", "item")):
             return                            # made by the engine's row storage: consistent by construction
         for side in ("user", "item"):
             n = len(aux[f"{side}s"])
@@ -670,14 +670,9 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             loc["Eu"][loc["urows"]], Q[loc["irows"]], a[loc["irows"]], y)))
 
     # ------------------------------------------------------------ domain
-    @staticmethod
-    def _pd(P) -> np.ndarray:
-        if len(P) == 0:
-            return np.zeros(0, dtype=bool)
-        return np.linalg.eigvalsh(0.5 * (P + np.swapaxes(P, 1, 2)))[:, 0] > 0
-
     def in_domain(self, lam) -> bool:
-        return lam.all_finite() and bool(self._pd(lam["user_prec"]).all() and self._pd(lam["item_prec"]).all())
+        """Every user and item row a valid Gaussian (finite, Λ ≻ 0): the family's test per block."""
+        return all(self.family.in_domain((lam[f"{b}_h"], lam[f"{b}_prec"])) for b in ("user", "item"))
 
     # ------------------------------------------------------------ scoring
     def rows_of(self, aux, side: str, ids) -> np.ndarray:
