@@ -133,8 +133,8 @@ class Annealer:
             why = ""
             if self.kind in ("deterministic", "stochastic") and getattr(model, "row_blocks", None):
                 why = (" (this kind tempers or restarts local latent assignments q(z) and their "
-                       "global counts; a row-wise model whose global rows are its only latent "
-                       "variables has none)")
+                       "global counts; a row-wise model applies its own step, and this one's step "
+                       "does not temper or restart)")
             raise ValueError(
                 f"annealing kind {self.kind!r} is not defined for model {model.name!r}: it declares "
                 f"annealing_kinds {list(kinds)}{why}; use kind {' or '.join(repr(k) for k in kinds)}")

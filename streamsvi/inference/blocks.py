@@ -73,7 +73,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..models.base import NatParams
+from ..models.base import NatParams, RowWise
 from ..models.blocks import RowIndex, blocks_in_domain, blocks_max_step
 
 __all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_init", "row_stores",
@@ -179,13 +179,14 @@ class _Log:
 class RowStorage:
     """One block's rows in one state: row r's record is ``log.buf[where[r]]`` (never modified)."""
 
-    __slots__ = ("log", "where", "end", "kl", "finite")
+    __slots__ = ("log", "where", "end", "kl", "finite", "total")
 
-    def __init__(self, log, where, end, kl, finite=None):
+    def __init__(self, log, where, end, kl, finite=None, total=None):
         where.flags.writeable = kl.flags.writeable = False
         self.log, self.where, self.end = log, where, int(end)
         self.kl = kl                  # the KL column again, contiguous (the ELBO sums it every update)
         self.finite = finite          # λ columns all finite: True/False, None = not yet known
+        self.total = total            # Σ over every row of the family's cache (running; ``RowCaches``)
 
     @classmethod
     def from_records(cls, rec, fmt: RowFormat) -> "RowStorage":
@@ -193,7 +194,8 @@ class RowStorage:
         buf = np.empty((2 * n + 256, W))
         buf[:n] = rec
         finite = bool(np.isfinite(rec[:, :fmt.n_lam]).all())
-        return cls(_Log(buf, n), np.arange(n, dtype=np.int64), n, rec[:, fmt.kl].copy(), finite)
+        return cls(_Log(buf, n), np.arange(n, dtype=np.int64), n, rec[:, fmt.kl].copy(), finite,
+                   rec[:, fmt.cache].sum(axis=0))
 
     def __len__(self):
         return len(self.where)
@@ -211,10 +213,11 @@ class RowStorage:
             self.finite = bool(np.isfinite(self.log.buf[self.where, :n_lam_cols]).all())
         return self.finite
 
-    def with_records(self, rows, rec, fmt: RowFormat) -> "RowStorage":
+    def with_records(self, rows, rec, fmt: RowFormat, total=None) -> "RowStorage":
         """The successor whose ``rows`` (sorted, unique; rows ≥ len(self) are new) have the records ``rec``.
 
-        Every new row must be among ``rows``. ``self`` is unchanged.
+        Every new row must be among ``rows``. ``self`` is unchanged. ``total``: the successor's
+        Σ of the cache over every row (``row_update`` keeps it; default: computed again).
         """
         k, n_old = len(rows), len(self.where)
         n_new = n_old if k == 0 else max(n_old, int(rows[-1]) + 1)
@@ -232,11 +235,31 @@ class RowStorage:
             where = np.empty(n_new, dtype=np.int64)
             where[:n_old] = self.where
             where[rows] = np.arange(pos, pos + k)
-            return RowStorage(log, where, pos + k, kl, finite)
-        buf = np.empty((4 * n_new + 4 * k + 1024, log.buf.shape[1]))   # compact into a new log
-        buf[:n_old] = log.buf[self.where]
-        buf[rows] = rec
-        return RowStorage(_Log(buf, n_new), np.arange(n_new, dtype=np.int64), n_new, kl, finite)
+            out = RowStorage(log, where, pos + k, kl, finite, total)
+        else:
+            buf = np.empty((4 * n_new + 4 * k + 1024, log.buf.shape[1]))   # compact into a new log
+            buf[:n_old] = log.buf[self.where]
+            buf[rows] = rec
+            out = RowStorage(_Log(buf, n_new), np.arange(n_new, dtype=np.int64), n_new, kl, finite, total)
+        if total is None:
+            out.total = out.column(fmt.cache).sum(axis=0)
+        return out
+
+
+class RowCaches(dict):
+    """``caches`` of a row-wise update: block -> the family's cached moments of the touched rows
+    (local order), and ``totals``: block -> Σ of the cache over **every** row of the block.
+
+    The engine keeps both current through the sweep: after a block's step its touched rows'
+    cache is rewritten and its total moves by their difference (summed again from the rows when
+    the batch touches every row of the block, which also clears rounding drift). A
+    model whose step needs an all-rows sum (Poisson factorisation's rate: Σ_i E[β_i] over every
+    item, the zero counts) reads it here at the cost of the touched rows.
+    """
+
+    def __init__(self, caches, totals):
+        super().__init__(caches)
+        self.totals = totals
 
 
 def _pairs_append(log, end, pairs):
@@ -343,8 +366,7 @@ class RowAux(Mapping):
         self._plain, self._sides, self._fmts = plain, sides, fmts
         self._pairs, self._pair_name = pairs, pair_name
         self._cache = {}
-        self._row_keys = tuple(f"{b}_{c}" for b, fmt in fmts.items()
-                               for c in ("n", "t", "N", "kl", fmt.family.cache_name))
+        self._row_keys = tuple(f"{b}_{c}" for b, fmt in fmts.items() for c in _row_columns(fmt))
         self._keys = tuple(plain) + self._row_keys + ((pair_name,) if pairs is not None else ())
 
     def family_of(self, block):
@@ -371,6 +393,8 @@ class RowAux(Mapping):
             rows, fmt = self._sides[block], self._fmts[block]
             if c == "kl":
                 a = rows.kl
+            elif c == "total":
+                a = np.array(rows.total if rows.total is not None else rows.column(fmt.cache).sum(axis=0))
             elif c in ("n", "t", "N"):
                 a = rows.column(getattr(fmt, c))
                 if c in ("n", "t"):
@@ -396,6 +420,11 @@ class RowAux(Mapping):
         return "RowAux(" + ", ".join(f"{b}s={len(self._plain[b + 's'])}" for b in self._sides) + ")"
 
 
+def _row_columns(fmt) -> tuple:
+    """The per-block keys of a row-wise aux: counters, KL, the cache (and its total, when kept)."""
+    return ("n", "t", "N", "kl", fmt.family.cache_name) + (("total",) if fmt.family.keeps_total else ())
+
+
 def _formats(cache: dict, model) -> dict:
     """{block: RowFormat} of ``model``, kept in the engine's ``cache`` (the blocks are fixed per model)."""
     fm = cache.get("formats")
@@ -419,6 +448,15 @@ def _new_records(model, fmt, seed, block, ids) -> np.ndarray:
     rec[:, fmt.cache] = cache
     rec[:, fmt.kl] = kl
     return rec
+
+
+def _total_with(store, W, fmt, glob) -> np.ndarray:
+    """Σ of the cache over the block's rows, new rows (the tail of ``W``) included."""
+    uniq, _, new = glob
+    total = store.total if store.total is not None else store.column(fmt.cache).sum(axis=0)
+    if new:
+        total = total + W[len(uniq) - len(new):, fmt.cache].sum(axis=0)
+    return total
 
 
 def row_init(model, cache: dict, rng, x):
@@ -464,12 +502,14 @@ def row_stores(model, lam, aux, cache=None):
         for c in ("kl", "N", "n", "t"):
             rec[:, getattr(fmt, c)] = aux[f"{name}_{c}"]
         sides[name] = RowStorage.from_records(rec, fmt)
+        if fmt.family.keeps_total and f"{name}_total" in aux:   # the running total, as the state had it
+            sides[name].total = np.array(aux[f"{name}_total"], dtype=np.float64).reshape(fmt.family.n_cache)
     pairs = None
     pname = model.pair_log
     if pname:
         old = np.asarray(aux[pname], dtype=np.int64).reshape(-1, 2) if pname in aux else None
         pairs = (None, 0) if old is None or len(old) == 0 else _pairs_append(None, 0, old)
-    row_keys = {f"{b}_{c}" for b, fmt in fmts.items() for c in ("n", "t", "N", "kl", fmt.family.cache_name)}
+    row_keys = {f"{b}_{c}" for b, fmt in fmts.items() for c in _row_columns(fmt)}
     plain = {k: v for k, v in aux.items() if k not in row_keys and k != pname}
     return sides, pairs, plain
 
@@ -571,9 +611,10 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
     M = float(S if effective_batch_size is None else effective_batch_size)
     R = records_before + S
     ctx = model.begin_batch(x, plain, inv)
+    totals = {b: _total_with(sides[b], work[b], fmts[b], glob[b]) for b in work}
 
-    def caches():                          # the touched rows' cached moments, as they are now
-        return {b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}
+    def caches():                          # the touched rows' cached moments, as they are now, and the totals
+        return RowCaches({b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}, totals)
     report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
     # the ELBO at the old λ (new rows at their initial values)
@@ -585,6 +626,8 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
             kl_all = np.concatenate([kl_all, work[name][len(uniq) - len(new):, fmts[name].kl]])
         kl += float(np.sum(kl_all))
     elbo = -kl + (n_total / S) * model.batch_loglik(ctx, caches())
+    if isinstance(model, RowWise):          # the term no record carries (RowWise.global_loglik)
+        elbo += model.global_loglik(ctx, caches())
 
     check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
     if weights is not None:
@@ -592,11 +635,18 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
     blocks = {b.name: b for b in model.row_blocks}
     for name in model.sweep_order:
         stats = model.block_stats(name, ctx, caches(), weights)
-        step_rows(blocks[name], fmts[name], work[name], stats, weighted=weights is not None,
+        fmt, W = fmts[name], work[name]
+        before = W[:, fmt.cache].sum(axis=0)
+        step_rows(blocks[name], fmt, W, stats, weighted=weights is not None,
                   n_total=n_total, R=R, M=M, S=S, schedule=schedule, tau=tau, check_floor=check_floor,
                   report=report)
+        if len(W) == len(sides[name]) + len(glob[name][2]):     # every row touched: sum them again
+            totals[name] = W[:, fmt.cache].sum(axis=0)
+        else:
+            totals[name] = totals[name] + (W[:, fmt.cache].sum(axis=0) - before)
     # publish: nothing above wrote to a log, so a failure before here leaves no trace
-    new_sides = {name: sides[name].with_records(glob[name][0], work[name], fmts[name]) for name in sides}
+    new_sides = {name: sides[name].with_records(glob[name][0], work[name], fmts[name], totals[name])
+                 for name in sides}
     if pairs is not None:
         a, b = model.pair_blocks
         pairs = _pairs_append(pairs[0], pairs[1], np.stack([glob[a][1], glob[b][1]], axis=1))

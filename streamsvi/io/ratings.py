@@ -311,7 +311,12 @@ class RatingsKind(RecordKind):
         raise ValueError(f"codec for ratings must be one of {list(self.codec_names)}, got {name!r}")
 
     def make_validator(self, model, options):
-        return RatingsValidator(min_rating=options.get("min_rating"), max_rating=options.get("max_rating"),
+        """The validator of ``[validation]``; a model's own ``min_rating`` (HPF: counts >= 0) is a
+        floor no config can lower, so such records are dead-lettered rather than failing an update."""
+        lo, floor = options.get("min_rating"), model.min_rating
+        if floor is not None:
+            lo = floor if lo is None else max(lo, floor)
+        return RatingsValidator(min_rating=lo, max_rating=options.get("max_rating"),
                                 max_abs=options.get("max_abs", 1e12),
                                 max_message_bytes=options.get("max_message_bytes", 1_048_576))
 

@@ -12,6 +12,7 @@ from .gmm import BayesianGMM
 from .hmm import DiscreteHMM
 from .lda import LDA
 from .pmf import PMF
+from .hpf import HPF
 from ..ratings_batch import Ratings
 from .logistic import BayesianLogisticRegression, CorrelatedGaussianTarget, SoftmaxRegression
 
@@ -22,6 +23,7 @@ MODELS = {cls.name: cls for cls in (
     DiscreteHMM,
     LDA,
     PMF,
+    HPF,
     BayesianLogisticRegression,         # the non-conjugate models (the gradient path,
     SoftmaxRegression,                  # streamsvi.models.nonconjugate)
     CorrelatedGaussianTarget,
@@ -46,5 +48,5 @@ def model_to_dict(model) -> dict:
 __all__ = ["Model", "ConjugateModel", "GradientModel", "Tempered", "RandomRestart", "StartsFromData",
            "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "PairedStats",
            "CoordinateLoglik", "CONFIG_KINDS",
-           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]

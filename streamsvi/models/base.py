@@ -331,6 +331,12 @@ class RowWise:
     the model applies its own step (``svi_step``), so its statistics cannot travel as
     dense deltas (scale-out refuses it)."""
 
+    def global_loglik(self, ctx, caches) -> float:
+        """The part of E_q[log p(data)] no record of the batch carries, at the old λ (added to the
+        ELBO unscaled): 0 unless the model says otherwise (Poisson factorisation: −Σ_u Σ_i
+        E[θ_u]ᵀE[β_i] over every pair, from ``caches.totals``)."""
+        return 0.0
+
 
 class ChecksState:
     """A model whose state (λ, aux) has a layout of its own: ``check_state(lam, aux)``

@@ -164,6 +164,10 @@ class Family:
     """
 
     fields: tuple = ()
+    #: row families only: whether the engine's row storage keeps Σ over every row of the cache
+    #: in the state (``<block>_total`` in aux, so a resumed state continues bit for bit); a model
+    #: reads the totals as ``caches.totals`` (``streamsvi.inference.blocks.RowCaches``)
+    keeps_total: bool = False
 
     def in_domain(self, arrays) -> bool:
         """Finite and inside the family's domain."""

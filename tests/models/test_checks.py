@@ -311,7 +311,7 @@ def test_temperature_one_is_vi_bit_for_bit(anneal_case):
     model's tempered primitives at T = 1 return exactly the untempered values."""
     model, X = anneal_case
     if _refuses(model, "deterministic"):
-        with pytest.raises(ValueError, match="not defined for model 'pmf'"):
+        with pytest.raises(ValueError, match=f"not defined for model '{model.name}'"):
             SVI(model, n_total=len(X), annealer=Deterministic())
         return
     for schedule in (Constant(1.0), RobbinsMonro(tau0=2.0, kappa=0.6)):
