@@ -1,6 +1,6 @@
 """Models and record kinds are declared once, next to their code (issue 24, item 2).
 
-* no model-kind name in ``service/``, ``checkpoint.py``, ``scoring.py`` or ``cli.py`` beyond
+* no model-kind name in ``service/``, ``inference/``, ``checkpoint.py``, ``scoring.py`` or ``cli.py`` beyond
   registry look-ups, and no ``hasattr``/``getattr`` probe of a model there (AST scan);
 * every registered class carries its settings table, and its constructor's defaults are the
   table's; one validator and one message format for the constructor and the TOML;
@@ -19,7 +19,8 @@ from streamsvi.service.config import ConfigError, build_model, model_schema, val
 from streamsvi.settings import REQUIRED, Setting, SettingError, check_settings
 
 PKG = Path(__file__).resolve().parents[1] / "streamsvi"
-SCANNED = sorted([*PKG.glob("service/**/*.py"), PKG / "checkpoint.py", PKG / "scoring.py", PKG / "cli.py"])
+SCANNED = sorted([*PKG.glob("service/**/*.py"), *PKG.glob("inference/*.py"), PKG / "checkpoint.py",
+                  PKG / "scoring.py", PKG / "cli.py"])
 BASE = {"inference": {"n_total": 100.0}, "source": {"kind": "file", "path": "x.jsonl"},
         "checkpoint": {"directory": "c"}}
 

@@ -53,6 +53,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ..models.base import Model, RandomRestart, Tempered
+
 KINDS = ("none", "svi+", "deterministic", "stochastic")
 
 
@@ -66,10 +68,9 @@ def supported_kinds(model) -> tuple:
     four: its step is the engine's own, on the scaled-columns storage, which takes
     T_t, ρ_t and η_t from the same random stream as the dense path.
     """
-    kinds = getattr(model, "annealing_kinds", None)
-    if kinds is None:
-        kinds = ("none", "svi+") if getattr(model, "row_blocks", None) else KINDS
-    return tuple(kinds)
+    if isinstance(model, Model):
+        return tuple(model.annealing_kinds)
+    return ("none", "svi+") if model.row_blocks else KINDS
 
 
 def _number(name, v, lo=None, hi=None, lo_open=False, allow_none=False, integer=False):
@@ -131,18 +132,17 @@ class Annealer:
         kinds = supported_kinds(model)
         if self.kind not in kinds:
             why = ""
-            if self.kind in ("deterministic", "stochastic") and getattr(model, "row_blocks", None):
+            if self.kind in ("deterministic", "stochastic") and model.row_blocks:
                 why = (" (this kind tempers or restarts local latent assignments q(z) and their "
                        "global counts; a row-wise model applies its own step, and this one's step "
                        "does not temper or restart)")
             raise ValueError(
                 f"annealing kind {self.kind!r} is not defined for model {model.name!r}: it declares "
                 f"annealing_kinds {list(kinds)}{why}; use kind {' or '.join(repr(k) for k in kinds)}")
-        if self.kind == "stochastic" and not hasattr(model, "random_init"):
+        if self.kind == "stochastic" and not isinstance(model, RandomRestart):
             raise ValueError(f"annealing kind 'stochastic' needs model.random_init; "
                              f"model {model.name!r} has none")
-        if self.kind == "deterministic" and not (getattr(model, "param_blocks", None)
-                                                  or hasattr(model, "temper")):
+        if self.kind == "deterministic" and not isinstance(model, Tempered):
             raise ValueError(f"annealing kind 'deterministic' needs the model's param_blocks "
                              f"(each family tempers its block) or model.temper; "
                              f"model {model.name!r} has none")

@@ -82,7 +82,7 @@ __all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_
 
 def is_rowwise(model) -> bool:
     """Whether ``model`` keeps growing rows keyed by id (declares ``row_blocks``)."""
-    return bool(getattr(model, "row_blocks", None))
+    return bool(model.row_blocks)
 
 
 # ====================================================================== dense

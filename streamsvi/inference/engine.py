@@ -96,6 +96,7 @@ import numpy as np
 from ..models.base import NatParams
 from ..models.blocks import blocks_temper
 from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
+from ..models.base import PairedStats, StartsFromData
 from .blocks import dense_step, is_rowwise, row_init, row_update
 from .schedules import Constant, RobbinsMonro, Schedule
 from .storage_columns import ScaledColumns
@@ -107,11 +108,11 @@ STORAGES = {"scaled_columns": ScaledColumns}
 
 def storage_for(model):
     """The storage object of ``model``'s declared ``global_storage``, or None (dense)."""
-    name = getattr(model, "global_storage", "dense")
+    name = "dense" if is_rowwise(model) else model.global_storage
     if name == "dense":
         return None
     if name not in STORAGES:
-        raise ValueError(f"model {getattr(model, 'name', model)!r} declares global_storage {name!r}; "
+        raise ValueError(f"model {model.name!r} declares global_storage {name!r}; "
                          f"known: {', '.join(['dense', *STORAGES])}")
     return STORAGES[name](model)
 
@@ -120,7 +121,7 @@ def owns_its_step(model) -> bool:
     """True when λ is not one dense ``NatParams`` stepped by :meth:`SVI.step_towards`
     (row blocks, or a declared storage such as LDA's scaled columns): such a model's
     update cannot be split into dense worker deltas yet (scale-out refuses it)."""
-    return is_rowwise(model) or getattr(model, "global_storage", "dense") != "dense"
+    return is_rowwise(model) or model.global_storage != "dense"
 
 
 @dataclass(frozen=True)
@@ -426,9 +427,8 @@ class SVI:
             model.local_step(state.lam, x, temperature=T)
         weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)
         if weights is not None:
-            pair = getattr(model, "suffstats_pair", None)
-            if pair is not None:
-                stats_w, stats = pair(local, x, weights)
+            if isinstance(model, PairedStats):
+                stats_w, stats = model.suffstats_pair(local, x, weights)
             else:
                 stats_w, stats = model.suffstats(local, x, weights), model.suffstats(local, x)
         else:
@@ -677,8 +677,8 @@ def start_records(model, batch_size: int, n_total: float) -> float:
     ``start_size(batch_size)`` if it declares one (the GMM: ``init_batches`` minibatches
     and at least 5·K·D records), else one minibatch; at most ``n_total`` = N. The daemon,
     the scale-out worker and the river face all hold their first minibatches to this."""
-    size = getattr(model, "start_size", None)
-    return min(size(batch_size) if size is not None else batch_size, n_total)
+    size = model.start_size(batch_size) if isinstance(model, StartsFromData) else batch_size
+    return min(size, n_total)
 
 
 def batch_vi(model, n_total) -> SVI:

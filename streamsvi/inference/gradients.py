@@ -110,7 +110,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..models.base import NatParams
+from ..models.base import CoordinateLoglik, NatParams
 from ..models.nonconjugate import COVARIANCE_KEYS, gauss_hermite, gaussian_kl, unit_lower_inverse
 from .engine import EngineState, UpdateInfo
 from .schedules import RobbinsMonro, Schedule, schedule_from_dict
@@ -317,9 +317,8 @@ class GradientVI:
         for s in range(S):
             w = mu + std * rng.standard_normal(P)
             nodes = mu[:, None] + std[:, None] * z[None, :]      # (P, K)
-            own = getattr(model, "loglik_coordinate", None)
-            if own is not None:
-                F = own(w, nodes, x)                             # (n, P, K)
+            if isinstance(model, CoordinateLoglik):
+                F = model.loglik_coordinate(w, nodes, x)         # (n, P, K)
             else:
                 F = self._coordinate_by_loglik(w, nodes, x)
             f = model.loglik(w[None, :], x)[0]                   # (n,)
@@ -333,8 +332,9 @@ class GradientVI:
         return GradientEstimate(g_mean / S, g_ls / S, f0)
 
     def _coordinate(self, w, nodes, x) -> np.ndarray:
-        own = getattr(self.model, "loglik_coordinate", None)
-        return own(w, nodes, x) if own is not None else self._coordinate_by_loglik(w, nodes, x)
+        if isinstance(self.model, CoordinateLoglik):
+            return self.model.loglik_coordinate(w, nodes, x)
+        return self._coordinate_by_loglik(w, nodes, x)
 
     def _full_parts(self, lam):
         """(μ, s, A, I − A, M = (I − A)⁻¹, L = M diag(s)) of a full-covariance q."""

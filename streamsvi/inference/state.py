@@ -33,6 +33,7 @@ import numpy as np
 
 from .._version import __version__
 from ..models import NatParams, model_from_dict, model_to_dict
+from ..models.base import ChecksState
 from .engine import SVI, EngineState
 from .gradients import GradientVI
 from .schedules import schedule_from_dict
@@ -80,7 +81,7 @@ def state_from_arrays(arrays) -> tuple[SVI, EngineState]:
         aux = dict(meta["aux"])
         aux.update({k[4:]: np.array(arrays[k]) for k in arrays if k.startswith("aux/")})
     check_state_shapes(model, lam, aux)
-    if hasattr(engine, "check_state"):             # GradientVI: λ must match its covariance setting
+    if isinstance(engine, GradientVI):             # λ must match its covariance setting
         engine.check_state(lam)
     state = EngineState(step=int(meta["step"]), lam=lam, rng_state=meta["rng_state"],
                         records_seen=int(meta["records_seen"]), aux=aux)
@@ -93,9 +94,8 @@ def check_state_shapes(model, lam, aux=None) -> None:
     The names and shapes of the model's prior, or the model's own
     ``check_state(lam, aux)`` for row-wise models whose λ grows.
     """
-    own = getattr(model, "check_state", None)
-    if own is not None:
-        own(lam, aux)
+    if isinstance(model, ChecksState):
+        model.check_state(lam, aux)
         return
     expected = set(model.prior())
     if set(lam) != expected:

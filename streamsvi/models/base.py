@@ -327,9 +327,9 @@ class CoordinateLoglik:
 
 
 class RowWise:
-    """λ (and ``aux``) grow with the data or are written only where a batch touches them:
-    the model applies its own step (``svi_step``), so its statistics cannot travel as
-    dense deltas (scale-out refuses it)."""
+    """λ (and ``aux``) grow with the data or are written only where a batch touches them
+    (``row_blocks``, or a declared ``global_storage``); the engine steps the touched rows or
+    columns only, so its statistics cannot travel as dense deltas yet (scale-out refuses it)."""
 
     def global_loglik(self, ctx, caches) -> float:
         """The part of E_q[log p(data)] no record of the batch carries, at the old λ (added to the
@@ -379,6 +379,11 @@ class Model(ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    #: How the engine stores and steps λ (``streamsvi.inference``): "dense" (one NatParams,
+    #: the blocks of ``param_blocks``), or a storage the model declares ("scaled_columns": LDA).
+    global_storage: ClassVar[str] = "dense"
+    #: Growing row blocks keyed by id (``streamsvi.models.blocks.RowBlock``): PMF, HPF.
+    row_blocks: ClassVar[tuple] = ()
     settings: ClassVar[dict[str, Setting]] = {}
     config_kinds: ClassVar[dict[str, ConfigKind]] = {}
     record_kind: ClassVar[str] = "dense"

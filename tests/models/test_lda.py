@@ -414,17 +414,16 @@ def test_accelerated_local_step_reaches_the_same_fixed_point():
 
 
 # ------------------------------------------------------------ the sparse global step
-class _DenseLDA:
-    """The same LDA driven through the engine's dense update (no declared ``global_storage``,
-    so the engine's own dense step on ``NatParams(topic_word=λ)``): the reference."""
+class _DenseLDAClass(LDA):
+    """LDA declaring the default storage: the engine's own dense step on
+    ``NatParams(topic_word=λ)``, the reference of the scaled-columns step."""
 
-    def __init__(self, model):
-        self._model = model
+    global_storage = "dense"
 
-    def __getattr__(self, name):
-        if name in ("global_storage", "check_state"):
-            raise AttributeError(name)
-        return getattr(self._model, name)
+
+def _DenseLDA(model):
+    """The same LDA (same settings) on the dense path."""
+    return _DenseLDAClass(**model.get_params())
 
 
 def _sparse_and_dense(model, X, steps, batch, **engine_kw):
