@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from streamsvi.checkpoint import load_snapshot
+from streamsvi.models import CONFIG_KINDS
 
 from .conftest import STREAMSVI, gmm_config, to_toml
 
@@ -29,7 +30,7 @@ BAD_CONFIGS = [
     (_with("inference", kappa=0.3), "inference.kappa: must be in (0.5, 1], got 0.3"),
     (_with("source", pattern="t.*"), "source: set exactly one of topics or pattern"),
     (_with("source", topics=None), "source: set exactly one of topics or pattern"),
-    (_with("model", kind="lsa"), "model.kind: expected one of gmm, gmm_dp, gauss1d, hmm, lda, pmf, hpf, logistic, softmax, got 'lsa'"),
+    (_with("model", kind="lsa"), f"model.kind: expected one of {', '.join(CONFIG_KINDS)}, got 'lsa'"),
     (_with("inference", batch_size="big"), "inference.batch_size: expected an integer, got 'big'"),
     (_with("inference", effective_batch_size=80.0),
      "inference.effective_batch_size: must be in (0, batch_size=50], got 80"),
@@ -43,8 +44,9 @@ BAD_CONFIGS = [
     # keys of another model kind (issue 16): refused, naming the key and the kind
     (_with("model", n_symbols=4), "model: setting(s) ['n_symbols'] do not apply to kind = 'gmm' "
                                   "(n_symbols is for hmm)"),
-    (_with("model", n_factors=2, accelerate=True), "do not apply to kind = 'gmm' (accelerate is for lda; "
-                                                   "n_factors is for pmf, hpf)"),
+    (_with("model", n_factors=2, accelerate=True),
+     "do not apply to kind = 'gmm' (accelerate is for lda; n_factors is for "
+     + ", ".join(k for k, cls in CONFIG_KINDS.items() if "n_factors" in cls.settings) + ")"),
     # Kafka security settings
     (_with("source", security_protocol="TLS"),
      "source.security_protocol: expected one of PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL, got 'TLS'"),
