@@ -35,6 +35,20 @@ def canonical_id(value, what: str = "id") -> str:
     raise ValueError(f"{what} id must be a string or an integer, got {type(value).__name__} {value!r}")
 
 
+def as_ratings(x, what: str) -> "Ratings":
+    """``x`` as :class:`Ratings` (or a mapping of user/item/rating columns), with at least one
+    record; ``ValueError`` naming ``what`` (e.g. "a PMF batch") otherwise."""
+    if not isinstance(x, Ratings):
+        try:
+            x = Ratings(x["user"], x["item"], x["rating"])
+        except (KeyError, TypeError, IndexError):
+            raise ValueError(f"{what} must be Ratings or have 'user', 'item' and 'rating' columns, "
+                             f"got {type(x).__name__}") from None
+    if len(x) == 0:
+        raise ValueError(f"{what} must hold at least one record, got 0")
+    return x
+
+
 class Ratings:
     """A minibatch of ratings: ``user`` and ``item`` ids and ``rating`` values.
 

@@ -394,6 +394,9 @@ class Model(ABC):
     def get_params(self) -> dict:
         """The constructor settings as JSON-serialisable values."""
 
+    def __repr__(self):
+        return f"{type(self).__name__}(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
+
     @abstractmethod
     def check_batch(self, x):
         """Validate and coerce a minibatch; ``ValueError`` saying what is wrong."""

@@ -708,3 +708,37 @@ class RowIndex:
         else:
             self._remember((grown, {k: r for r, k in enumerate(grown)}, [len(grown)]))
         return rows, list(new), grown
+
+
+def top_unseen(rows_of, aux, user, k, exclude, score) -> list:
+    """The ``k`` best-scored items for ``user``, best first, as ``[(item id, score), ...]``.
+
+    ``rows_of(aux, side, ids)`` finds rows (−1: unknown); ``score(user_rows, n_items)``
+    scores every item row for the user (``user_rows`` an array of one row, −1 for an
+    unknown user). Leaves out the items the user already has (``aux["rated"]``, the
+    (user row, item row) pairs a row model remembers) and the ids in ``exclude``. Ties
+    go to the lower item row. Shared by every model that recommends from row blocks.
+    """
+    if isinstance(k, bool) or int(k) != k or k < 1:
+        raise ValueError(f"k must be an integer >= 1, got {k!r}")
+    n_items = len(aux["items"])
+    if n_items == 0:
+        return []
+    urow = rows_of(aux, "user", [user])
+    user_row = int(urow[0])
+    scores = score(urow, n_items)
+    excluded_rows = rows_of(aux, "item", list(exclude)) if len(exclude) else ()
+    keep = np.ones(len(scores), dtype=bool)
+    rated = aux.get("rated")
+    if user_row >= 0 and rated is not None and len(rated):
+        keep[rated[rated[:, 0] == user_row, 1]] = False
+    ex = np.asarray(excluded_rows, dtype=np.int64)
+    keep[ex[ex >= 0]] = False
+    cand = np.flatnonzero(keep)
+    if len(cand) == 0:
+        return []
+    kk = min(int(k), len(cand))
+    top = cand[np.argpartition(-scores[cand], kk - 1)[:kk]]
+    top = top[np.lexsort((top, -scores[top]))]
+    items = aux["items"]
+    return [(items[j], float(scores[j])) for j in top]

@@ -144,10 +144,10 @@ from functools import cached_property
 import numpy as np
 from scipy.special import digamma, gammaln, logsumexp
 
-from ..ratings_batch import Ratings, canonical_id
+from ..ratings_batch import Ratings, as_ratings, canonical_id
 from ..settings import ConfigKind, Setting
 from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords, segment_limit_positive
-from .blocks import Family, RowBlock, RowIndex, RowStats
+from .blocks import Family, RowBlock, RowIndex, RowStats, top_unseen
 from .pmf import _hashed_normals
 
 __all__ = ["HPF"]
@@ -358,20 +358,10 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         """The shared check suite's case: K = 2 on counts drawn from the model itself."""
         return {"hpf": lambda: (cls(n_factors=2), sample_counts())}
 
-    def __repr__(self):
-        return "HPF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
-
     # ------------------------------------------------------------ batches
     def check_batch(self, x) -> Ratings:
         """A :class:`Ratings` of counts: at least one record, every count finite and ≥ 0."""
-        if not isinstance(x, Ratings):
-            try:
-                x = Ratings(x["user"], x["item"], x["rating"])
-            except (KeyError, TypeError, IndexError):
-                raise ValueError(f"an HPF batch must be Ratings (the count in 'rating') or have 'user', "
-                                 f"'item' and 'rating' columns, got {type(x).__name__}") from None
-        if len(x) == 0:
-            raise ValueError("x must hold at least one record, got 0")
+        x = as_ratings(x, "an HPF batch (the count in 'rating')")
         y = x.rating
         bad = ~(np.isfinite(y) & (y >= 0))
         if bad.any():
@@ -621,29 +611,8 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         ``remember_rated``) and any ids in ``exclude``. Returns ``[(item id, rate), ...]``;
         an unknown user gets the items by popularity under the prior θ (Σ_k E[β_ik]).
         """
-        aux = self._need_aux(aux)
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {k!r}")
-        n_items = len(aux["items"])
-        if n_items == 0:
-            return []
-        urow = self.rows_of(aux, "user", [user])
-        scores = self._means(lam, "item", np.arange(n_items)) @ self._means(lam, "user", urow)[0]
-        keep = np.ones(n_items, dtype=bool)
-        rated = aux.get("rated")
-        if urow[0] >= 0 and rated is not None and len(rated):
-            keep[rated[rated[:, 0] == urow[0], 1]] = False
-        if len(exclude):
-            ex = self.rows_of(aux, "item", list(exclude))
-            keep[ex[ex >= 0]] = False
-        cand = np.flatnonzero(keep)
-        if len(cand) == 0:
-            return []
-        kk = min(int(k), len(cand))
-        top = cand[np.argpartition(-scores[cand], kk - 1)[:kk]]
-        top = top[np.lexsort((top, -scores[top]))]
-        items = aux["items"]
-        return [(items[j], float(scores[j])) for j in top]
+        return top_unseen(self.rows_of, self._need_aux(aux), user, k, exclude, lambda urow, n_items:
+                          self._means(lam, "item", np.arange(n_items)) @ self._means(lam, "user", urow)[0])
 
     def score_records(self, lam, x, aux=None) -> list[dict]:
         """``{"user", "item", "rate"}`` per record of ``x`` (JSON-ready)."""

@@ -96,9 +96,6 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         return {"n_features": self.n_features, "prior_var": self.prior_var,
                 "fit_intercept": self.fit_intercept, "init_std": self.init_std}
 
-    def __repr__(self):
-        return "BayesianLogisticRegression(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
-
     # ------------------------------------------------------------ records
     def check_batch(self, x) -> np.ndarray:
         """A (n, D + 1) array, features then a 0/1 label; ``ValueError`` otherwise."""
@@ -343,9 +340,6 @@ class SoftmaxRegression(BayesianLogisticRegression):
     def get_params(self) -> dict:
         return {"n_features": self.n_features, "n_classes": self.n_classes, "prior_var": self.prior_var,
                 "fit_intercept": self.fit_intercept, "init_std": self.init_std}
-
-    def __repr__(self):
-        return "SoftmaxRegression(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
 
     def check_batch(self, x) -> np.ndarray:
         arr = check_matrix(x, self.n_features + 1, "labelled batch")

@@ -161,10 +161,10 @@ import scipy.sparse as _sparse
 
 # the batch type and the id rule live beside the other batch types (io/ reads them without
 # importing models/); re-exported here
-from ..ratings_batch import MAX_ID_LENGTH, Ratings, canonical_id  # noqa: F401
+from ..ratings_batch import MAX_ID_LENGTH, Ratings, as_ratings, canonical_id  # noqa: F401
 from ..settings import ConfigKind, Setting
 from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords
-from .blocks import GaussianRows, RowBlock, RowIndex, RowStats
+from .blocks import GaussianRows, RowBlock, RowIndex, RowStats, top_unseen
 
 __all__ = ["PMF", "Ratings", "canonical_id"]
 
@@ -367,20 +367,10 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
                 params[k] = getattr(self, k)
         return params
 
-    def __repr__(self):
-        return "PMF(" + ", ".join(f"{k}={v!r}" for k, v in self.get_params().items()) + ")"
-
     # ------------------------------------------------------------ batches
     def check_batch(self, x) -> Ratings:
         """A :class:`Ratings` with at least one finite rating (or a mapping of user/item/rating)."""
-        if not isinstance(x, Ratings):
-            try:
-                x = Ratings(x["user"], x["item"], x["rating"])
-            except (KeyError, TypeError, IndexError):
-                raise ValueError(f"a PMF batch must be Ratings or have 'user', 'item' and 'rating' "
-                                 f"columns, got {type(x).__name__}") from None
-        if len(x) == 0:
-            raise ValueError("x must hold at least one rating, got 0")
+        x = as_ratings(x, "a PMF batch")
         if not np.all(np.isfinite(x.rating)):
             bad = np.flatnonzero(~np.isfinite(x.rating))
             raise ValueError(f"x has non-finite ratings at {bad[:10].tolist()}")
@@ -726,30 +716,13 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         ``[(item id, predicted rating), ...]``.
         """
         aux = self._need_aux(aux)
-        if isinstance(k, bool) or int(k) != k or k < 1:
-            raise ValueError(f"k must be an integer >= 1, got {k!r}")
-        n_items = len(aux["items"])
-        if n_items == 0:
-            return []
-        urow = self.rows_of(aux, "user", [user])
-        Eu = self._row_moments(lam, "user", urow)[0]
-        Ev = self._row_moments(lam, "item", np.arange(n_items))
-        _, a = self._design_moments(Ev, "user")
-        scores = self.mu0(aux) + a @ Eu[:, -1]
-        keep = np.ones(n_items, dtype=bool)
-        if urow[0] >= 0 and "rated" in aux and len(aux["rated"]):
-            rated = aux["rated"]
-            keep[rated[rated[:, 0] == urow[0], 1]] = False
-        ex = self.rows_of(aux, "item", list(exclude)) if len(exclude) else np.empty(0, np.int64)
-        keep[ex[ex >= 0]] = False
-        cand = np.flatnonzero(keep)
-        if len(cand) == 0:
-            return []
-        kk = min(int(k), len(cand))
-        top = cand[np.argpartition(-scores[cand], kk - 1)[:kk]]
-        top = top[np.lexsort((top, -scores[top]))]
-        items = aux["items"]
-        return [(items[j], float(scores[j])) for j in top]
+
+        def score(urow, n_items):
+            Eu = self._row_moments(lam, "user", urow)[0]
+            _, a = self._design_moments(self._row_moments(lam, "item", np.arange(n_items)), "user")
+            return self.mu0(aux) + a @ Eu[:, -1]
+
+        return top_unseen(self.rows_of, aux, user, k, exclude, score)
 
     def score_records(self, lam, x, aux=None) -> list[dict]:
         """``{"user", "item", "prediction", "variance"}`` per rating of ``x`` (JSON-ready)."""
