@@ -384,6 +384,9 @@ class Model(ABC):
     global_storage: ClassVar[str] = "dense"
     #: Growing row blocks keyed by id (``streamsvi.models.blocks.RowBlock``): PMF, HPF.
     row_blocks: ClassVar[tuple] = ()
+    #: λ's dense blocks (``streamsvi.models.blocks.DenseBlock``: names and family); none for a
+    #: model of row blocks or of the gradient path.
+    param_blocks: ClassVar[tuple] = ()
     settings: ClassVar[dict[str, Setting]] = {}
     config_kinds: ClassVar[dict[str, ConfigKind]] = {}
     record_kind: ClassVar[str] = "dense"

@@ -173,11 +173,9 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
         return local.log_norm
 
     def global_elbo(self, lam) -> float:
-        """−Σ_k KL(N(m_k, s_k²) ‖ N(μ0, τ²))."""
-        m, s2 = self.posterior_mean_var(lam)
-        t2, mu0 = self.prior_var, self.prior_mean
-        kl = 0.5 * (s2 / t2 + (m - mu0) ** 2 / t2 - 1.0 + np.log(t2 / s2))
-        return float(-kl.sum())
+        """−Σ_k KL(N(m_k, s_k²) ‖ N(μ0, τ²)), from the block's family (``Gaussian1D.kl``)."""
+        (b,), prior = self.param_blocks, self.prior()
+        return -float(np.sum(b.family.kl(tuple(lam[k] for k in b.names), tuple(prior[k] for k in b.names))))
 
     def in_domain(self, lam) -> bool:
         return blocks_in_domain(self.param_blocks, lam)

@@ -21,6 +21,8 @@ words, but it is one block with one N/|S|: every check applies to it unchanged):
   formula is different and is checked against brute force and the closed
   form in the model's own tests (``tests/models/test_pmf.py``).
 """
+import math
+
 import numpy as np
 import pytest
 
@@ -233,6 +235,20 @@ def test_suffstats_pair_matches_two_calls(model_case):
     sw, s = pair(local, X, w)
     assert sw.allclose(model.suffstats(local, X, w), rtol=1e-12, atol=1e-9)
     assert s.allclose(model.suffstats(local, X), rtol=1e-12, atol=1e-9)
+
+
+def test_global_elbo_is_minus_the_blocks_kl_to_the_prior(model_case):
+    """Each block's family owns its KL to the prior (issue 24): a dense model's global ELBO
+    term, however it is computed (the GMM regroups it for speed), is −Σ_blocks KL."""
+    model, X = model_case
+    if model.row_blocks or model.global_storage != "dense" or not model.param_blocks:
+        pytest.skip("not a dense model of parameter blocks")
+    engine = SVI(model, n_total=len(X))
+    state, _ = engine.update(engine.init(X, seed=0), X[: max(2, len(X) // 3)])
+    lam, prior = state.lam, model.prior()
+    kl = sum(float(np.sum(b.family.kl(tuple(lam[k] for k in b.names), tuple(prior[k] for k in b.names))))
+             for b in model.param_blocks)
+    assert math.isclose(model.global_elbo(lam), -kl, rel_tol=1e-10, abs_tol=1e-9), (model.global_elbo(lam), -kl)
 
 
 # ----------------------------------------------------------- annealing (issue 13)
