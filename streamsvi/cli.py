@@ -141,6 +141,17 @@ def _check_paths(cfg) -> None:
         if not path.is_file() or not os.access(path, os.R_OK):
             raise UsageError(f"source.path: {path} is not a readable file; give the file of "
                              f"records to read")
+    lam_file = (cfg.get("scaleout") or {}).get("lambda_file")
+    if lam_file:                 # the applier publishes λ there: find out now, not at the first publish
+        where = Path(lam_file).parent
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=where):
+                pass
+        except OSError as exc:
+            raise UsageError(f"scaleout.lambda_file: cannot write {lam_file} "
+                             f"({exc.strerror or exc}); the applier publishes λ there for the workers: "
+                             f"point it at a directory streamsvi can create and write") from None
     dl = src.get("dead_letter_path")
     if dl and not Path(dl).parent.is_dir():
         try:
@@ -158,6 +169,10 @@ def run(args) -> int:
     from .service.console import setup_logging
 
     cfg = load_config(args.config)     # a directory, a missing file: one line, exit 2
+    if args.role == "applier" and (args.until_drained or args.max_batches is not None):
+        flag = "--until-drained" if args.until_drained else "--max-batches"
+        raise ValueError(f"{flag} does not apply to --role applier: the applier applies the workers' "
+                         f"deltas until it is stopped (SIGTERM) or --timeout; drain the workers instead")
     if args.print_config:
         print(json.dumps(cfg, indent=2))
         return 0

@@ -150,3 +150,26 @@ def test_demo_runs_end_to_end(tmp_path):
     assert snap.state.records_seen == int(done.group(1)) > 0
     assert int(done.group(1)) + int(done.group(2)) == 2 * 768          # two passes of Pima
     assert snap.config["model"]["kind"] == "gmm"
+
+
+@pytest.mark.parametrize("flag", [["--until-drained"], ["--max-batches", "3"]])
+def test_the_applier_refuses_stop_conditions_it_cannot_keep(tmp_path, flag):
+    """Issue 30: the applier accepted --until-drained and ignored it (it ran until killed)."""
+    (tmp_path / "c.toml").write_text(to_toml(GOOD))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", "applier", *flag],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"streamsvi: error: {flag[0]} does not apply to --role applier" in proc.stderr
+
+
+def test_an_unwritable_lambda_file_is_refused_at_start(tmp_path):
+    """Issue 30: an unwritable scaleout.lambda_file directory killed the applier with a traceback
+    at its first publish, not at start."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the directory should be")
+    cfg = {**GOOD, "scaleout": {"deltas_topic": "d", "lambda_file": str(blocker / "lambda.npz")}}
+    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", "applier"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"streamsvi: error: scaleout.lambda_file: cannot write {blocker / 'lambda.npz'}" in proc.stderr

@@ -331,3 +331,31 @@ def test_deltas_applied_in_order_are_the_engines_updates(annealer):
         single, _ = engine.update(single, x)
         assert applied.step == single.step and applied.records_seen == single.records_seen
         assert applied.lam.array_equal(single.lam), f"update {i + 1}"
+
+
+def test_an_applier_that_only_skips_writes_no_snapshot(kafka_broker, new_topic, new_group, tmp_path):
+    """Issue 30: an idle applier wrote a snapshot every second (372 in 6 minutes, 0 records): the
+    workers' repeated λ_0 proposals and duplicates counted as work to checkpoint."""
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.checkpoint import CheckpointStore
+    from streamsvi.service.roles.applier import Applier
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    cfg["checkpoint"]["every_seconds"] = 0.2
+    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    d1 = _delta(engine, state0, X, 0, 50)
+    _produce_deltas(bootstrap, deltas, [init.encode(), d1.encode()])
+    _, res = _run_applier(cfg, CollectorRegistry(), max_deltas=1)
+    store = CheckpointStore(cfg["checkpoint"]["directory"])
+    first = store.list()
+    assert res.deltas == 1 and len(first) == 1
+    # a worker keeps proposing λ_0 and re-sending d1: 40 messages, nothing to apply
+    _produce_deltas(bootstrap, deltas, [init.encode(), d1.encode()] * 20)
+    registry = CollectorRegistry()
+    applier = Applier(cfg, registry=registry, out=open("/dev/null", "w"))
+    res = applier.run(timeout=4)
+    assert res.deltas == 0 and res.skipped == 20, res
+    assert _metric(registry, "streamsvi_deltas_skipped_total", reason="duplicate") == 20.0
+    assert store.list() == first                                   # no snapshot written

@@ -48,9 +48,9 @@ def _proposals(bootstrap, deltas) -> list:
 
 @pytest.mark.parametrize("n, n_total, start, said", [
     # init_batches = 3 → start_size = max(3·50, 5·K·D = 30) = 150 records, the first three batches
-    (600, 600, 150, "proposed λ_0 from its first 3 batches (150 records)"),
+    (600, 600, 150, "proposed λ_0 from its first 3 batches (150 records"),
     # a stream shorter than the start: the empty poll after its 120 records starts from them
-    (120, 1000, 120, "proposed λ_0 from its first 3 batches (120 records)"),
+    (120, 1000, 120, "proposed λ_0 from its first 3 batches (120 records"),
 ])
 def test_the_worker_proposes_lambda_0_from_the_models_start_records(
         kafka_broker, new_topic, new_group, tmp_path, daemons, n, n_total, start, said):
@@ -97,7 +97,7 @@ def test_dead_letters_of_held_batches_are_written_once(kafka_broker, new_topic, 
     _check_exactly_once(ck, topic, hw, n, partitions=1)
     dead = [json.loads(line) for line in (ck / "dead-letters.jsonl").read_text().splitlines()]
     assert sorted(d["offset"] for d in dead) == bad_at, dead
-    m = re.search(r"proposed λ_0 from its first (\d+) batches \((\d+) records\)", worker.stderr())
+    m = re.search(r"proposed λ_0 from its first (\d+) batches \((\d+) records[;)]", worker.stderr())
     assert m and int(m.group(2)) >= 150, worker.stderr()[-3000:]
     expected = build_engine(cfg, float(n)).init(rows[:int(m.group(2))], seed=cfg["inference"]["seed"]).lam
     proposed = _proposals(bootstrap, deltas)
@@ -134,3 +134,24 @@ def test_a_first_batch_of_only_bad_records_is_accounted_before_lambda_0(kafka_br
     _check_exactly_once(ck, topic, hw, n, partitions=1)
     assert "before any λ_0" not in applier.stderr()
     assert sorted(json.loads(line)["offset"] for line in dl.read_text().splitlines()) == list(range(n_bad))
+
+
+def test_a_worker_without_an_applier_says_so_once_and_backs_off(kafka_broker, new_topic, new_group, tmp_path,
+                                                               daemons):
+    """Issue 30: with no applier, a worker re-proposed λ_0 every 2 s at INFO, forever. Now the
+    first proposal is one INFO line, the first unanswered one a WARNING that names the deltas
+    topic and the λ file, and the next proposals come after 4 s, 8 s, ... (at DEBUG)."""
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
+    produce_rows(bootstrap, topic, blob_rows(300, seed=3), JsonCodec(2), partitions=1)
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 1, 300,
+                        model={"init_batches": 3}, batch_size=BATCH)
+    worker = daemons(cfgs["w0"], "--role", "worker", tag="w0")
+    _wait(lambda: len(_proposals(bootstrap, deltas)) >= 3, "three λ_0 proposals", 90, procs=[worker])
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(60) == 0, worker.stderr()[-3000:]
+    err = worker.stderr()
+    assert err.count("proposed λ_0") == 1, err[-3000:]                       # INFO once
+    assert len(re.findall(r"WARNING .*no λ published 2 s after its λ_0 proposal: is an applier running "
+                          rf"on deltas topic '{deltas}'", err)) == 1, err[-3000:]
+    assert len(_proposals(bootstrap, deltas)) <= 4      # 2 s, then 4 s and 8 s apart: not one every 2 s

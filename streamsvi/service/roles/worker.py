@@ -111,6 +111,9 @@ UNASSIGNED_DRAIN_CHECK_S = 5.0
 #: How long a worker with a batch in hand waits for the first λ before it gives the
 #: batch back (seeks to its first offsets) and polls again, so it keeps its group place.
 LAMBDA_WAIT_MAX_S = 2.0
+#: While no applier publishes λ, a worker proposes λ_0 again after 2 s, 4 s, ... at most this
+#: long (it proposed every 2 s, at INFO, for as long as no applier ran).
+REPROPOSE_MAX_S = 60.0
 
 
 def worker_source(cfg, metrics):
@@ -145,6 +148,9 @@ class Worker(Daemon):
         self.lam = LambdaFile(self.sc["lambda_file"] or
                               os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
         self.producer = None
+        self._proposals = 0                 # λ_0 proposals sent while no λ was published
+        self._next_proposal = 0.0           # monotonic time of the next one (backoff)
+        self._warned_no_applier = False
         self._pending = None        # (stats, records, min_weight, version) of the batch in hand
         self._holding = False       # the batch in hand is held for the start (_gather)
         self._held_ranges: list = []    # offset ranges of every batch held for the start
@@ -352,11 +358,20 @@ class Worker(Daemon):
             batches = self._take_start(self.engine.n_total, flush)
             if not batches:
                 return                      # still gathering
-            self._propose_init(batches)
+            if time.monotonic() >= self._next_proposal:
+                self._propose_init(batches)
             if self._wait_for_lambda():
                 log.info("worker %s: λ version %d published; reading the %d held batches again "
                          "as deltas", self.worker_id, self.lam.version, len(self._held_ranges))
-            # else no applier yet (or a stop): read them again, and propose again
+                self._proposals, self._warned_no_applier = 0, False
+            elif not self._warned_no_applier and not self._stop.is_set():
+                self._warned_no_applier = True
+                log.warning("worker %s: no λ published %.0f s after its λ_0 proposal: is an applier "
+                            "running on deltas topic %r, publishing to %s? Proposing again after "
+                            "%.0f s, then less and less often (at most every %.0f s)", self.worker_id,
+                            LAMBDA_WAIT_MAX_S, self.sc["deltas_topic"], self.lam.path,
+                            max(0.0, self._next_proposal - time.monotonic()), REPROPOSE_MAX_S)
+            # else no applier yet (or a stop): read them again, and propose again later
         self._give_back(source, self._held_ranges)
         self._held_ranges, self._start_batches = [], []
 
@@ -397,12 +412,13 @@ class Worker(Daemon):
                                                  stats=st.lam, n_total=self.engine.n_total,
                                                  kind="init").encode(), partition=0)
         prod.commit_transaction()
-        if len(batches) > 1:
-            log.info("worker %s: no λ published yet; proposed λ_0 from its first %d batches (%d records)",
-                     self.worker_id, len(batches), n)
-        else:
-            log.info("worker %s: no λ published yet; proposed λ_0 from its first batch (%d records)",
-                     self.worker_id, n)
+        self._proposals += 1
+        self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
+                                                      REPROPOSE_MAX_S)
+        what = f"its first {len(batches)} batches" if len(batches) > 1 else "its first batch"
+        log.log(logging.INFO if self._proposals == 1 else logging.DEBUG,
+                "worker %s: no λ published yet; proposed λ_0 from %s (%d records; proposal %d)",
+                self.worker_id, what, n, self._proposals)
 
     def _advance(self, batch, source) -> None:
         """One transaction: the delta, the dead letters flushed, the batch's offsets."""
