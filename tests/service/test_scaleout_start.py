@@ -155,3 +155,23 @@ def test_a_worker_without_an_applier_says_so_once_and_backs_off(kafka_broker, ne
     assert len(re.findall(r"WARNING .*no λ published 2 s after its λ_0 proposal: is an applier running "
                           rf"on deltas topic '{deltas}'", err)) == 1, err[-3000:]
     assert len(_proposals(bootstrap, deltas)) <= 4      # 2 s, then 4 s and 8 s apart: not one every 2 s
+
+
+def test_a_second_worker_with_the_same_id_on_one_host_is_refused_at_start(
+        kafka_broker, new_topic, new_group, tmp_path, daemons):
+    """Issue 30: two workers on one host without STREAMSVI_WORKER_ID shared a transactional id,
+    and one died with a ProducerFencedError traceback. Now the second says so and exits 2."""
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
+    produce_rows(bootstrap, topic, blob_rows(100, seed=4), JsonCodec(2), partitions=1)
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 1, 100, batch_size=BATCH)
+    first = daemons(cfgs["w0"], "--role", "worker", tag="first")
+    _wait(lambda: "partitions assigned" in first.stderr(), "the first worker to join", 60, procs=[first])
+    second = daemons(cfgs["w0"], "--role", "worker", tag="second")
+    assert second.wait(60) == 2, second.stderr()[-3000:]
+    err = second.stderr()
+    assert "Traceback" not in err and "is in use by another worker on this host" in err, err[-3000:]
+    assert f"(pid {first.pid})" in err
+    assert first.proc.poll() is None                      # the first one runs on
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.stderr()[-3000:]

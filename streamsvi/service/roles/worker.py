@@ -66,6 +66,38 @@ def worker_id(cfg) -> str:
     return cfg["scaleout"]["worker_id"] or os.environ.get("STREAMSVI_WORKER_ID") or socket.gethostname()
 
 
+def claim_worker_id(group: str, wid: str):
+    """Hold this host's lock on (group, worker id) for the process's life, or refuse (exit 2).
+
+    The worker id names the Kafka transactional id, so two workers with one id fence each
+    other (``ProducerFencedError``); on one host the default id (the host name) is the same
+    for every worker. A second worker with the id of a running one says so at start instead.
+    The lock is a ``flock`` on a file in the temporary directory; the OS drops it when the
+    process ends, however it ends.
+    """
+    import fcntl
+    import hashlib
+    import tempfile
+
+    key = hashlib.sha256(f"{group}\0{wid}".encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"streamsvi-worker-{key}.lock")
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise ConfigError(f"scaleout.worker_id: worker id {wid!r} of group {group!r} is in use by "
+                          f"another worker on this host (pid {holder}); give each worker its own id "
+                          f"(STREAMSVI_WORKER_ID or scaleout.worker_id)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def check_scaleout_config(cfg) -> None:
     """Refuse configs the roles cannot run, naming the setting."""
     if cfg["source"]["kind"] != "kafka":
@@ -144,6 +176,7 @@ class Worker(Daemon):
                          dead_sink_factory=dead_sink_factory, out=out, allow_fresh_start=allow_fresh_start)
         self.sc = cfg["scaleout"]
         self.worker_id = worker_id(cfg)
+        self._id_lock = claim_worker_id(cfg["source"]["group_id"], self.worker_id)
         self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
         self.lam = LambdaFile(self.sc["lambda_file"] or
                               os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
@@ -282,6 +315,7 @@ class Worker(Daemon):
         """Every batch was committed in its own transaction: nothing to checkpoint."""
         dead_sink.flush()
         self._close_producer()
+        self._id_lock.close()                   # the id is free for the next worker on this host
 
     def _maybe_checkpoint(self, source, dead_sink, loop):
         """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
