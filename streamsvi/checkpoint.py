@@ -112,6 +112,8 @@ _RACE_RETRIES = 50
 MAX_META_BYTES = 256 << 20
 MAX_POINTER_BYTES = 4096
 MAX_STATE_MEMBERS = 100_000
+#: Settings may imply at most max(this, twice the state file) bytes of λ (``_check_param_size``).
+MIN_PARAM_CEILING = 64 << 20
 
 
 class CorruptSnapshotError(ValueError):
@@ -299,6 +301,23 @@ def _check_npz_layout(f, size: int) -> None:
     f.seek(0)
 
 
+def _check_param_size(path: Path, cls, params, state_bytes: int) -> None:
+    """Refuse settings that imply a λ far larger than the state file holds, before any model is
+    built (a forged ``n_features`` made the loader allocate gigabytes). λ is stored in the
+    state file, so its float64s fit in it; the slack allows for the storage's own layout."""
+    if not isinstance(params, dict):
+        return                                   # model_from_dict reports it
+    try:
+        settings = cls.check_settings(params)
+    except (ValueError, TypeError):
+        return                                   # invalid settings: the constructor refuses them
+    n = cls.param_size(settings)
+    if n is not None and 8 * n > max(MIN_PARAM_CEILING, 2 * state_bytes):
+        shown = {k: v for k, v in settings.items() if isinstance(v, int) and not isinstance(v, bool)}
+        raise _corrupt(path, f"the model's settings {shown} imply a λ of {8 * n} bytes, but "
+                             f"{STATE_FILE} holds {state_bytes}: the settings do not belong to this state")
+
+
 def _sha256_of_file(f) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
@@ -465,6 +484,7 @@ def _read_snapshot_dir(path: Path) -> Snapshot:
             raise IncompatibleSnapshotError(
                 f"snapshot {path} holds model {model_name!r}, which this streamsvi {__version__} does "
                 f"not know (known: {sorted(MODELS)}). Upgrade streamsvi or use another checkpoint directory.")
+        _check_param_size(path, MODELS[model_name], meta["model"].get("params"), size)
         try:
             _check_npz_layout(f, size)
             with np.load(f, allow_pickle=False) as z:

@@ -172,3 +172,28 @@ def test_a_linked_snapshot_directory_or_a_fifo_is_refused(store, tmp_path):
     os.mkfifo(snap / "snapshot.json")                  # opening it must not block
     with pytest.raises(CorruptSnapshotError, match="not a regular file"):
         load_snapshot(snap)
+
+
+def test_settings_that_imply_a_huge_lambda_are_refused_before_any_model_is_built(store):
+    """A forged n_features made the loader build the model's prior first (about 3 GB); now the
+    settings are checked against the state file's size before anything is built."""
+    ck, _, _ = store
+    snap = ck / "snap-00000002"
+    meta = json.loads((snap / "snapshot.json").read_text())
+    meta["model"]["params"]["n_features"] = 20_000         # λ of 2 × 20000² float64: 6.4 GB
+    meta["checksum"]["value"] = ckpt._json_checksum(meta)
+    (snap / "snapshot.json").write_text(json.dumps(meta))
+    rc, out = _load_limited(snap)
+    assert rc == 0 and "refused:" in out and "imply a λ of" in out and "do not belong to this state" in out, out
+    assert _maxrss_mb(out) < 400, out
+
+
+@pytest.mark.parametrize("name", ["gmm", "gauss1d", "hmm", "lda"])
+def test_param_size_is_the_size_of_the_models_lambda(name):
+    from streamsvi.models import MODELS
+
+    cls = MODELS[name]
+    for _, factory in cls.check_cases().items():
+        model = factory()[0]
+        n = cls.param_size(cls.check_settings(model.get_params()))
+        assert n == sum(np.asarray(a).size for a in model.prior().values()), name

@@ -416,6 +416,15 @@ class Model(ABC):
         return (getattr(cls, build) if build else cls)(**settings)
 
     @classmethod
+    def param_size(cls, settings: Mapping) -> int | None:
+        """How many float64 values λ holds under the checked ``settings``, known before anything
+        is built; None when the settings alone do not fix it (row blocks grow with the data, the
+        gradient path's covariance is the engine's setting). A reader refuses a snapshot whose
+        settings imply far more than its state file holds (``streamsvi.checkpoint``), so forged
+        settings cannot make it allocate."""
+        return None
+
+    @classmethod
     def check_cases(cls) -> dict:
         """``{case id: factory}``, each factory returning ``(model, records)`` (the check suite)."""
         return {}

@@ -78,6 +78,11 @@ class KnownVarianceGMM1D(ConjugateModel, Tempered, RandomRestart):
     n_features = 1
 
     @classmethod
+    def param_size(cls, settings) -> int:
+        """λ's size from the settings (``Model.param_size``)."""
+        return 2 * int(settings["n_components"])   # eta1, eta2
+
+    @classmethod
     def check_cases(cls) -> dict:
         """The check suite's case: three well-separated components, 400 records."""
         def gauss1d():

@@ -315,6 +315,12 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
     START_SETTINGS = ("init", "n_init", "init_sweeps", "prior_from", "init_batches", "refine_sweeps")
 
     @classmethod
+    def param_size(cls, settings) -> int:
+        """λ's size from the settings (``Model.param_size``)."""
+        K, D = int(settings["n_components"]), int(settings["n_features"])
+        return K * (D * D + D + 3)                  # alpha, beta, nu, beta_m, Psi
+
+    @classmethod
     def check_cases(cls) -> dict:
         """The check suite's cases (``tests/models/test_checks.py``): a 2-D mixture with a set prior,
         seed 000's prior in 3-D, and the truncated DP mixture."""

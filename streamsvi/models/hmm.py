@@ -237,6 +237,12 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords, Paired
     START_SETTINGS = ("init",)
 
     @classmethod
+    def param_size(cls, settings) -> int:
+        """λ's size from the settings (``Model.param_size``)."""
+        K, V = int(settings["n_states"]), int(settings["n_symbols"])
+        return K + K * K + K * V                    # init, trans, emit
+
+    @classmethod
     def check_cases(cls) -> dict:
         """The check suite's case: a synthetic 3-state HMM over 4 symbols, 300 sequences of 3..9."""
         def hmm():

@@ -371,6 +371,12 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
     START_SETTINGS = ("init",)
 
     @classmethod
+    def param_size(cls, settings) -> int:
+        """λ's size from the settings (``Model.param_size``)."""
+        K, V = int(settings["n_components"]), int(settings["n_features"])
+        return K * V                                # topic_word (stored as μ, with s and c of K each)
+
+    @classmethod
     def check_cases(cls) -> dict:
         """The check suite's case: 3 topics over 30 words, 300 documents of ~40 words.
 
