@@ -107,7 +107,7 @@ def test_a_hidden_deflated_member_is_refused_before_anything_is_read(store):
     assert (snap / "state.npz").stat().st_size < 20 << 20
     rc, out = _load_limited(snap)
     assert rc == 0 and "refused:" in out and "is compressed" in out, out
-    assert _maxrss_mb(out) < 400, out
+    assert _maxrss_mb(out) < 800, out                      # the import alone is 200-450 MB; it read 1.66 GB
 
 
 def test_members_that_declare_more_than_the_file_or_odd_dtypes_are_refused(store):
@@ -185,7 +185,7 @@ def test_settings_that_imply_a_huge_lambda_are_refused_before_any_model_is_built
     (snap / "snapshot.json").write_text(json.dumps(meta))
     rc, out = _load_limited(snap)
     assert rc == 0 and "refused:" in out and "imply a λ of" in out and "do not belong to this state" in out, out
-    assert _maxrss_mb(out) < 400, out
+    assert _maxrss_mb(out) < 800, out                      # the import alone is 200-450 MB; it read 1.66 GB
 
 
 @pytest.mark.parametrize("name", ["gmm", "gauss1d", "hmm", "lda"])

@@ -11,6 +11,7 @@ broker's return (before the fix the poll backoff doubled up to 30 s and
 kafka-python's reconnect backoff too: it came back 7–24 s late).
 """
 import io
+import signal
 import threading
 import time
 
@@ -22,6 +23,7 @@ from streamsvi.io import JsonCodec
 from streamsvi.io.broker import LocalBroker, create_topic
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
+from streamsvi.service.roles.transport import Delta
 from tests.faultproxy import FaultProxy, free_port
 
 from .conftest import blob_rows, gmm_config, highwater_marks, produce_raw, snapshot_offsets
@@ -163,3 +165,36 @@ def test_a_silent_broker_while_idle_recovers_within_3s_and_applies_everything_on
     print(f"silent broker: consumed {t1 - t_produced:.2f} s after producing ({t_produced - t0:.2f} s after the return)")
     assert t1 - t_produced <= RECOVERY_S, (f"records produced {t_produced - t0:.1f} s after the return "
                                           f"were consumed {t1 - t_produced:.1f} s later")
+
+
+def test_the_applier_rides_out_an_outage_and_applies_what_comes_after(proxied, tmp_path):
+    """The applier ended with a KafkaConnectionError traceback when the brokers went away
+    (found by the scale-out outage run): now it waits, says so once, and goes on."""
+    from .test_scaleout import _applier_setup, _delta, _metric, _produce_deltas
+
+    proxy, broker = proxied
+    bootstrap = f"127.0.0.1:{proxy.port}"
+    assert create_topic(bootstrap, "deltas", partitions=1)
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, "deltas", "g-applier-faults")
+    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    _produce_deltas(bootstrap, "deltas", [init.encode(), _delta(engine, state0, X, 0, 50).encode()])
+    registry = CollectorRegistry()
+    from streamsvi.service.roles.applier import Applier
+
+    applier = Applier(cfg, registry=registry, out=open("/dev/null", "w"))
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", applier.run(timeout=240)), daemon=True)
+    t.start()
+    _wait(lambda: (_metric(registry, "streamsvi_records_consumed_total") or 0) >= 50, 60, "the first delta")
+    proxy.drop()
+    _wait(lambda: _metric(registry, "streamsvi_broker_up") == 0, 60, "the applier to notice the outage")
+    time.sleep(5)
+    proxy.heal()
+    _produce_deltas(bootstrap, "deltas", [_delta(engine, state0, X, 50, 100).encode()])
+    _wait(lambda: (_metric(registry, "streamsvi_records_consumed_total") or 0) >= 100, 60, "the delta after")
+    assert t.is_alive(), "the applier stopped"
+    applier.request_stop("test")
+    t.join(60)
+    assert out["res"].deltas == 2 and _metric(registry, "streamsvi_broker_up") == 1
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.records_seen == 100 and snap.extra["scaleout"]["applied"] == {"data/0": [[0, 100]]}

@@ -90,6 +90,7 @@ class Applier(StopOnSignals):
         self.applied: dict = {}              # "topic/partition" -> merged [[first, end], ...]
         self.dropped_records = 0
         self._since_ck = 0
+        self._broker_down = False
         self._dirty = False                  # λ changed since the last publication
 
     # -------------------------------------------------------------- run
@@ -200,8 +201,31 @@ class Applier(StopOnSignals):
         log.info("applier standing by: the deltas partition went to another applier")
 
     def _poll(self, consumer):
+        """The deltas of one poll, in offset order; none while the brokers are away.
+
+        A poll that raises because the brokers went away applied nothing: count it, wait
+        at most :data:`~streamsvi.service.daemon.MAX_POLL_BACKOFF_S` and poll again
+        (kafka-python reconnects by itself). It used to end the applier with a traceback.
+        """
+        from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
+
+        try:
+            polled = consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
+        except _transient_errors() as exc:
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            if not self._broker_down:
+                log.warning("brokers do not answer (%s: %s); the applier polls again every %.0f s",
+                            type(exc).__name__, exc, MAX_POLL_BACKOFF_S)
+            self._broker_down = True
+            self._stop.wait(MAX_POLL_BACKOFF_S)
+            return []
+        if self._broker_down:
+            log.warning("brokers are back")
+            self._broker_down = False
+            self.metrics.broker_up.set(1)
         out = []
-        for msgs in consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000).values():
+        for msgs in polled.values():
             out += msgs
         return sorted(out, key=lambda m: m.offset)
 
