@@ -370,6 +370,11 @@ def pointer_text(directory) -> str | None:
     return _read_pointer(Path(directory))[0]
 
 
+def pointer_number(directory) -> int | None:
+    """The snapshot number the ``latest`` pointer names, or None (none, or damaged)."""
+    return _read_pointer(Path(directory))[1]
+
+
 def _read_pointer(directory: Path) -> tuple[str | None, int | None, str | None]:
     """``(raw text, number, problem)`` of the ``latest`` pointer; text None if there is none."""
     try:

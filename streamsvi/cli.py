@@ -118,21 +118,26 @@ class UsageError(ValueError):
     """A bad command line, config or path: printed as one line, exit code 2."""
 
 
+def _writable_dir(where: Path, setting: str, what: str, why: str = "") -> None:
+    """Create ``where`` if needed and write a file in it, or a ``UsageError`` naming ``setting``."""
+    import tempfile
+
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{setting}: cannot write {what} ({exc.strerror or exc}); {why}point it at a "
+                         f"directory streamsvi can create and write") from None
+
+
 def _check_paths(cfg) -> None:
     """Start-up checks of the paths a config names, so that a bad one is one clear line
     (exit 2) before the daemon starts, not a traceback from deep inside it."""
     import os
-    import tempfile
 
     ck = Path(cfg["checkpoint"]["directory"])
-    try:
-        ck.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=ck):
-            pass
-    except OSError as exc:
-        raise UsageError(f"checkpoint.directory: cannot write snapshots in {ck} "
-                         f"({exc.strerror or exc}); point it at a directory streamsvi can create "
-                         f"and write") from None
+    _writable_dir(ck, "checkpoint.directory", f"snapshots in {ck}")
     src = cfg["source"]
     if src["kind"] == "file":
         path = Path(src["path"])
@@ -143,15 +148,8 @@ def _check_paths(cfg) -> None:
                              f"records to read")
     lam_file = (cfg.get("scaleout") or {}).get("lambda_file")
     if lam_file:                 # the applier publishes λ there: find out now, not at the first publish
-        where = Path(lam_file).parent
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryFile(dir=where):
-                pass
-        except OSError as exc:
-            raise UsageError(f"scaleout.lambda_file: cannot write {lam_file} "
-                             f"({exc.strerror or exc}); the applier publishes λ there for the workers: "
-                             f"point it at a directory streamsvi can create and write") from None
+        _writable_dir(Path(lam_file).parent, "scaleout.lambda_file", lam_file,
+                      "the applier publishes λ there for the workers: ")
     dl = src.get("dead_letter_path")
     if dl and not Path(dl).parent.is_dir():
         try:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Snapshot, load_snapshot
+from .checkpoint import Snapshot, load_snapshot, pointer_text
 from .models.base import ScoresRecords, StoredScaled
 
 log = logging.getLogger("streamsvi.scoring")
@@ -233,9 +233,7 @@ class SnapshotWatcher:
         self.swaps = 0
 
     def _read_pointer(self):
-        from .checkpoint import pointer_text      # bounded, and never follows a link
-
-        return pointer_text(self.directory)
+        return pointer_text(self.directory)      # bounded, and never follows a link
 
     def current(self) -> FittedModel:
         """The newest fully loaded model."""

@@ -176,7 +176,7 @@ class BowJsonCodec:
                 ids.extend(i)
                 counts.extend(c)
                 indptr.append(len(ids))
-        except (DecodeError, TypeError, ValueError, OverflowError):
+        except (DecodeError, TypeError):
             return None
         return _csr(ids, counts, indptr, self.n_features)
 

@@ -124,10 +124,11 @@ class SequenceJsonCodec:
                 if isinstance(v, list):
                     raise DecodeError("wrong_shape", f"symbol {i} is an array; a sequence is a "
                                                      f"flat array of integers")
-                if json_integer(v) is None:
+                iv = json_integer(v)                        # 3.0 is 3, as for word ids and labels
+                if iv is None:
                     raise DecodeError("not_integer", f"symbol {i} must be an integer id, got "
                                                      f"{type(v).__name__} {short_json(v)}")
-                obj[i] = v = json_integer(v)                # 3.0 is 3, as for word ids and labels
+                obj[i] = v = iv
             if not -_INT64_MAX <= v <= _INT64_MAX:
                 raise DecodeError("out_of_range", f"symbol {i} = {short_json(v)} does not fit in int64")
         return np.array(obj, dtype=np.int64)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import CheckpointStore, check_compatible
+from ..checkpoint import CheckpointStore, check_compatible, pointer_number
 from ..inference.engine import start_records
 from ..io.records import record_kind
 from ..models.base import Classifier, StartsFromData
@@ -59,16 +59,6 @@ BROKER_PROBE_S = 2.0
 
 class FreshStartRefused(RuntimeError):
     """No valid snapshot, but traces of an earlier run: starting fresh would lose records silently."""
-
-
-def _read_pointer_number(directory):
-    """The snapshot number ``latest`` names, or None (for a message; never raises)."""
-    from ..checkpoint import pointer_text
-
-    try:
-        return int(str(pointer_text(directory)).rsplit("-", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class CheckpointFailed(RuntimeError):
@@ -382,7 +372,7 @@ class Daemon(StopOnSignals):
         directory = self.cfg["checkpoint"]["directory"]
         gone = not os.path.isdir(directory)
         what = f"{exc.strerror or type(exc).__name__}" + (f" ({exc.filename})" if exc.filename else "")
-        last = None if gone else _read_pointer_number(directory)
+        last = None if gone else pointer_number(directory)
         where = "the checkpoint directory was removed" if gone else f"writing to it failed: {what}"
         kept = f"snapshot {last} is the last durable one" if last else "no snapshot is durable"
         return CheckpointFailed(

@@ -181,7 +181,6 @@ class KafkaSource(Source):
         # The offset each partition should deliver next (after a seek, or the last message read);
         # a message before it means the consumer was reset (see _check_positions).
         self._expected: Offsets = {}
-        self.offset_resets: dict[tuple[str, int], int] = {}
         self.on_offset_reset = on_offset_reset
         self._rows_per_message = float(codec.rows_per_message or 0) or None
         self._closed = False
@@ -332,8 +331,8 @@ class KafkaSource(Source):
         the consumer silently went back to the earliest offset. On a real cluster
         the topic was deleted and recreated or truncated, or the broker lost its
         data (a restarted in-memory broker). The records from there on are read
-        (again): say so, count it (``offset_resets``, ``on_offset_reset(key,
-        expected, got)``; the daemon's ``streamsvi_offset_resets_total``).
+        (again): say so, and call ``on_offset_reset(key, expected, got)`` (the
+        daemon counts ``streamsvi_offset_resets_total``).
         """
         for tp, msgs in records.items():
             if msgs:
@@ -365,7 +364,6 @@ class KafkaSource(Source):
         if expected is None or got >= expected:
             return
         self._expected[key] = got
-        self.offset_resets[key] = self.offset_resets.get(key, 0) + 1
         log.warning("%s/%d: the consumer was reset from offset %d to %d: offset %d is past the "
                     "end of the log (the topic was recreated or truncated, or the broker lost "
                     "its data); reading on from offset %d (auto_offset_reset)",

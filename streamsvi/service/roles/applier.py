@@ -38,6 +38,7 @@ from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
 from ...models.base import NatParams
 from ..config import build_engine, client_security
+from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ..signals import StopOnSignals
 from .apply import apply_delta
@@ -207,8 +208,6 @@ class Applier(StopOnSignals):
         at most :data:`~streamsvi.service.daemon.MAX_POLL_BACKOFF_S` and poll again
         (kafka-python reconnects by itself). It used to end the applier with a traceback.
         """
-        from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
-
         try:
             polled = consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
         except _transient_errors() as exc:

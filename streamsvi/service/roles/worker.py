@@ -73,11 +73,16 @@ def claim_worker_id(group: str, wid: str):
     other (``ProducerFencedError``); on one host the default id (the host name) is the same
     for every worker. A second worker with the id of a running one says so at start instead.
     The lock is a ``flock`` on a file in the temporary directory; the OS drops it when the
-    process ends, however it ends.
+    process ends, however it ends. Without ``fcntl`` (Windows) nothing is held, as for the
+    checkpoint store's lock.
     """
-    import fcntl
     import hashlib
     import tempfile
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        return None
 
     key = hashlib.sha256(f"{group}\0{wid}".encode()).hexdigest()[:16]
     path = os.path.join(tempfile.gettempdir(), f"streamsvi-worker-{key}.lock")
@@ -315,7 +320,8 @@ class Worker(Daemon):
         """Every batch was committed in its own transaction: nothing to checkpoint."""
         dead_sink.flush()
         self._close_producer()
-        self._id_lock.close()                   # the id is free for the next worker on this host
+        if self._id_lock is not None:
+            self._id_lock.close()               # the id is free for the next worker on this host
 
     def _maybe_checkpoint(self, source, dead_sink, loop):
         """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
