@@ -609,7 +609,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.command not in ("run", "demo"):
         signals.restore_default()       # only the daemon defers signals; the others stop at once
-    from .io.sources import KafkaUnavailableError
+    from .io.sources import KafkaUnavailableError, NotAssigned
     from .service.config import ConfigError
     try:
         if args.command == "compare":
@@ -632,6 +632,9 @@ def main(argv=None) -> int:
     except KafkaUnavailableError as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return exitcodes.BROKER_UNREACHABLE
+    except NotAssigned as exc:
+        print(f"streamsvi: error: {exc}", file=sys.stderr)
+        return exitcodes.NOT_ASSIGNED
     except RuntimeError as exc:
         from .service.daemon import CheckpointFailed, FreshStartRefused
         if isinstance(exc, CheckpointFailed):

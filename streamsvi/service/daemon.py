@@ -258,7 +258,7 @@ class Daemon(StopOnSignals):
         Waits in steps of about a second so that a signal is honoured at once
         rather than after the whole timeout.
         """
-        from ..io.sources import SourceError
+        from ..io.sources import NotAssigned, SourceError
 
         timeout_s = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
@@ -268,6 +268,9 @@ class Daemon(StopOnSignals):
                 return True
             except SourceError as exc:
                 if time.monotonic() >= deadline:
+                    if isinstance(exc, NotAssigned):
+                        exc.waited_s = timeout_s        # the whole wait, not its last step
+                        raise
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
 

@@ -194,7 +194,11 @@ class ScaleoutMetrics:
     (records in applied deltas: per-worker throughput), ``streamsvi_deltas_skipped_total{reason}``
     (duplicate, overlap, stale, no_state, bad), ``streamsvi_applier_active`` (1 while this
     applier owns the deltas partition). Both roles: ``streamsvi_lambda_version`` (the λ
-    version this process published or computes at). Worker: ``streamsvi_deltas_sent_total``.
+    version this process published or computes at). Worker: ``streamsvi_deltas_sent_total``,
+    ``streamsvi_deltas_withheld_total`` (batches read again instead of committed, because the
+    group had moved on: the member was dropped or the partition handed on). Applier:
+    ``streamsvi_delta_gaps_total`` (deltas that start past the end of the ranges applied for a
+    partition: records that no delta carries; never expected).
     """
 
     def __init__(self, registry: CollectorRegistry):
@@ -214,3 +218,8 @@ class ScaleoutMetrics:
                                     "(applier) or computes deltas at (worker)", namespace=ns, registry=r)
         self.deltas_sent = Counter("deltas_sent", "Deltas this worker committed to the deltas topic",
                                    namespace=ns, registry=r)
+        self.withheld = Counter("deltas_withheld", "Batches this worker read again instead of "
+                                "committing them, because it was no longer a stable member owning "
+                                "their partitions", namespace=ns, registry=r)
+        self.gaps = Counter("delta_gaps", "Deltas that start past the end of the applied ranges of "
+                            "a partition (records no delta carries)", namespace=ns, registry=r)

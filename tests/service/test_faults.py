@@ -11,6 +11,7 @@ broker's return (before the fix the poll backoff doubled up to 30 s and
 kafka-python's reconnect backoff too: it came back 7–24 s late).
 """
 import io
+import os
 import signal
 import threading
 import time
@@ -198,3 +199,40 @@ def test_the_applier_rides_out_an_outage_and_applies_what_comes_after(proxied, t
     assert out["res"].deltas == 2 and _metric(registry, "streamsvi_broker_up") == 1
     snap = load_snapshot(cfg["checkpoint"]["directory"])
     assert snap.state.records_seen == 100 and snap.extra["scaleout"]["applied"] == {"data/0": [[0, 100]]}
+
+
+def test_scaleout_workers_and_applier_ride_out_a_25s_outage_exactly_once(proxied, tmp_path, daemons):
+    """Two workers and an applier (subprocesses) behind the proxy; a 25 s outage while busy.
+    Every record is applied once (the applier's ranges are the highwater marks, records_seen
+    the count produced, no overlapping or gapped delta) and the workers finish
+    ``--until-drained``. ``STREAMSVI_FAULT_RECORDS`` and ``STREAMSVI_FAULT_DELAY_S`` (when,
+    after a fifth is applied, the outage starts) vary the run."""
+    from streamsvi.io import produce_rows
+
+    from .test_scaleout import _check_exactly_once, _configs, _lambda
+    from .test_scaleout import _wait as _wait_procs
+
+    proxy, broker = proxied
+    bootstrap, n, parts = f"127.0.0.1:{proxy.port}", int(os.environ.get("STREAMSVI_FAULT_RECORDS", 20000)), 2
+    assert create_topic(bootstrap, "data", partitions=parts)
+    assert create_topic(bootstrap, "deltas", partitions=1)
+    produce_rows(bootstrap, "data", blob_rows(n, seed=3), JsonCodec(2), partitions=parts)
+    hw = highwater_marks(bootstrap, "data", parts)
+    cfgs, ck = _configs(tmp_path, bootstrap, "data", "deltas", "g-scaleout-faults", 2, n)
+    a = daemons(cfgs["applier"], "--role", "applier", tag="a")
+    _wait_procs(lambda: "applier: active" in a.stderr(), "the applier", 60, procs=[a])
+    ws = [daemons(cfgs[f"w{i}"], "--role", "worker", "--until-drained", tag=f"w{i}") for i in range(2)]
+    procs = [a, *ws]
+    _wait_procs(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n // 5, "n/5 records", procs=procs)
+    time.sleep(float(os.environ.get("STREAMSVI_FAULT_DELAY_S", 0)))    # where in the cycle it hits
+    proxy.drop()
+    time.sleep(OUTAGE_S)
+    proxy.heal()
+    for w in ws:
+        assert w.wait(300) == 0, w.stderr()[-4000:]
+    _wait_procs(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
+                120, procs=[a])
+    a.signal(signal.SIGTERM)
+    assert a.wait(60) == 0, a.stderr()[-3000:]
+    assert "overlaps ranges already applied" not in a.stderr() and "starts past" not in a.stderr()
+    _check_exactly_once(ck, "data", hw, n, partitions=parts)

@@ -196,6 +196,7 @@ def test_a_delta_delivered_twice_is_applied_once(kafka_broker, new_topic, new_gr
     assert (res.deltas, res.records, res.skipped) == (3, 150, 3), res
     for reason in ("duplicate", "overlap", "bad"):
         assert _metric(registry, "streamsvi_deltas_skipped_total", reason=reason) == 1.0, reason
+    assert _metric(registry, "streamsvi_delta_gaps_total") == 0.0
 
     expected = state0
     for d in (d1, d2, d3):        # each once, in order
@@ -213,6 +214,25 @@ def test_a_delta_delivered_twice_is_applied_once(kafka_broker, new_topic, new_gr
     res = applier.run(timeout=8)      # (nothing new to apply: it stops on the timeout)
     assert res.deltas == 0 and _metric(registry, "streamsvi_deltas_skipped_total", reason="duplicate") == 2.0
     assert load_snapshot(cfg["checkpoint"]["directory"]).state.records_seen == 150
+
+
+def test_a_delta_past_the_applied_end_is_reported_as_a_gap(kafka_broker, new_topic, new_group, tmp_path,
+                                                          caplog):
+    """Records no delta carries (a lost commit) were applied without a word: now an ERROR
+    naming the partition and offsets, and ``streamsvi_delta_gaps_total``."""
+    from prometheus_client import CollectorRegistry
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    _produce_deltas(bootstrap, deltas, [init.encode(), _delta(engine, state0, X, 0, 50).encode(),
+                                        _delta(engine, state0, X, 100, 150).encode()])
+    registry = CollectorRegistry()
+    with caplog.at_level("ERROR", logger="streamsvi.applier"):
+        _, res = _run_applier(cfg, registry, max_deltas=2)
+    assert (res.deltas, res.records) == (2, 100)
+    assert _metric(registry, "streamsvi_delta_gaps_total") == 1.0
+    assert "data[0] 50..100" in caplog.text
 
 
 @pytest.mark.parametrize("policy", ["downweight", "drop"])
@@ -359,3 +379,51 @@ def test_an_applier_that_only_skips_writes_no_snapshot(kafka_broker, new_topic, 
     assert res.deltas == 0 and res.skipped == 20, res
     assert _metric(registry, "streamsvi_deltas_skipped_total", reason="duplicate") == 20.0
     assert store.list() == first                                   # no snapshot written
+
+
+def test_a_worker_dropped_by_the_group_reads_its_batch_again_instead_of_committing(
+        kafka_broker, new_topic, new_group, tmp_path):
+    """After an outage the broker may have dropped a worker that still holds a batch (seen
+    behind the fault proxy: a member the broker no longer knew went on committing for 4 s
+    while the group moved on). Its transaction would hand the applier a delta that overlaps
+    the new owner's. The worker now commits only as a stable member owning the partitions:
+    here kafka-python learns the member id is gone (what its heartbeat does on
+    UNKNOWN_MEMBER_ID), and the batch is read again, nothing committed."""
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.config import validate
+    from streamsvi.service.roles.worker import Worker, worker_source
+
+    from .conftest import committed_offsets
+
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas, group = new_topic(1), new_topic(1, prefix="deltas"), new_group()
+    produce_rows(bootstrap, topic, blob_rows(100, seed=1), JsonCodec(2), partitions=1)
+    raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck",
+                     inference={"n_total": 100, "batch_size": 50, "max_wait_seconds": 1.0})
+    raw["scaleout"] = {"deltas_topic": deltas, "worker_id": "w-dropped"}
+    cfg = validate(raw)
+    registry = CollectorRegistry()
+    worker = Worker(cfg, registry=registry, out=open("/dev/null", "w"))
+    source = worker_source(cfg, worker.metrics)
+    try:
+        worker._producer()
+        source.wait_for_assignment(timeout_s=30)
+        batch = _wait(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and b.next_offsets and b,
+                      "a batch", 30)
+        worker._batch_ranges = worker._ranges(batch)
+        assert source.membership() is not None
+        source._consumer._coordinator.reset_generation()    # the heartbeat's UNKNOWN_MEMBER_ID
+        assert source.membership() is None
+        worker._pending = (None, 0, 1.0, 0)
+        worker._advance(batch, source)
+        assert worker.deltas_sent == 0
+        assert _metric(registry, "streamsvi_deltas_withheld_total") == 1.0
+        assert committed_offsets(bootstrap, group, topic, 1) == {}
+        # the batch is read again from its first offset
+        again = _wait(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and b.next_offsets and b,
+                      "the batch again", 60)
+        assert again.first_offsets == batch.first_offsets
+    finally:
+        source.close()
+        worker._finish(source, type("S", (), {"flush": lambda self: None})(), None)

@@ -155,3 +155,62 @@ def test_sigterm_while_waiting_for_partitions_exits_0_promptly(kafka_broker, new
     assert rc == 0 and took < 5, (rc, round(took, 1), d.stderr()[-3000:])
     assert "stopped (SIGTERM)" in d.stderr()
     assert not (tmp_path / "ck" / "latest").exists()          # nothing applied, nothing to save
+
+
+def test_sigterm_during_the_group_join_leaves_the_group_usable(kafka_broker, new_topic, new_group,
+                                                                tmp_path, daemons):
+    """A SIGTERM while the first daemon's group join is in flight used to wedge the group on
+    the local broker (tansu 0.6.0 keeps naming a member that left mid-rebalance as the
+    group's leader): every later daemon of the group waited 60 s and exited 1 (8 of 8
+    trials). The daemon now completes the join it started (bounded) and leaves from a stable
+    membership, so the next daemon of the group is assigned and drains the topic."""
+    bootstrap, topic, group = kafka_broker.bootstrap, new_topic(1), new_group()
+    produce_rows(bootstrap, topic, blob_rows(400, seed=2), JsonCodec(2), partitions=1)
+    raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group,
+                     inference={"batch_size": 50, "max_wait_seconds": 0.5, "n_total": 400},
+                     metrics={"heldout_size": 0})
+    config = write_config(tmp_path / "wedge.toml", raw)
+    for delay in (0.2, 0.6, 1.0):
+        first = daemons(config, tag=f"first-{delay}")
+        deadline = time.monotonic() + 30
+        while not re.search("no checkpoint in|resumed from", first.stderr()):
+            assert time.monotonic() < deadline and first.proc.poll() is None, first.stderr()[-3000:]
+            time.sleep(0.02)
+        time.sleep(delay)                        # inside the first join (about 1 s on tansu)
+        first.signal(signal.SIGTERM)
+        assert first.wait(60) == 0, first.stderr()[-3000:]
+    after = daemons(config, "--until-drained", tag="after")
+    rc = after.wait(90)
+    assert rc == 0, after.stderr()[-3000:]
+    assert "partitions assigned" in after.stderr()
+    assert load_snapshot(tmp_path / "ck").state.records_seen == 400
+
+
+def test_a_member_given_no_partitions_exits_6_with_one_line_saying_why(kafka_broker, new_topic, new_group,
+                                                                       tmp_path, daemons, monkeypatch,
+                                                                       capsys):
+    """It exited 1 with a traceback, saying "check that the topics exist and that the group has
+    no more members than partitions" whatever the cause. Now: exit 6, one line, the cause
+    this member saw (here it joined and got none of the 1 partition)."""
+    from streamsvi import cli
+    from streamsvi.service import daemon as daemon_mod
+
+    bootstrap, topic, group = kafka_broker.bootstrap, new_topic(1), new_group()
+    produce_rows(bootstrap, topic, blob_rows(10, seed=1), JsonCodec(2), partitions=1)
+    holder_cfg = write_config(tmp_path / "holder.toml", gmm_config(
+        tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck-holder",
+        inference={"n_total": 1000}))
+    holder = daemons(holder_cfg, tag="holder")          # owns the only partition
+    holder.wait_for("partitions assigned", timeout_s=60)
+    second = write_config(tmp_path / "second.toml", gmm_config(
+        tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck-second",
+        inference={"n_total": 1000}))
+    monkeypatch.setattr(daemon_mod, "ASSIGNMENT_TIMEOUT_S", 8.0)
+    rc = cli.main(["run", "--config", str(second)])
+    err = capsys.readouterr().err
+    assert rc == 6, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("streamsvi: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "within 8 s" in lines[0] and "more members than partitions" in lines[0], lines[0]
+    holder.signal(signal.SIGTERM)
+    assert holder.wait(60) == 0

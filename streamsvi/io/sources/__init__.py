@@ -33,10 +33,10 @@ Examples
 (True, True)
 """
 from .._kafka import KafkaUnavailableError
-from .base import Batch, DeadLetter, Offsets, Position, Source, SourceError
+from .base import Batch, DeadLetter, NotAssigned, Offsets, Position, Source, SourceError
 from .file import FileSource
 from .kafka import KafkaSource
 from .memory import MemorySource
 
-__all__ = ["Position", "DeadLetter", "Batch", "Offsets", "Source", "SourceError",
+__all__ = ["Position", "DeadLetter", "Batch", "Offsets", "Source", "SourceError", "NotAssigned",
            "KafkaUnavailableError", "MemorySource", "FileSource", "KafkaSource"]

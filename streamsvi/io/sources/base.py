@@ -29,6 +29,19 @@ class SourceError(RuntimeError):
     """A source could not do what was asked (no assignment, failed commit, bad seek)."""
 
 
+class NotAssigned(SourceError):
+    """The consumer group assigned this member no partitions in ``waited_s`` seconds; ``why``
+    says what the member's own state shows (set ``waited_s`` to the whole wait when retrying
+    in steps)."""
+
+    def __init__(self, what: str, waited_s: float, why: str):
+        super().__init__(what, waited_s, why)
+        self.what, self.waited_s, self.why = what, float(waited_s), why
+
+    def __str__(self):
+        return f"{self.what} within {self.waited_s:g} s: {self.why}"
+
+
 @dataclass(frozen=True)
 class Position:
     """Where a record came from.

@@ -11,8 +11,8 @@ from .._kafka import client_config, connect_with_retry, offset_and_metadata
 from ..codecs import Codec
 from ..dense import DenseKind, RecordValidator
 from ..records import RecordKind
-from .base import (Batch, Offsets, Source, SourceError, _BatchBuilder, _check_offsets, _check_poll_args,
-                   _DENSE, log)
+from .base import (Batch, NotAssigned, Offsets, Source, SourceError, _BatchBuilder, _check_offsets,
+                   _check_poll_args, _DENSE, log)
 
 def _rebalance_listener(source: "KafkaSource"):
     from kafka import ConsumerRebalanceListener
@@ -130,6 +130,8 @@ class KafkaSource(Source):
 
     #: Poll length while waiting for a group assignment (see ``_await_assignment``).
     JOIN_POLL_S = 0.5
+    #: How long past a session timeout :meth:`close` waits for a join in flight to complete.
+    JOIN_FINISH_S = 3.0
     #: How long one request of the probe consumer (metadata, highwater marks, committed
     #: offsets; see ``_probe_consumer``) may wait for a broker that does not answer.
     PROBE_TIMEOUT_MS = 5000
@@ -296,17 +298,35 @@ class KafkaSource(Source):
 
         Raises
         ------
-        SourceError
-            If nothing is assigned within ``timeout_s``.
+        NotAssigned
+            If nothing is assigned within ``timeout_s`` (its message says why).
         """
         if not self._await_assignment(time.monotonic() + timeout_s):
             what = f"topics {self.topics}" if self.topics is not None else \
                 f"topics matching {self.pattern!r}"
-            raise SourceError(f"no partitions of {what} were assigned to group {self.group_id!r} "
-                              f"at {self.bootstrap_servers} within {timeout_s} s; check that the "
-                              f"topics exist and that the group has no more members than "
-                              f"partitions")
+            raise NotAssigned(f"no partitions of {what} were assigned to group {self.group_id!r} at "
+                              f"{self.bootstrap_servers}", timeout_s, self._why_unassigned())
         return self.assignment()
+
+    def _why_unassigned(self) -> str:
+        """What this member's own state says about a missing assignment."""
+        from kafka.structs import MemberState
+
+        try:
+            parts = self.partitions() if self.topics is not None or self._consumer.subscription() else set()
+        except Exception as exc:  # noqa: BLE001 - the diagnosis must not hide the timeout
+            return f"{exc}"
+        if not parts:
+            return "no topic matches the subscription yet"
+        state = self._consumer.group_metadata().state
+        if state == MemberState.STABLE:
+            return (f"this member joined the group but was given none of the {len(parts)} partitions: "
+                    f"the group has more members than partitions")
+        return ("the group's rebalance never completed (this member's JoinGroup or SyncGroup was not "
+                "answered). On the local tansu 0.6.0 broker, a member that left or died during a "
+                "rebalance can keep the group from ever completing one (it stays the group's "
+                "leader); use another group id, or restart the broker (it starts empty). Kafka's "
+                "own coordinator elects a new leader instead")
 
     # ------------------------------------------------------------ batches
     def _messages_wanted(self, rows_left: int) -> int:
@@ -444,6 +464,23 @@ class KafkaSource(Source):
                 self._pending_seeks.pop(key, None)
             else:
                 self._pending_seeks[key] = off
+
+    def membership(self):
+        """This consumer's group membership now (kafka-python's ``ConsumerGroupMetadata``:
+        group id, generation, member id, state), or None while it is not a stable member
+        of a generation (a join in flight, or the broker no longer knows it).
+
+        A transactional writer passes it to ``send_offsets_to_transaction`` so that a
+        broker with KIP-447 fences the offsets of a member the group has moved on from,
+        and asks for it first so that a member that knows it was dropped commits nothing.
+        """
+        from kafka.structs import MemberState
+
+        meta = self._consumer.group_metadata()
+        if self._joining or meta.state is not MemberState.STABLE or meta.generation_id < 0 \
+                or not meta.member_id:
+            return None
+        return meta
 
     def commit(self, offsets):
         """Commit ``offsets`` (next offset to read) for this group, synchronously.
@@ -679,11 +716,52 @@ class KafkaSource(Source):
         self._drain_note = note
         return not left
 
+    def _join_in_flight(self) -> bool:
+        """True while the broker may count this consumer as a member of a join not completed:
+        a JoinGroup sent (REBALANCING), or a member id handed out for the retry (KIP-394)."""
+        from kafka.structs import MemberState
+
+        meta = self._consumer.group_metadata()
+        return meta.state == MemberState.REBALANCING or \
+            (meta.state == MemberState.UNJOINED and bool(meta.member_id))
+
+    def _finish_join(self) -> None:
+        """Complete a join in flight (at most :attr:`JOIN_FINISH_S` past a session timeout)
+        before leaving.
+
+        A member that leaves while its join is in flight can wedge the group on the local
+        tansu 0.6.0 broker: it keeps naming the departed member as the group's leader, so
+        every later join of the group waits for a SyncGroup that never comes (8 of 8
+        trials). Kafka's own coordinator elects a new leader among the members left. The
+        records the completing poll returns are dropped: nothing is committed here.
+        """
+        from kafka.structs import MemberState
+
+        if not self._join_in_flight():
+            return
+        log.info("finishing the group join of %s before leaving it", self.group_id)
+        deadline = time.monotonic() + self._config["session_timeout_ms"] / 1000 + self.JOIN_FINISH_S
+        try:
+            while time.monotonic() < deadline:
+                self._consumer.poll(timeout_ms=int(self.JOIN_POLL_S * 1000), max_records=1)
+                if self._consumer.group_metadata().state == MemberState.STABLE:
+                    return
+        except Exception as exc:  # noqa: BLE001 - leaving is best effort: the broker times us out
+            log.info("could not finish the group join before leaving (%s: %s)", type(exc).__name__, exc)
+            return
+        log.info("the group join of %s did not finish within %.0f s; leaving anyway", self.group_id,
+                 self._config["session_timeout_ms"] / 1000 + self.JOIN_FINISH_S)
+
     def close(self):
-        """Leave the group and close connections, without committing anything."""
+        """Leave the group and close connections, without committing anything.
+
+        A group join in flight is completed first (:meth:`_finish_join`), so the member
+        leaves from a stable membership.
+        """
         if not self._closed:
             self._closed = True
             self._buffer.clear()
+            self._finish_join()
             if self._probe is not None:
                 self._probe.close(autocommit=False)
             self._consumer.close(autocommit=False)

@@ -17,7 +17,12 @@ its offset, so the deltas after it are applied again to the state before
 them: once. A delta whose data ranges all end at or before ``applied_end``
 (a zombie worker's late transaction, the same delta twice) is skipped as a
 duplicate; one that overlaps partly is skipped as an overlap and logged as an
-error (it cannot be split).
+error (it cannot be split). One that starts past the applied end of a partition
+is applied, and the gap logged as an error and counted
+(``streamsvi_delta_gaps_total``). Workers keep both from happening: a worker that
+is no longer a stable member owning a batch's partitions reads the batch again
+instead of committing it, and its transactions carry its group membership, so a
+broker with KIP-447 fences a member the group has moved on from.
 
 Takeover bound: a killed active applier's partition goes to a standby after
 the group notices (``source.session_timeout_ms``) plus one rebalance (about
@@ -268,6 +273,12 @@ class Applier(StopOnSignals):
                       "%s); skipped, its records may be lost", d.worker, d.ranges, ends)
             self._skip("overlap", res)
             return
+        gaps = [(t, p, e, first) for e, (t, p, first, _) in zip(ends, d.ranges) if 0 <= e < first]
+        if gaps:
+            # applied, but no delta carried the records in between: a lost commit (never expected)
+            log.error("delta from worker %s starts past the applied ranges: %s; those records were "
+                      "never applied", d.worker, ", ".join(f"{t}[{p}] {e}..{first}" for t, p, e, first in gaps))
+            self.sm.gaps.inc(len(gaps))
         staleness = 0 if self.state is None else max(self.state.step - d.version, 0)
         self.sm.staleness.labels(worker=d.worker).set(staleness)
         bound = self.sc["max_staleness"]

@@ -120,6 +120,30 @@ def check_scaleout_config(cfg) -> None:
                           "one partition that carries the workers' statistic deltas)")
 
 
+#: Longest a worker waits for one transactional request (the offsets, the commit) before it
+#: settles the transaction with a new producer (:meth:`Worker._settle`). kafka-python 3.0.12
+#: waits for them without a bound: a worker hung in ``send_offsets_to_transaction`` for good
+#: after a 25 s broker outage (seen 1 run in 2 with two workers behind the fault proxy).
+TRANSACTION_WAIT_S = 30.0
+
+
+def _bounded(producer, method: str, *args) -> None:
+    """``producer.<method>(*args)`` for a transactional request, waiting at most
+    :data:`TRANSACTION_WAIT_S` (``KafkaTimeoutError`` after that)."""
+    from kafka.errors import KafkaTimeoutError
+
+    tm, sender = getattr(producer, "_transaction_manager", None), getattr(producer, "_sender", None)
+    start = {"send_offsets_to_transaction": getattr(tm, "send_offsets_to_transaction", None),
+             "commit_transaction": getattr(tm, "begin_commit", None)}[method]
+    if start is None or sender is None:     # another kafka-python: its own (unbounded) call
+        getattr(producer, method)(*args)
+        return
+    result = start(*args)
+    sender.wakeup()
+    if not result.wait(timeout_ms=TRANSACTION_WAIT_S * 1000):
+        raise KafkaTimeoutError(f"{method}: no answer within {TRANSACTION_WAIT_S:g} s")
+
+
 def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
     """``(stats, min_weight)``: the delta of the minibatch ``x`` at the λ version ``lam_state``.
 
@@ -214,7 +238,7 @@ class Worker(Daemon):
         that finds every record committed by the group (:meth:`_committed_drained`) while it
         waits stops cleanly (False, ``stopped_by`` "drained") instead of timing out.
         """
-        from ...io.sources import SourceError
+        from ...io.sources import NotAssigned, SourceError
         from ..daemon import ASSIGNMENT_TIMEOUT_S
 
         self._producer()
@@ -230,8 +254,11 @@ class Worker(Daemon):
                     self.request_stop("drained")
                     return False
                 if time.monotonic() >= deadline:
-                    raise SourceError(f"after {ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s:g} "
-                                      f"s: {exc}") from exc
+                    waited = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
+                    if isinstance(exc, NotAssigned):
+                        exc.waited_s = waited           # the whole wait, not its last step
+                        raise
+                    raise SourceError(f"after {waited:g} s: {exc}") from exc
         return False
 
     def _committed_drained(self, source) -> bool:
@@ -475,27 +502,74 @@ class Worker(Daemon):
                       stats=stats, min_weight=min_w,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
+        member = source.membership()
+        owned = source.assignment()
+        if member is None or any((t, p) not in owned for t, p, _, _ in ranges):
+            # The group has moved on (the broker dropped this member during an outage, or a
+            # rebalance took the partition): the partition's new owner reads these records
+            # from the group's committed offsets, so committing them here would hand the
+            # applier an overlapping delta (seen after a 25 s outage: a member the broker
+            # no longer knew went on committing for 4 s).
+            log.info("worker %s: not a stable member owning %s any more; batch read again, "
+                     "not committed", self.worker_id, [(t, p) for t, p, _, _ in ranges])
+            self.scaleout_metrics.withheld.inc()
+            self._give_back(source, ranges)
+            return
         prod = self._producer()
-        group = self.cfg["source"]["group_id"]
         prod.begin_transaction()
         try:
             prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
             self._dead_sink_flush()
-            prod.send_offsets_to_transaction(offsets, group)
-            prod.commit_transaction()
-        except Exception as exc:
-            log.warning("worker %s: transaction for %s failed (%s: %s); aborting it and reading the "
-                        "batch again", self.worker_id, ranges, type(exc).__name__, exc)
-            try:
-                prod.abort_transaction()
-            except Exception:       # noqa: BLE001 - a fatal producer error: start a new producer
-                self.producer = None
-            source.seek({(t, p): first for t, p, first, _ in ranges})
-            return
+            # the membership, not the bare group id: a broker with KIP-447 refuses the
+            # offsets (and so the transaction) of a generation the group has left behind
+            _bounded(prod, "send_offsets_to_transaction", offsets, member)
+            _bounded(prod, "commit_transaction")
+        except Exception as exc:  # noqa: BLE001 - settled below, whatever it was
+            if not self._settle(source, ranges, exc):
+                self._give_back(source, ranges)
+                return
         self.deltas_sent += 1
         self.scaleout_metrics.deltas_sent.inc()
         self.offsets.update(batch.next_offsets)
         self.metrics.set_lag(source.lag())
+
+    def _settle(self, source, ranges, exc) -> bool:
+        """After a transaction that failed or did not finish: was it committed? (True: it was.)
+
+        The producer is dropped and a new one with the same transactional id initialised:
+        its ``init_transactions`` completes the old transaction if its commit had begun and
+        aborts it otherwise. Then the group's committed offsets say which it was. A batch
+        not committed is read again; one committed is done (reading it again would send a
+        second delta, which the applier skips only if its ranges come out the same).
+        """
+        log.warning("worker %s: transaction for %s did not complete (%s: %s); settling it with a new "
+                    "producer", self.worker_id, ranges, type(exc).__name__, exc)
+        old, self.producer = self.producer, None
+        if old is not None:
+            try:
+                old.close(timeout=0)
+            except Exception:  # noqa: BLE001 - it is being replaced
+                pass
+        from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
+
+        while not self._stop.is_set():
+            try:
+                self._producer()            # init_transactions settles the old transaction
+                break
+            except _transient_errors() as e:
+                log.info("worker %s: cannot start a producer yet (%s: %s)", self.worker_id,
+                         type(e).__name__, e)
+                self._stop.wait(MAX_POLL_BACKOFF_S)
+        else:
+            return False                    # a stop: the group's offsets tell the next start
+        try:
+            committed = source.committed({(t, p) for t, p, _, _ in ranges})
+        except _transient_errors():
+            return False
+        done = all(committed.get((t, p), -1) >= end for t, p, _, end in ranges)
+        log.warning("worker %s: the transaction for %s was %s", self.worker_id, ranges,
+                    "committed after all" if done else "not committed; reading the batch again")
+        return done
 
     def _dead_sink_flush(self):
         sink = getattr(self, "_dead_sink", None)
