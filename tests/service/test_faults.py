@@ -236,3 +236,64 @@ def test_scaleout_workers_and_applier_ride_out_a_25s_outage_exactly_once(proxied
     assert a.wait(60) == 0, a.stderr()[-3000:]
     assert "overlaps ranges already applied" not in a.stderr() and "starts past" not in a.stderr()
     _check_exactly_once(ck, "data", hw, n, partitions=parts)
+
+
+def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently(proxied, tmp_path,
+                                                                                monkeypatch, caplog):
+    """kafka-python waits for ``send_offsets_to_transaction`` / ``commit_transaction`` without a
+    bound: after a 25 s outage a worker hung there for good (py-spy: the main thread in
+    ``TransactionalRequestResult.wait``). Now a request held up longer than
+    ``TRANSACTION_WAIT_S`` is settled: a new producer under the same transactional id
+    (``init_transactions`` completes or aborts the old transaction), then the group's committed
+    offsets decide, and the delta and the offsets agree: both committed, or neither and the
+    batch read again."""
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.io import produce_rows
+    from streamsvi.service.roles import worker as worker_mod
+    from streamsvi.service.roles.worker import Worker, worker_source
+
+    from .conftest import committed_offsets
+    from .test_scaleout import _wait as _wait_for
+
+    proxy, broker = proxied
+    bootstrap = f"127.0.0.1:{proxy.port}"
+    assert create_topic(bootstrap, "data", partitions=1) and create_topic(bootstrap, "deltas", partitions=1)
+    produce_rows(bootstrap, "data", blob_rows(100, seed=1), JsonCodec(2), partitions=1)
+    raw = gmm_config(tmp_path, bootstrap=bootstrap, topic="data", group="g-txn", name="ck",
+                     inference={"n_total": 100, "batch_size": 50, "max_wait_seconds": 1.0})
+    raw["scaleout"] = {"deltas_topic": "deltas", "worker_id": "w-silent"}
+    cfg = validate(raw)
+    monkeypatch.setattr(worker_mod, "TRANSACTION_WAIT_S", 2.0)
+    worker = Worker(cfg, registry=CollectorRegistry(), out=open("/dev/null", "w"))
+    source = worker_source(cfg, worker.metrics)
+    try:
+        worker._producer()
+        source.wait_for_assignment(timeout_s=30)
+        batch = _wait_for(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and
+                          b.next_offsets and b, "a batch", 30)
+        worker._batch_ranges = worker._ranges(batch)
+        worker._pending = (None, 0, 1.0, 0)
+        proxy.pause()                                       # the broker goes silent mid-transaction
+        done = threading.Event()
+        with caplog.at_level("WARNING", logger="streamsvi.worker"):
+            t = threading.Thread(target=lambda: (worker._advance(batch, source), done.set()), daemon=True)
+            t.start()
+            _wait(lambda: "did not complete" in caplog.text, 30, "the worker to give up waiting")
+            proxy.heal()
+            assert done.wait(90), "the worker's transaction was never settled"
+        settled = "committed after all" in caplog.text
+        assert settled or "not committed; reading the batch again" in caplog.text, caplog.text
+        committed = committed_offsets(bootstrap, "g-txn", "data", 1)
+        first, end = batch.first_offsets[("data", 0)], batch.next_offsets[("data", 0)]
+        if settled:
+            assert committed == {("data", 0): end} and worker.deltas_sent == 1
+        else:
+            assert committed.get(("data", 0), first) == first and worker.deltas_sent == 0
+            again = _wait_for(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and
+                              b.next_offsets and b, "the batch again", 60)
+            assert again.first_offsets == batch.first_offsets
+    finally:
+        proxy.heal()
+        source.close()
+        worker._close_producer()
