@@ -302,6 +302,9 @@ def create_topic(bootstrap_servers, name: str, partitions: int = 1, replication_
     if "bootstrap_timeout_ms" in KafkaAdminClient.DEFAULT_CONFIG:
         kw["bootstrap_timeout_ms"] = int(timeout_s * 1000)
     kw.update(security or {})
+    # kafka-python's TLS handshake has no deadline: against a plaintext listener it waited for good
+    from ._kafka import check_tls
+    check_tls(bootstrap_servers, security or {}, what=f"create_topic({name!r})", timeout_s=min(timeout_s, 3.0))
     try:
         admin = KafkaAdminClient(**kw)
     except KafkaError as exc:

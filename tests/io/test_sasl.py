@@ -11,6 +11,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -26,6 +27,7 @@ from streamsvi.io.broker import create_topic, free_port
 from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import KafkaSource
+from streamsvi.service import exitcodes
 from streamsvi.service.config import client_security, validate
 from streamsvi.service.daemon import Daemon
 
@@ -203,12 +205,83 @@ def test_an_unreachable_sasl_cluster_names_the_sasl_settings():
 
 def test_the_sasl_endpoint_refuses_clients_that_do_not_log_in(sasl_broker):
     """A client without SASL gets nowhere: the proxy closes the connection at its first request
-    other than ApiVersions (the broker behind it is never reached)."""
+    other than ApiVersions (the broker behind it is never reached), and the error says to log in
+    (it used to be "cannot reach Kafka")."""
     refused = sasl_broker.proxy.refused
-    with pytest.raises(KafkaUnavailableError):
+    with pytest.raises(KafkaSecurityError) as err:
         produce_rows(sasl_broker.bootstrap, "t", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
                      producer_config={"bootstrap_timeout_ms": 1500})
+    msg = str(err.value)
+    assert f"{sasl_broker.bootstrap} requires a SASL login" in msg and "security_protocol is 'PLAINTEXT'" in msg
+    assert "set source.security_protocol = 'SASL_PLAINTEXT', source.sasl_mechanism (it offers PLAIN, " \
+           "SCRAM-SHA-256, SCRAM-SHA-512), source.sasl_username and the password" in msg
     assert sasl_broker.proxy.refused > refused
+
+
+def test_streamsvi_run_without_sasl_against_a_sasl_listener_says_so(sasl_broker, tmp_path):
+    """The daemon with the default PLAINTEXT protocol at a listener that requires SASL: one line saying
+    so and which settings to set, exit code 2 (a setting to fix), after the first attempt; it used to
+    be "cannot reach Kafka ... check that the brokers are running", exit code 3."""
+    topic = f"sasl-{uuid.uuid4().hex[:10]}"
+    cfg_path = tmp_path / "no-sasl.toml"
+    cfg_path.write_text(_toml(_config(tmp_path, sasl_broker.bootstrap, topic)))
+    t0 = time.monotonic()
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
+                          capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == exitcodes.USAGE, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("streamsvi: error: ")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert f"{sasl_broker.bootstrap} requires a SASL login" in errors[0]
+    assert "set source.security_protocol = 'SASL_PLAINTEXT', source.sasl_mechanism" in errors[0]
+    assert "cannot reach Kafka" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "attempt 1/2 failed" not in proc.stderr                   # not retried: a setting, not an outage
+    assert elapsed < 30, f"{elapsed:.1f} s to the error"             # one bootstrap timeout (10 s)
+
+
+def test_an_ssl_client_of_a_sasl_ssl_listener_is_told_to_log_in(sasl_ssl_broker, pki):
+    """security_protocol = "SSL" at a SASL_SSL listener: the TLS handshake succeeds, then the proxy
+    behind stunnel closes the connection at Metadata; the error says SASL_SSL."""
+    security = {"security_protocol": "SSL", "ssl_cafile": str(pki["ca"])}
+    with pytest.raises(KafkaSecurityError) as err:
+        produce_rows(sasl_ssl_broker.bootstrap, "t", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
+                     producer_config={"bootstrap_timeout_ms": 1500}, security=security)
+    msg = str(err.value)
+    assert f"{sasl_ssl_broker.bootstrap} requires a SASL login" in msg and "security_protocol is 'SSL'" in msg
+    assert "set source.security_protocol = 'SASL_SSL'" in msg
+
+
+def test_a_sasl_ssl_client_of_a_sasl_plaintext_listener_is_told_it_is_not_tls(sasl_broker, pki):
+    """SASL_SSL at a SASL_PLAINTEXT listener that, like Apache Kafka, closes the connection on a TLS
+    ClientHello (a 369 MB "request"): named as not a TLS listener, with the plaintext protocol to use."""
+    user, password = _user(sasl_broker)
+    security = {"security_protocol": "SASL_SSL", "ssl_cafile": str(pki["ca"]), "sasl_mechanism": "PLAIN",
+                "sasl_plain_username": user, "sasl_plain_password": password}
+    t0 = time.monotonic()
+    with pytest.raises(KafkaSecurityError) as err:
+        KafkaSource(sasl_broker.bootstrap, "t", group_id="g", codec=JsonCodec(2), connect_attempts=2,
+                    connect_backoff_s=0.1, connect_timeout_s=2, security=security)
+    msg = str(err.value)
+    assert f"{sasl_broker.bootstrap} is not a TLS listener: it closed the connection on a TLS ClientHello " \
+           f"and answers Kafka requests in plaintext" in msg
+    assert "set source.security_protocol = 'SASL_PLAINTEXT'" in msg
+    assert time.monotonic() - t0 < 30
+
+
+def test_neither_a_healthy_plaintext_broker_nor_a_missing_one_is_taken_for_sasl(kafka_broker, sasl_broker):
+    """The probe behind "requires a SASL login" blames SASL only when a listener answers ApiVersions and
+    SaslHandshake but closes the connection at Metadata: a plain broker (tansu answers SaslHandshake
+    too) and a closed port get no verdict, and an unreachable cluster is still "cannot reach Kafka"."""
+    from streamsvi.io._kafka import diagnose_sasl_required, diagnose_tls
+
+    plain = {"security_protocol": "PLAINTEXT"}
+    nowhere = f"127.0.0.1:{free_port()}"
+    assert diagnose_sasl_required(kafka_broker.bootstrap, plain) is None
+    assert diagnose_sasl_required(nowhere, plain) is None
+    assert diagnose_tls(kafka_broker.bootstrap, plain) is None and diagnose_tls(nowhere, plain) is None
+    assert "requires a SASL login" in diagnose_sasl_required(sasl_broker.bootstrap, plain)
+    with pytest.raises(KafkaUnavailableError, match=f"cannot reach Kafka at {nowhere} after 1 attempt"):
+        KafkaSource(nowhere, "t", group_id="g", codec=JsonCodec(2), connect_attempts=1, connect_timeout_s=1)
 
 
 def test_the_proxy_scram_server_reproduces_rfc_7677s_example():

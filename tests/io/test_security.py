@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -23,6 +24,7 @@ from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import DeadLetter, KafkaSource, Position
 from streamsvi.service.config import ConfigError, client_security, validate
+from streamsvi.service import exitcodes
 from streamsvi.service.daemon import Daemon
 
 STREAMSVI = os.path.join(os.path.dirname(sys.executable), "streamsvi")
@@ -97,6 +99,31 @@ def test_plain_clients_cannot_use_the_tls_endpoint(tls_broker):
     with pytest.raises(KafkaSecurityError, match="speaks TLS but security_protocol is 'PLAINTEXT'"):
         produce_rows(tls_broker.bootstrap, "x", np.zeros((1, 2)), JsonCodec(2), connect_attempts=1,
                      producer_config={"bootstrap_timeout_ms": 2000})
+
+
+def test_streamsvi_run_with_ssl_against_a_plaintext_listener_names_the_mismatch(kafka_broker, pki, tmp_path):
+    """security_protocol = "SSL" pointed at a plain listener: kafka-python 3.0's TLS handshake has no
+    time limit and tansu waits for the rest of what it reads as a 369 MB request, so the daemon used
+    to hang silently (connect_attempts never applied). Now: one line naming the mismatch, within
+    seconds, and the exit code of a setting to fix."""
+    topic = _topic()
+    cfg_path = tmp_path / "ssl-to-plain.toml"
+    cfg_path.write_text(_toml(_config(tmp_path, kafka_broker.bootstrap, topic, security_protocol="SSL",
+                                      ssl_cafile=str(pki["ca"]))))
+    t0 = time.monotonic()
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
+                          capture_output=True, text=True, timeout=90)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == exitcodes.USAGE, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("streamsvi: error: ")]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert f"{kafka_broker.bootstrap} is not a TLS listener" in errors[0]
+    assert "did not answer a TLS ClientHello" in errors[0] and "answers Kafka requests in plaintext" in errors[0]
+    assert "security_protocol is 'SSL'" in errors[0]
+    assert "set source.security_protocol = 'PLAINTEXT' or point source.bootstrap_servers at the TLS " \
+           "listener" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s to the error"     # no hang (about 5 s here)
 
 
 def test_a_wrong_ca_fails_with_a_clear_error(tls_broker, pki, tmp_path):
