@@ -13,6 +13,7 @@ from .hmm import DiscreteHMM
 from .lda import LDA
 from .pmf import PMF
 from .hpf import HPF
+from .poisson_mixture import PoissonMixture
 from ..ratings_batch import Ratings
 from .logistic import BayesianLogisticRegression, CorrelatedGaussianTarget, SoftmaxRegression
 
@@ -24,6 +25,7 @@ MODELS = {cls.name: cls for cls in (
     LDA,
     PMF,
     HPF,
+    PoissonMixture,
     BayesianLogisticRegression,         # the non-conjugate models (the gradient path,
     SoftmaxRegression,                  # streamsvi.models.nonconjugate)
     CorrelatedGaussianTarget,
@@ -48,5 +50,5 @@ def model_to_dict(model) -> dict:
 __all__ = ["Model", "ConjugateModel", "GradientModel", "Tempered", "RandomRestart", "StartsFromData",
            "Classifier", "ScoresRecords", "Mixture", "StoredScaled", "RowWise", "ChecksState", "PairedStats",
            "CoordinateLoglik", "CONFIG_KINDS",
-           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
+           "NatParams", "BayesianGMM", "KnownVarianceGMM1D", "DiscreteHMM", "LDA", "PMF", "HPF", "PoissonMixture", "Ratings", "BayesianLogisticRegression", "SoftmaxRegression", "CorrelatedGaussianTarget", "MODELS", "model_from_dict",
            "model_to_dict"]
