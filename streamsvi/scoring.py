@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Snapshot, load_snapshot, pointer_text
+from .io.validate import ModelChecked
 from .models.base import ScoresRecords, StoredScaled
 
 log = logging.getLogger("streamsvi.scoring")
@@ -344,7 +345,8 @@ class LineScorer:
             self.codec = CsvCodec(fitted.n_features)
         else:
             self.codec = self.kind.make_codec("json", fitted.model, {"fields": fields} if fields else {})
-        self.validator = self.kind.make_validator(fitted.model, dict(fitted.config.get("validation") or {}))
+        checks = self.kind.make_validator(fitted.model, dict(fitted.config.get("validation") or {}))
+        self.validator = ModelChecked(checks, fitted.model.check_batch, self.kind)
         own = getattr(self.kind, "scoring_codec_validator", None)   # a kind that scores differently
         if own is not None and fmt == "jsonl":                      # (labelled: the label is optional)
             self.codec, self.validator = own(fitted.model, fields,

@@ -42,9 +42,15 @@ def test_every_config_key_and_metric_is_documented():
         for key in fields:
             assert f"`{key}`" in text, f"{section}.{key} missing from the README"
     # [model]: each kind's settings are documented by its class's table (--print-config shows
-    # them), so that a new model family needs no README edit; the README names every kind
+    # them) and each kind by its example config configs/<kind>.toml, which the README points to,
+    # so that a new model family needs no README edit
+    from streamsvi.service.config import load_config
+
+    assert "configs/<kind>.toml" in text
     for kind in CONFIG_KINDS:
-        assert kind in text, f"model.kind = {kind!r} missing from the README"
+        example = README.parent / "configs" / f"{kind}.toml"
+        assert example.exists(), f"model.kind = {kind!r} has no example config {example}"
+        assert load_config(example)["model"]["kind"] == kind, example
     assert "`[records]`" in text
     for rk in KINDS.values():
         for key in rk.settings:

@@ -20,7 +20,7 @@ True
 """
 from __future__ import annotations
 
-__all__ = ["Rejection", "check_message_size", "validate_safely", "all_valid_safely"]
+__all__ = ["Rejection", "check_message_size", "validate_safely", "all_valid_safely", "ModelChecked"]
 
 #: (row index, reason code, message)
 Rejection = tuple[int, str, str]
@@ -68,3 +68,55 @@ def validate_safely(validator, kind, x):
         if kind.n_records(good):
             goods.append(good)
     return (kind.concat(goods) if goods else kind.take(x, slice(0, 0))), rejected
+
+
+class ModelChecked:
+    """A kind's validator followed by the model's own check of a batch (``model_check``).
+
+    A model refuses a batch it cannot learn from with ``ValueError`` (its
+    ``check_batch``: a Poisson count that is negative, a word id beyond its
+    vocabulary). Met in the update, that stopped the daemon at every restart on
+    the same record. Here, after the kind's checks, the accepted records are
+    given to ``check``; if it refuses them, each record is checked alone and the
+    ones it refuses are rejected as ``model_check`` with the model's message.
+    The other records go on. ``check`` is the model's ``check_batch`` (io/ never
+    imports a model: the caller passes the function); anything else is the
+    kind's validator's (``check_size``, its settings).
+    """
+
+    def __init__(self, validator, check, kind):
+        self.validator, self.check, self.kind = validator, check, kind
+
+    def __getattr__(self, name):
+        return getattr(self.validator, name)
+
+    def __repr__(self):
+        return f"ModelChecked({self.validator!r})"
+
+    def _passes(self, part) -> bool:
+        try:
+            self.check(part)
+            return True
+        except ValueError:
+            return False
+
+    def all_valid(self, x) -> bool:
+        return bool(self.validator.all_valid(x)) and self._passes(x)
+
+    def validate(self, x):
+        good, rejected = self.validator.validate(x)
+        n = self.kind.n_records(good)
+        if not n or self._passes(good):
+            return good, rejected
+        gone = {i for i, _, _ in rejected}
+        index = [i for i in range(n + len(gone)) if i not in gone][:n]   # good's rows in x
+        keep = []
+        for j in range(n):
+            one = self.kind.take(good, slice(j, j + 1))
+            try:
+                self.check(one)
+                keep.append(one)
+            except ValueError as exc:
+                rejected.append((index[j], "model_check", str(exc)[:300]))
+        rejected.sort(key=lambda r: r[0])
+        return (self.kind.concat(keep) if keep else self.kind.take(good, slice(0, 0))), rejected

@@ -735,6 +735,7 @@ def source_size(source) -> int:
 def default_source(cfg, metrics):
     from ..io.dense import DenseKind
     from ..io.sources import FileSource, KafkaSource
+    from ..io.validate import ModelChecked
 
     src, val = cfg["source"], cfg["validation"]
     model = build_model(cfg["model"])
@@ -743,7 +744,7 @@ def default_source(cfg, metrics):
         raise ValueError(f"source.codec: {src['codec']!r} is not a codec for {kind.name!r} records "
                          f"(model {model.name!r}); choose one of {list(kind.codec_names)}")
     codec = kind.make_codec(src["codec"], model, {**src, **(cfg.get("records") or {})})
-    validator = kind.make_validator(model, val)
+    validator = ModelChecked(kind.make_validator(model, val), model.check_batch, kind)
     if src["kind"] == "file":
         if isinstance(kind, DenseKind):
             D = model.n_features
