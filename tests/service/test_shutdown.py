@@ -186,31 +186,50 @@ def test_sigterm_during_the_group_join_leaves_the_group_usable(kafka_broker, new
     assert load_snapshot(tmp_path / "ck").state.records_seen == 400
 
 
-def test_a_member_given_no_partitions_exits_6_with_one_line_saying_why(kafka_broker, new_topic, new_group,
-                                                                       tmp_path, daemons, monkeypatch,
-                                                                       capsys):
+def test_no_assignment_exits_6_with_one_line_saying_why(kafka_broker, new_group, tmp_path, monkeypatch,
+                                                      capsys):
     """It exited 1 with a traceback, saying "check that the topics exist and that the group has
-    no more members than partitions" whatever the cause. Now: exit 6, one line, the cause
-    this member saw (here it joined and got none of the 1 partition)."""
+    no more members than partitions" whatever the cause. Now: exit 6, one line, the cause this
+    member saw (here: no topic matches its pattern)."""
     from streamsvi import cli
     from streamsvi.service import daemon as daemon_mod
 
-    bootstrap, topic, group = kafka_broker.bootstrap, new_topic(1), new_group()
-    produce_rows(bootstrap, topic, blob_rows(10, seed=1), JsonCodec(2), partitions=1)
-    holder_cfg = write_config(tmp_path / "holder.toml", gmm_config(
-        tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck-holder",
-        inference={"n_total": 1000}))
-    holder = daemons(holder_cfg, tag="holder")          # owns the only partition
-    holder.wait_for("partitions assigned", timeout_s=60)
-    second = write_config(tmp_path / "second.toml", gmm_config(
-        tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck-second",
-        inference={"n_total": 1000}))
-    monkeypatch.setattr(daemon_mod, "ASSIGNMENT_TIMEOUT_S", 8.0)
-    rc = cli.main(["run", "--config", str(second)])
+    config = write_config(tmp_path / "none.toml", gmm_config(
+        tmp_path, bootstrap=kafka_broker.bootstrap, group=new_group(),
+        source={"pattern": r"no-such-topic-\d+"}))
+    monkeypatch.setattr(daemon_mod, "ASSIGNMENT_TIMEOUT_S", 5.0)
+    rc = cli.main(["run", "--config", str(config)])
     err = capsys.readouterr().err
     assert rc == 6, err
     lines = [ln for ln in err.splitlines() if ln.startswith("streamsvi: error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert "within 8 s" in lines[0] and "more members than partitions" in lines[0], lines[0]
-    holder.signal(signal.SIGTERM)
-    assert holder.wait(60) == 0
+    assert "within 5 s" in lines[0] and "no topic matches the subscription" in lines[0], lines[0]
+
+
+def test_a_member_given_no_partition_is_told_the_group_has_more_members_than_partitions(
+        kafka_broker, new_topic, new_group):
+    """Two members of one group on a topic of one partition: the one the group gives nothing
+    says so (it joined: the rebalance completed), not that the rebalance never did."""
+    from streamsvi.io.sources import KafkaSource, NotAssigned
+
+    bootstrap, topic, group = kafka_broker.bootstrap, new_topic(1), new_group()
+    a, b = (KafkaSource(bootstrap, topics=[topic], group_id=group, codec=JsonCodec(2)) for _ in range(2))
+    try:
+        deadline = time.monotonic() + 60
+        while True:                     # both poll until the group is stable with both in it
+            for s in (a, b):
+                s._consumer.poll(timeout_ms=500, max_records=1)
+            owners = [s for s in (a, b) if s.assignment()]
+            idle = [s for s in (a, b) if not s.assignment() and s.membership() is not None]
+            if len(owners) == 1 and len(idle) == 1:
+                break
+            assert time.monotonic() < deadline, "the group never settled"
+        try:
+            idle[0].wait_for_assignment(timeout_s=1.0)
+            raise AssertionError("the member without a partition was assigned one")
+        except NotAssigned as exc:
+            assert "joined the group but was given none of the 1 partitions" in str(exc), str(exc)
+            assert "more members than partitions" in str(exc)
+    finally:
+        a.close()
+        b.close()
