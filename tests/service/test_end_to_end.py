@@ -235,7 +235,7 @@ def test_no_partition_assigned_fails_clearly_after_the_timeout(kafka_broker, new
     cfg = validate(gmm_config(tmp_path, bootstrap=kafka_broker.bootstrap, group=new_group(),
                               source={"pattern": r"no-such-topic-\d+"}))
     t0 = time.monotonic()
-    with pytest.raises(SourceError, match=r"after 2 s: no partitions of topics matching"):
+    with pytest.raises(SourceError, match=r"no partitions of topics matching .* within 2 s: no topic matches"):
         Daemon(cfg, out=io.StringIO()).run(timeout=30)
     assert time.monotonic() - t0 < 6
 
