@@ -134,7 +134,7 @@ def applier_ceiling(root, bootstrap, n_deltas):
     from streamsvi.io.broker import create_topic
     from streamsvi.service.config import build_engine, validate
     from streamsvi.service.roles.applier import Applier
-    from streamsvi.service.roles.transport import Delta
+    from streamsvi.service.roles.transport import Delta, init_delta
 
     deltas = f"deltas-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, deltas, partitions=1)
@@ -156,8 +156,7 @@ def applier_ceiling(root, bootstrap, n_deltas):
                          linger_ms=5, max_request_size=8 << 20)
     prod.init_transactions()
     prod.begin_transaction()
-    prod.send(deltas, Delta(worker="w", version=-1, ranges=[], records=0, stats=st.lam,
-                            n_total=engine.n_total, kind="init").encode(), partition=0)
+    prod.send(deltas, init_delta("w", engine, st).encode(), partition=0)
     for i in range(n_deltas):
         d = ds[i % len(ds)]
         d.ranges = [("data", 0, 200 * i, 200 * (i + 1))]
@@ -169,12 +168,13 @@ def applier_ceiling(root, bootstrap, n_deltas):
     el = time.monotonic() - res.took_over_at[0]     # from taking the partition (after the group join)
     assert res.deltas == n_deltas, res
     # pure step cost, no Kafka: decode + dedup-free apply
-    from streamsvi.service.roles.apply import apply_delta
+    from streamsvi.inference import split
     raws = [d.encode() for d in ds]
     s, t1, k = st, time.perf_counter(), 0
     while time.perf_counter() - t1 < 2.0:
         dd = Delta.decode(raws[k % len(raws)])
-        s, _ = apply_delta(engine, s, dd.stats, dd.records, dd.min_weight)
+        s, _ = split.apply(engine, s, split.Contribution(arrays=dd.stats, records=dd.records,
+                                                         min_weight=dd.min_weight, meta=dd.extra))
         k += 1
     return n_deltas / el, k / (time.perf_counter() - t1), el
 

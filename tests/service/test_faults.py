@@ -24,7 +24,7 @@ from streamsvi.io import JsonCodec
 from streamsvi.io.broker import LocalBroker, create_topic
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
-from streamsvi.service.roles.transport import Delta
+from streamsvi.service.roles.transport import init_delta
 from tests.faultproxy import FaultProxy, free_port
 
 from .conftest import blob_rows, gmm_config, highwater_marks, produce_raw, snapshot_offsets
@@ -177,7 +177,7 @@ def test_the_applier_rides_out_an_outage_and_applies_what_comes_after(proxied, t
     bootstrap = f"127.0.0.1:{proxy.port}"
     assert create_topic(bootstrap, "deltas", partitions=1)
     cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, "deltas", "g-applier-faults")
-    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    init = init_delta("w", engine, state0)
     _produce_deltas(bootstrap, "deltas", [init.encode(), _delta(engine, state0, X, 0, 50).encode()])
     registry = CollectorRegistry()
     from streamsvi.service.roles.applier import Applier
@@ -273,7 +273,7 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
         batch = _wait_for(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and
                           b.next_offsets and b, "a batch", 30)
         worker._batch_ranges = worker._ranges(batch)
-        worker._pending = (None, 0, 1.0, 0)
+        worker._pending = (None, 0)
         proxy.pause()                                       # the broker goes silent mid-transaction
         done = threading.Event()
         with caplog.at_level("WARNING", logger="streamsvi.worker"):

@@ -17,7 +17,8 @@ import pytest
 
 from streamsvi.checkpoint import load_snapshot
 from streamsvi.io import JsonCodec, produce_rows
-from streamsvi.service.roles.transport import Delta, DeltaFormatError, LambdaFile
+from streamsvi.inference import split
+from streamsvi.service.roles.transport import Delta, DeltaFormatError, LambdaFile, init_delta
 
 from .conftest import blob_rows, gmm_config, highwater_marks, write_config
 
@@ -173,6 +174,12 @@ def _run_applier(cfg, registry, max_deltas):
     return applier, applier.run(max_deltas=max_deltas, timeout=60)
 
 
+def _apply(engine, state, d, rho_scale=1.0):
+    """The applier's step from the delta message ``d``."""
+    c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
+    return split.apply(engine, state, c, rho_scale)
+
+
 def _metric(registry, name, **labels):
     return registry.get_sample_value(name, labels)
 
@@ -180,11 +187,10 @@ def _metric(registry, name, **labels):
 def test_a_delta_delivered_twice_is_applied_once(kafka_broker, new_topic, new_group, tmp_path):
     from prometheus_client import CollectorRegistry
 
-    from streamsvi.service.roles.apply import apply_delta
 
     bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
     cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
-    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    init = init_delta("w", engine, state0)
     d1 = _delta(engine, state0, X, 0, 50)
     d2 = _delta(engine, state0, X, 50, 100)
     overlap = _delta(engine, state0, X, 25, 75)
@@ -200,7 +206,7 @@ def test_a_delta_delivered_twice_is_applied_once(kafka_broker, new_topic, new_gr
 
     expected = state0
     for d in (d1, d2, d3):        # each once, in order
-        expected, _ = apply_delta(engine, expected, d.stats, d.records, d.min_weight)
+        expected, _ = _apply(engine, expected, d)
     snap = load_snapshot(cfg["checkpoint"]["directory"])
     assert snap.state.records_seen == 150 and snap.state.step == 3
     assert snap.state.lam.array_equal(expected.lam)
@@ -224,7 +230,7 @@ def test_a_delta_past_the_applied_end_is_reported_as_a_gap(kafka_broker, new_top
 
     bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
     cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
-    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    init = init_delta("w", engine, state0)
     _produce_deltas(bootstrap, deltas, [init.encode(), _delta(engine, state0, X, 0, 50).encode(),
                                         _delta(engine, state0, X, 100, 150).encode()])
     registry = CollectorRegistry()
@@ -239,12 +245,11 @@ def test_a_delta_past_the_applied_end_is_reported_as_a_gap(kafka_broker, new_top
 def test_stale_deltas_are_down_weighted_or_dropped(kafka_broker, new_topic, new_group, tmp_path, policy):
     from prometheus_client import CollectorRegistry
 
-    from streamsvi.service.roles.apply import apply_delta
 
     bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
     cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group(),
                                             max_staleness=1, stale_policy=policy)
-    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    init = init_delta("w", engine, state0)
     ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1), version=0, worker=f"w{i}") for i in range(3)]
     _produce_deltas(bootstrap, deltas, [init.encode()] + [d.encode() for d in ds])
     registry = CollectorRegistry()
@@ -253,9 +258,9 @@ def test_stale_deltas_are_down_weighted_or_dropped(kafka_broker, new_topic, new_
     assert [_metric(registry, "streamsvi_delta_staleness", worker=f"w{i}") for i in range(3)] == [0, 1, 2]
     expected = state0
     for i, d in enumerate(ds[:2]):
-        expected, _ = apply_delta(engine, expected, d.stats, d.records, d.min_weight)
+        expected, _ = _apply(engine, expected, d)
     if policy == "downweight":
-        expected, _ = apply_delta(engine, expected, ds[2].stats, ds[2].records, ds[2].min_weight, 0.5)
+        expected, _ = _apply(engine, expected, ds[2], 0.5)
     snap = load_snapshot(cfg["checkpoint"]["directory"])
     assert snap.state.lam.array_equal(expected.lam)
     assert snap.state.records_seen == (150 if policy == "downweight" else 100)
@@ -306,8 +311,8 @@ def test_scaleout_metrics_pass_promtool():
         (res.stdout.decode(), res.stderr.decode())
 
 
-@pytest.mark.parametrize("kind, why", [("pmf", "row-wise step"), ("lda", "row-wise step"),
-                                       ("logistic", "stochastic gradients")])
+@pytest.mark.parametrize("kind, why", [("pmf", "'rows' storage"), ("lda", "'columns' storage"),
+                                       ("logistic", "'gradient' storage")])
 def test_models_whose_steps_are_not_summed_deltas_are_refused(kind, why):
     """PMF and LDA step only the rows a batch touches, logistic regression takes gradient
     steps: none of them can be split into worker deltas, and the roles say so at start."""
@@ -334,7 +339,6 @@ def test_deltas_applied_in_order_are_the_engines_updates(annealer):
     the same draws (the worker seeds them per batch, so the reference uses that stream)."""
     from streamsvi.inference.engine import SVI
     from streamsvi.models import BayesianGMM
-    from streamsvi.service.roles.apply import apply_delta
     from streamsvi.service.roles.worker import batch_delta
 
     rng = np.random.default_rng(0)
@@ -343,8 +347,9 @@ def test_deltas_applied_in_order_are_the_engines_updates(annealer):
     applied = single = engine.init(X[:100], seed=1)
     for i in range(6):
         x = X[100 * i:100 * (i + 1)]
-        stats, min_w = batch_delta(engine, applied, x, 7, "t", 0, 100 * i)
-        applied, _ = apply_delta(engine, applied, stats, len(x), min_w)
+        c = batch_delta(engine, applied, x, 7, "t", 0, 100 * i)
+        assert c.records == len(x)
+        applied, _ = split.apply(engine, applied, c)
         seq = np.random.SeedSequence([7, zlib.crc32(b"t"), 0, 100 * i])    # the worker's draws
         g = np.random.Generator(np.random.PCG64(seq))
         single = replace(single, rng_state=g.bit_generator.state)
@@ -364,7 +369,7 @@ def test_an_applier_that_only_skips_writes_no_snapshot(kafka_broker, new_topic, 
     bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
     cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
     cfg["checkpoint"]["every_seconds"] = 0.2
-    init = Delta(worker="w", version=-1, ranges=[], records=0, stats=state0.lam, n_total=1000.0, kind="init")
+    init = init_delta("w", engine, state0)
     d1 = _delta(engine, state0, X, 0, 50)
     _produce_deltas(bootstrap, deltas, [init.encode(), d1.encode()])
     _, res = _run_applier(cfg, CollectorRegistry(), max_deltas=1)
@@ -415,7 +420,7 @@ def test_a_worker_dropped_by_the_group_reads_its_batch_again_instead_of_committi
         assert source.membership() is not None
         source._consumer._coordinator.reset_generation()    # the heartbeat's UNKNOWN_MEMBER_ID
         assert source.membership() is None
-        worker._pending = (None, 0, 1.0, 0)
+        worker._pending = (None, 0)
         worker._advance(batch, source)
         assert worker.deltas_sent == 0
         assert _metric(registry, "streamsvi_deltas_withheld_total") == 1.0

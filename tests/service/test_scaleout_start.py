@@ -15,7 +15,7 @@ import pytest
 
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.service.config import build_engine, load_config
-from streamsvi.service.roles.transport import Delta
+from streamsvi.service.roles.transport import Delta, init_state
 
 from .conftest import blob_rows, highwater_marks, produce_raw, read_topic
 from .test_scaleout import _check_exactly_once, _configs, _lambda, _wait
@@ -43,7 +43,7 @@ def _run(tmp_path, daemons, bootstrap, topic, deltas, group, n, n_total):
 def _proposals(bootstrap, deltas) -> list:
     """Every λ_0 proposal ("init" message) on the deltas topic, in order."""
     found = [Delta.decode(v) for _, _, v in read_topic(bootstrap, deltas)]
-    return [d for d in found if d.kind == "init"]
+    return [init_state(d)[1].lam for d in found if d.kind == "init"]
 
 
 @pytest.mark.parametrize("n, n_total, start, said", [
@@ -71,8 +71,8 @@ def test_the_worker_proposes_lambda_0_from_the_models_start_records(
     expected = engine.init(rows[:start], seed=seed).lam
     proposed = _proposals(bootstrap, deltas)
     assert proposed, "no λ_0 proposal on the deltas topic"
-    assert all(d.stats.array_equal(expected) for d in proposed)   # (a retry proposes the same)
-    assert not proposed[0].stats.array_equal(engine.init(rows[:BATCH], seed=seed).lam)
+    assert all(lam.array_equal(expected) for lam in proposed)   # (a retry proposes the same)
+    assert not proposed[0].array_equal(engine.init(rows[:BATCH], seed=seed).lam)
     assert said in worker.stderr()
 
 
@@ -101,7 +101,7 @@ def test_dead_letters_of_held_batches_are_written_once(kafka_broker, new_topic, 
     assert m and int(m.group(2)) >= 150, worker.stderr()[-3000:]
     expected = build_engine(cfg, float(n)).init(rows[:int(m.group(2))], seed=cfg["inference"]["seed"]).lam
     proposed = _proposals(bootstrap, deltas)
-    assert proposed and all(d.stats.array_equal(expected) for d in proposed)
+    assert proposed and all(lam.array_equal(expected) for lam in proposed)
 
 
 def test_a_first_batch_of_only_bad_records_is_accounted_before_lambda_0(kafka_broker, new_topic, new_group,

@@ -41,13 +41,12 @@ import numpy as np
 
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
-from ...models.base import NatParams
 from ..config import build_engine, client_security
 from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ..signals import StopOnSignals
-from .apply import apply_delta
-from .transport import Delta, DeltaFormatError, publish_lambda
+from ...inference import split
+from .transport import Delta, DeltaFormatError, init_state, publish_lambda
 from .worker import check_scaleout_config
 
 log = logging.getLogger("streamsvi.applier")
@@ -248,11 +247,16 @@ class Applier(StopOnSignals):
         if d.kind == "init":
             if self.state is None:
                 n = self.cfg["inference"]["n_total"]
+                try:
+                    _, proposed = init_state(d)
+                except DeltaFormatError as exc:
+                    log.error("deltas topic offset %d: %s; skipped", msg.offset, exc)
+                    self._skip("bad", res)
+                    return
                 self.engine = build_engine(self.cfg, d.n_total if n == "auto" else float(n))
                 rng = np.random.Generator(np.random.PCG64(self.cfg["inference"]["seed"]))
-                prior = self.engine.model.prior()
-                self.state = EngineState(step=0, lam=NatParams({k: d.stats[k] for k in prior}), rng_state=rng.bit_generator.state,
-                                         records_seen=0)
+                self.state = EngineState(step=0, lam=proposed.lam, rng_state=rng.bit_generator.state,
+                                         records_seen=0, aux=proposed.aux)
                 self._dirty = True
                 self._since_ck += 1
                 log.info("applier: λ_0 proposed by worker %s adopted (N = %g)", d.worker, self.engine.n_total)
@@ -289,7 +293,8 @@ class Applier(StopOnSignals):
             records = 0
         elif d.stats is not None:
             scale = 1.0 if staleness <= bound else bound / staleness
-            self.state, done = apply_delta(self.engine, self.state, d.stats, d.records, d.min_weight, scale)
+            c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
+            self.state, done = split.apply(self.engine, self.state, c, scale)
             self.metrics.rho.set(done.rho)
             self.metrics.step.set(done.step)
             if done.domain_clipped:

@@ -13,10 +13,15 @@ statistics were computed at), ``ranges`` (``[[topic, partition, first, end], ...
 the data-topic offsets ``first <= o < end`` the delta covers, dead letters
 included), ``records`` (records that reached the model), ``min_weight`` (the
 smallest SVI+ weight, so the applier knows when to test the domain),
-``n_total`` (the N the worker scaled by), ``arrays`` (``[[name, shape], ...]``).
+``n_total`` (the N the worker scaled by), ``extra`` (JSON values of the
+contribution, :class:`~streamsvi.inference.split.Contribution` ``meta``),
+``arrays`` (``[[name, shape, dtype], ...]``, dtype ``<f8``, ``<i8`` or ``|u1``;
+an entry without a dtype is ``<f8``).
 
-The arrays of a "delta" are the scaled weighted statistics (N/|S|) Σ_n w_n
-E_q[t(θ_n)] = λ̂ − η; of an "init", λ_0 itself. A delta of 0 records has no
+The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
+for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η);
+of an "init", the proposed start state λ_0, as :func:`~streamsvi.inference.state.state_to_arrays`
+writes it (so a model with any storage can propose one). A delta of 0 records has no
 arrays: it only says its offset ranges were consumed (every record dead-lettered).
 
 λ versions are published as a file (``scaleout.lambda_file``), not on a
@@ -38,7 +43,28 @@ from ...inference.state import state_from_arrays, state_to_arrays
 from ...models.base import NatParams
 
 MAGIC = b"SSVD1\n"
-_MAX_HEADER = 1 << 20
+_MAX_HEADER = 1 << 24
+#: wire dtype -> the native dtype it decodes to
+_DTYPES = {"<f8": np.float64, "<i8": np.int64, "|u1": np.uint8}
+
+
+def _wire(v) -> np.ndarray:
+    """``v`` as a little-endian array of one of the wire dtypes (float64, int64, uint8)."""
+    a = np.asarray(v)
+    if a.dtype == np.uint8:
+        return np.ascontiguousarray(a)
+    if a.dtype.kind in "biu":
+        return np.ascontiguousarray(a, dtype="<i8")
+    if a.dtype.kind == "f":
+        return np.ascontiguousarray(a, dtype="<f8")
+    raise TypeError(f"a delta array must be numeric, not {a.dtype}")
+
+
+def _mapping(arrays: dict):
+    """All float64 (a dense λ's statistics): a NatParams, as before; else the plain dict."""
+    if all(a.dtype == np.float64 for a in arrays.values()):
+        return NatParams(arrays)
+    return arrays
 
 
 class DeltaFormatError(ValueError):
@@ -53,21 +79,21 @@ class Delta:
     version: int
     ranges: list            # [(topic, partition, first, end)]
     records: int
-    stats: NatParams | None = None
+    stats: "NatParams | dict | None" = None
     min_weight: float = 1.0
     n_total: float = 0.0
     kind: str = "delta"
     extra: dict = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        arrays = [] if self.stats is None else list(self.stats.items())   # NatParams order
+        arrays = [] if self.stats is None else [(k, _wire(v)) for k, v in self.stats.items()]
         header = {"kind": self.kind, "worker": self.worker, "version": int(self.version),
                   "ranges": [[str(t), int(p), int(a), int(b)] for t, p, a, b in self.ranges],
                   "records": int(self.records), "min_weight": float(self.min_weight),
                   "n_total": float(self.n_total), "extra": self.extra,
-                  "arrays": [[k, list(np.shape(v))] for k, v in arrays]}
+                  "arrays": [[k, list(v.shape), v.dtype.str] for k, v in arrays]}
         h = json.dumps(header, separators=(",", ":")).encode()
-        body = b"".join(np.ascontiguousarray(v, dtype="<f8").tobytes() for _, v in arrays)
+        body = b"".join(v.tobytes() for _, v in arrays)
         return MAGIC + struct.pack("<I", len(h)) + h + body
 
     @classmethod
@@ -83,11 +109,16 @@ class Delta:
         try:
             h = json.loads(bytes(data[10:10 + hlen]).decode())
             stats, pos = {}, 10 + hlen
-            for name, shape in h["arrays"]:
-                n = int(np.prod(shape, dtype=np.int64)) * 8
+            for entry in h["arrays"]:
+                name, shape = entry[0], [int(d) for d in entry[1]]
+                dt = entry[2] if len(entry) > 2 else "<f8"
+                if dt not in _DTYPES or any(d < 0 for d in shape):
+                    raise DeltaFormatError(f"delta array {name!r}: dtype {dt!r} shape {shape} not allowed")
+                n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
                 if pos + n > len(data):
                     raise DeltaFormatError(f"delta array {name!r} runs past the end of the message")
-                stats[str(name)] = np.frombuffer(data[pos:pos + n], dtype="<f8").reshape(shape).astype(float)
+                stats[str(name)] = np.frombuffer(data[pos:pos + n], dtype=dt).reshape(shape).astype(
+                    _DTYPES[dt])
                 pos += n
             if pos != len(data):
                 raise DeltaFormatError(f"{len(data) - pos} bytes after the last delta array")
@@ -95,13 +126,29 @@ class Delta:
             if h["kind"] not in ("delta", "init"):
                 raise DeltaFormatError(f"unknown delta kind {h['kind']!r}")
             return cls(worker=str(h["worker"]), version=int(h["version"]), ranges=ranges,
-                       records=int(h["records"]), stats=NatParams(stats) if stats else None,
+                       records=int(h["records"]), stats=_mapping(stats) if stats else None,
                        min_weight=float(h["min_weight"]), n_total=float(h["n_total"]),
                        kind=h["kind"], extra=dict(h.get("extra") or {}))
         except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
             if isinstance(exc, DeltaFormatError):
                 raise
             raise DeltaFormatError(f"bad delta header: {type(exc).__name__}: {exc}") from None
+
+
+def init_delta(worker: str, engine, state) -> Delta:
+    """The "init" message proposing ``state`` (λ_0 with its aux) as the start."""
+    return Delta(worker=worker, version=-1, ranges=[], records=0, stats=state_to_arrays(engine, state),
+                 n_total=float(engine.n_total), kind="init")
+
+
+def init_state(d: Delta):
+    """``(engine, state)`` proposed by the "init" message ``d`` (:func:`init_delta`)."""
+    if d.kind != "init" or not d.stats:
+        raise DeltaFormatError("not an init message with a start state")
+    try:
+        return state_from_arrays(dict(d.stats))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DeltaFormatError(f"bad init message: {type(exc).__name__}: {exc}") from None
 
 
 # ------------------------------------------------------------------ λ versions

@@ -44,16 +44,12 @@ import logging
 import os
 import socket
 import time
-import zlib
-
-import numpy as np
 
 from ...inference.engine import EngineState
-from ...models.base import GradientModel, RowWise
-from ..config import ConfigError, build_model, client_security
+from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
-from .transport import Delta, LambdaFile
+from .transport import Delta, LambdaFile, init_delta
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -105,16 +101,14 @@ def claim_worker_id(group: str, wid: str):
 
 def check_scaleout_config(cfg) -> None:
     """Refuse configs the roles cannot run, naming the setting."""
+    from ...inference import split
+    from ..config import build_engine
+
     if cfg["source"]["kind"] != "kafka":
         raise ConfigError("source.kind: the worker and applier roles need a Kafka source")
-    kind = cfg["model"]["kind"]
-    model = build_model(cfg["model"])
-    if isinstance(model, GradientModel):
-        raise ConfigError(f"model.kind: {kind} learns by stochastic gradients (the gradient path), whose "
-                          f"steps are not sums of worker statistics: run it as one process")
-    if isinstance(model, RowWise):
-        raise ConfigError(f"model.kind: {kind} updates only the rows a batch touches (a row-wise step); "
-                          f"it cannot be split into worker deltas yet: run it as one process")
+    why = split.why_not(build_engine(cfg, 1.0))
+    if why is not None:
+        raise ConfigError(f"model.kind: {why}")
     if not cfg["scaleout"]["deltas_topic"]:
         raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
                           "one partition that carries the workers' statistic deltas)")
@@ -145,20 +139,15 @@ def _bounded(producer, method: str, *args) -> None:
 
 
 def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
-    """``(stats, min_weight)``: the delta of the minibatch ``x`` at the λ version ``lam_state``.
-
-    stats = λ̂ − η, the engine's own target (:meth:`SVI.stochastic_target`: SVI+
-    weights, a tempered local step and target, a random restart, at the level
-    of step ``lam_state.step + 1``) less the prior, so that the applier's step
-    towards η + stats is the engine's update. Its random draws are seeded by
-    (seed, topic, partition, first offset): a replayed batch gets the same delta.
+    """The :class:`~streamsvi.inference.split.Contribution` of the minibatch ``x`` at the λ
+    version ``lam_state`` (:func:`streamsvi.inference.split.contribution`: the engine's own
+    update up to the step, so that the applier's step from it is the engine's update). Its
+    random draws are seeded by (seed, topic, partition, first offset): a replayed batch gets
+    the same contribution.
     """
-    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first)])
-    rng = np.random.Generator(np.random.PCG64(seq))
-    at = EngineState(step=lam_state.step, lam=lam_state.lam, rng_state=rng.bit_generator.state,
-                     records_seen=lam_state.records_seen)
-    tg = engine.stochastic_target(at, x)
-    return tg.target - engine.model.prior(), 1.0 if tg.weights is None else float(tg.weights.min())
+    from ...inference import split
+
+    return split.contribution(engine, lam_state, x, split.batch_rng_state(seed, topic, partition, first))
 
 
 #: Longest gap between two consumer polls of a worker (one batch's local step and
@@ -382,7 +371,7 @@ class Worker(Daemon):
             return
         n_x = self.kind.n_records(x)
         if not n_x:
-            self._pending = (None, 0, 1.0, self.lam.version or 0)
+            self._pending = (None, self.lam.version or 0)
             return
         self.lam.refresh()                  # (a batch with records is held until λ is published)
         engine, lam_state = self.lam.engine, self.lam.state
@@ -390,8 +379,8 @@ class Worker(Daemon):
         self.scaleout_metrics.lambda_version.set(lam_state.step)
         t0 = time.perf_counter()
         t, p, first, _ = self._batch_ranges[0]
-        stats, min_w = batch_delta(engine, lam_state, x, self.cfg["inference"]["seed"], t, p, first)
-        self._pending = (stats, n_x, min_w, lam_state.step)
+        c = batch_delta(engine, lam_state, x, self.cfg["inference"]["seed"], t, p, first)
+        self._pending = (c, lam_state.step)
         self.metrics.update_seconds.observe(time.perf_counter() - t0)
         self.metrics.records.inc(n_x)
         self.metrics.batches.inc()
@@ -475,9 +464,7 @@ class Worker(Daemon):
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
         prod = self._producer()
         prod.begin_transaction()
-        prod.send(self.sc["deltas_topic"], Delta(worker=self.worker_id, version=-1, ranges=[], records=0,
-                                                 stats=st.lam, n_total=self.engine.n_total,
-                                                 kind="init").encode(), partition=0)
+        prod.send(self.sc["deltas_topic"], init_delta(self.worker_id, self.engine, st).encode(), partition=0)
         prod.commit_transaction()
         self._proposals += 1
         self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
@@ -495,11 +482,12 @@ class Worker(Daemon):
 
         if self._pending is None:           # held for the start (or given back): nothing to commit
             return
-        stats, records, min_w, version = self._pending
+        c, version = self._pending
         self._pending = None
         ranges = self._batch_ranges
-        delta = Delta(worker=self.worker_id, version=version, ranges=ranges, records=records,
-                      stats=stats, min_weight=min_w,
+        delta = Delta(worker=self.worker_id, version=version, ranges=ranges,
+                      records=0 if c is None else c.records, stats=None if c is None else c.arrays,
+                      min_weight=1.0 if c is None else c.min_weight, extra={} if c is None else c.meta,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
         member = source.membership()
