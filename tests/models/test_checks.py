@@ -116,6 +116,45 @@ def test_same_seed_same_data_is_bit_identical(model_case):
     assert not other.lam.array_equal(out[0][0].lam)  # the seed matters
 
 
+def test_a_split_update_is_the_update(model_case):
+    """Issue 25: a worker's contribution, sent through the deltas codec and applied by the
+    applier's step at the same state, is the engine's update with the same draws (SVI+
+    weights): bit for bit, or to rounding where the storage's splitter says so. This is what
+    makes N workers and one process run the same step."""
+    import copy
+    from dataclasses import replace
+
+    from streamsvi.inference import split
+    from streamsvi.service.roles.transport import Delta
+
+    model, X = model_case
+    engine = SVI(model, n_total=len(X), effective_batch_size=10, schedule=RobbinsMonro(tau0=1.0, kappa=0.7))
+    why = split.why_not(engine)
+    if why is not None:
+        pytest.skip(why)
+    sp = split.splitter_for(engine)
+    state = engine.init(X, seed=5)
+    applied, single = copy.deepcopy(state), copy.deepcopy(state)   # (LDA steps its storage in place)
+    B = max(len(X) // 6, 2)
+    for i in range(6):
+        x = X[B * i:B * (i + 1)]
+        draws = split.batch_rng_state(7, "t", 0, B * i)
+        c = split.contribution(engine, applied, x, draws)
+        wire = Delta.decode(Delta(worker="w", version=applied.step, ranges=[("t", 0, B * i, B * (i + 1))],
+                                  records=c.records, stats=c.arrays, min_weight=c.min_weight,
+                                  extra=c.meta).encode())
+        c = split.Contribution(arrays=wire.stats, records=wire.records, min_weight=wire.min_weight,
+                               meta=wire.extra)
+        applied, done = split.apply(engine, applied, c)
+        single, _ = engine.update(replace(single, rng_state=draws), x)
+        assert applied.step == single.step == i + 1 and done.step == i + 1
+        assert applied.records_seen == single.records_seen and done.records == c.records
+        if sp.agreement == "exact":
+            assert applied.lam.array_equal(single.lam), f"update {i + 1}"
+        else:
+            assert applied.lam.allclose(single.lam, rtol=1e-9, atol=1e-9), f"update {i + 1}"
+
+
 def test_merging_half_batch_statistics_equals_one_batch(model_case):
     model, X = model_case
     kw = {}
