@@ -58,17 +58,21 @@ def toml(d):
     return "\n".join(out)
 
 
+#: ``scaleout`` settings of the workers (``--commit-every``)
+SCALEOUT = {}
+
+
 def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
     cfg = {"model": {"kind": "gmm", "n_components": K, "n_features": D, "weight_concentration": 1.0,
                      "mean_precision": 0.1, "scale": 1.0},
-           "inference": {"n_total": n, "batch_size": 200, "effective_batch_size": 50,
+           "inference": {"n_total": max(n, 1), "batch_size": 200, "effective_batch_size": 50,
                          "max_wait_seconds": 1.0, "seed": 1},
            "source": {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
                       "codec": "json"},
            "checkpoint": {"directory": str(work / "ck"), "every_batches": 50, "every_seconds": 5.0},
            "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0}}
     if deltas:
-        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64}
+        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64, **SCALEOUT}
         if worker:
             cfg["scaleout"]["worker_id"] = worker
     name = work / f"{worker or ('applier' if deltas else 'single')}.toml"
@@ -76,22 +80,48 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
     return name
 
 
-def run_single(root, bootstrap, topic, n):
+def proc_cpu(pid) -> float:
+    """CPU seconds (user + system) a live process has used so far, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def reap(p, block: bool = True) -> float | None:
+    """The child ``p``'s CPU seconds (user + system, from wait4's rusage) once it has ended,
+    setting ``p.returncode``; None if it runs on (``block`` False). ``p.poll()`` must not be
+    used on a child passed here: it would reap it and lose the rusage."""
+    pid, status, ru = os.wait4(p.pid, 0 if block else os.WNOHANG)
+    if pid == 0:
+        return None
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_single(root, bootstrap, topic, n, broker_pid):
+    """(seconds, engine, state, {process: CPU seconds}) of one daemon draining the topic."""
     work = root / f"single-{uuid.uuid4().hex[:6]}"
     work.mkdir()
     cfg = config(work, bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", n)
+    b0 = proc_cpu(broker_pid)
     t0 = time.perf_counter()
-    p = subprocess.run([STREAMSVI, "run", "--config", str(cfg), "--until-drained"], capture_output=True,
-                       timeout=900)
+    with open(work / "log", "wb") as logs:
+        p = subprocess.Popen([STREAMSVI, "run", "--config", str(cfg), "--until-drained"], stdout=logs,
+                             stderr=logs)
+        cpu = reap(p)
     el = time.perf_counter() - t0
-    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    broker = proc_cpu(broker_pid) - b0
+    assert p.returncode == 0, (work / "log").read_text()[-2000:]
+    if n == 0:                                  # the start-up baseline: nothing to load
+        return el, None, None, {"daemon": cpu, "broker": broker}
     from streamsvi.checkpoint import load_snapshot
     snap = load_snapshot(work / "ck")
     assert snap.state.records_seen == n, snap.state.records_seen
-    return el, snap.engine, snap.state
+    return el, snap.engine, snap.state, {"daemon": cpu, "broker": broker}
 
 
-def run_scaleout(root, bootstrap, topic, n, workers):
+def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
+    """(seconds, engine, state, {process: CPU seconds}): an applier and ``workers`` workers."""
     from streamsvi.io.broker import create_topic
     from streamsvi.service.roles.transport import LambdaFile
 
@@ -102,28 +132,38 @@ def run_scaleout(root, bootstrap, topic, n, workers):
     acfg = config(work, bootstrap, topic, group, n, deltas)
     wcfgs = [config(work, bootstrap, topic, group, n, deltas, f"w{i}") for i in range(workers)]
     logs = open(work / "log", "wb")
+    b0 = proc_cpu(broker_pid)
     t0 = time.perf_counter()
     procs = [subprocess.Popen([STREAMSVI, "run", "--config", str(acfg), "--role", "applier"],
                               stdout=logs, stderr=logs)]
     procs += [subprocess.Popen([STREAMSVI, "run", "--config", str(c), "--role", "worker", "--until-drained"],
                                stdout=logs, stderr=logs) for c in wcfgs]
     lam = LambdaFile(work / "ck" / "lambda.npz")
+    cpus = [None] * len(procs)
     try:
-        while not (lam.refresh() or lam.state is not None) or lam.state.records_seen < n:
-            if any(p.poll() not in (None, 0) for p in procs):
+        def done():
+            if n == 0:                          # the start-up baseline: the workers found nothing
+                return all(c is not None for c in cpus[1:])
+            return (lam.refresh() or lam.state is not None) and lam.state.records_seen >= n
+
+        while not done():
+            for i, p in enumerate(procs):
+                if cpus[i] is None:
+                    cpus[i] = reap(p, block=False)
+            if any(p.returncode not in (None, 0) for p in procs):
                 raise RuntimeError(f"a process failed; see {work / 'log'}")
             if time.perf_counter() - t0 > 900:
                 raise RuntimeError("scale-out run did not finish in 900 s")
             time.sleep(0.01)
-            lam.refresh()
         el = time.perf_counter() - t0
+        broker = proc_cpu(broker_pid) - b0
     finally:
         for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(60)
-    assert lam.state.records_seen == n, lam.state.records_seen
-    return el, lam.engine, lam.state
+            if p.returncode is None:
+                p.terminate()
+        cpus = [c if c is not None else reap(p) for c, p in zip(cpus, procs)]
+    assert n == 0 or lam.state.records_seen == n, lam.state.records_seen
+    return el, lam.engine, lam.state, {"applier": cpus[0], "workers": sum(cpus[1:]), "broker": broker}
 
 
 def applier_ceiling(root, bootstrap, n_deltas):
@@ -185,7 +225,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--ceiling-deltas", type=int, default=3000)
+    ap.add_argument("--commit-every", type=int, default=None,
+                    help="scaleout.commit_every_batches of the workers (default: the config's)")
     args = ap.parse_args()
+    if args.commit_every is not None:
+        SCALEOUT["commit_every_batches"] = args.commit_every
     from streamsvi.io import JsonCodec, produce_rows
     from streamsvi.io.broker import LocalBroker, create_topic
 
@@ -201,16 +245,29 @@ def main():
         create_topic(bs, topic, partitions=P)
         produce_rows(bs, topic, X, JsonCodec(D), partitions=P)
         print(f"{n} JSON records of a {K}-component {D}-D mixture on {P} partitions; batch 200, M 50\n")
+        # start-up CPU (imports, group join, shutdown) of each role on an empty topic, subtracted
+        # below so that "CPU per record" is what each record costs
+        empty = f"empty-{uuid.uuid4().hex[:6]}"
+        create_topic(bs, empty, partitions=P)
+        _, _, _, c0 = run_single(root, bs, empty, 0, broker.proc.pid)
+        _, _, _, c1 = run_scaleout(root, bs, empty, 0, 1, broker.proc.pid)
+        start_cpu = {"daemon": c0["daemon"], "workers": c1["workers"], "applier": c1["applier"],
+                     "broker": 0.0}
+        print(f"start-up CPU on an empty topic: daemon {c0['daemon']:.2f} s, worker {c1['workers']:.2f} s, "
+              f"applier {c1['applier']:.2f} s (subtracted below)\n")
         times = {"single": [], **{w: [] for w in counts}}
+        cpu = {"single": [], **{w: [] for w in counts}}
         finals = {}
+        bpid = broker.proc.pid
         for r in range(args.rounds):
             order = ["single"] + counts if r % 2 == 0 else counts[::-1] + ["single"]
             for what in order:
                 if what == "single":
-                    el, eng, state = run_single(root, bs, topic, n)
+                    el, eng, state, c = run_single(root, bs, topic, n, bpid)
                 else:
-                    el, eng, state = run_scaleout(root, bs, topic, n, what)
+                    el, eng, state, c = run_scaleout(root, bs, topic, n, what, bpid)
                 times[what].append(el)
+                cpu[what].append(c)
                 finals[what] = (eng, state)
                 print(f"  round {r + 1}: {what if what == 'single' else f'{what} worker(s)':>12}  "
                       f"{el:6.1f} s  {n / el:8.0f} rec/s", flush=True)
@@ -221,6 +278,20 @@ def main():
             rows.append([f"{w} worker(s) + applier", f"{t:.1f}", f"{n / t:.0f}", f"{base / t:.2f}"])
         print("\nthroughput (median of rounds; time includes process start and group joins):")
         print(fmt_table(["run", "seconds", "records/s", "vs single"], rows))
+
+        print("\nCPU per record (µs; median of rounds; each process from its start to its end, the "
+              "broker over the run):")
+        def us(what, key):
+            per = {"workers": what if what != "single" else 1}.get(key, 1)
+            return 1e6 * float(np.median([c[key] - per * start_cpu[key] for c in cpu[what]])) / n
+        d_us, db_us = us("single", "daemon"), us("single", "broker")
+        rows = [["single process", f"{d_us:.1f}", "", "", f"{db_us:.2f}", "1.00", "1.00"]]
+        for w in counts:
+            w_us, b_us = us(w, "workers"), us(w, "broker")
+            rows.append([f"{w} worker(s) + applier", "", f"{w_us:.1f}", f"{us(w, 'applier'):.1f}",
+                         f"{b_us:.2f}", f"{w_us / d_us:.2f}", f"{b_us / db_us:.2f}"])
+        print(fmt_table(["run", "daemon", "workers (all)", "applier", "broker", "workers/daemon",
+                         "broker/broker(single)"], rows))
 
         dps, pure, el = applier_ceiling(root, bs, args.ceiling_deltas)
         print(f"\napplier ceiling: {dps:.0f} deltas/s end to end ({args.ceiling_deltas} deltas read "

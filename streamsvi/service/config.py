@@ -175,6 +175,11 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               choices=("downweight", "drop")),
         "transaction_timeout_ms": Field("int", 60000, "worker transaction timeout (Kafka aborts a dead "
                                         "worker's open transaction after it)", min=1),
+        "commit_every_batches": Field("int", 8, "a worker commits its deltas and offsets in one Kafka "
+                                      "transaction per this many batches (more: less broker work per "
+                                      "record, deltas reach the applier later)", min=1),
+        "commit_seconds": Field("float", 0.5, "... or once its open transaction is this old (and at "
+                                "every empty poll and stop)", min=0),
         "publish_seconds": Field("float", 0.0, "the applier publishes lambda at most this often "
                                  "(0 = after every poll that applied deltas)", min=0),
     },
@@ -515,6 +520,11 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if len(src["fields"]) != n_fields:
             raise ConfigError(f"source.fields: {kind.name!r} records of model.kind = {mdl['kind']!r} take "
                               f"{n_fields} name(s), got {len(src['fields'])}")
+    sc = out["scaleout"]
+    if sc["commit_seconds"] * 1000 * 2 > sc["transaction_timeout_ms"]:
+        raise ConfigError(f"scaleout.commit_seconds: {sc['commit_seconds']:g} s must be at most half of "
+                          f"scaleout.transaction_timeout_ms ({sc['transaction_timeout_ms']} ms), or the "
+                          f"broker may abort an open transaction before the worker commits it")
     if base_dir is not None:   # relative paths are relative to the config file
         for sec, key in (("checkpoint", "directory"), ("source", "path"), ("source", "dead_letter_path"),
                          ("source", "vocabulary"), ("scaleout", "lambda_file")):

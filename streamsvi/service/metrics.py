@@ -195,6 +195,8 @@ class ScaleoutMetrics:
     (duplicate, overlap, stale, no_state, bad), ``streamsvi_applier_active`` (1 while this
     applier owns the deltas partition). Both roles: ``streamsvi_lambda_version`` (the λ
     version this process published or computes at). Worker: ``streamsvi_deltas_sent_total``,
+    ``streamsvi_worker_transactions_total`` (committed transactions; each carries up to
+    ``scaleout.commit_every_batches`` deltas),
     ``streamsvi_deltas_withheld_total`` (batches read again instead of committed, because the
     group had moved on: the member was dropped or the partition handed on). Applier:
     ``streamsvi_delta_gaps_total`` (deltas that start past the end of the ranges applied for a
@@ -218,6 +220,9 @@ class ScaleoutMetrics:
                                     "(applier) or computes deltas at (worker)", namespace=ns, registry=r)
         self.deltas_sent = Counter("deltas_sent", "Deltas this worker committed to the deltas topic",
                                    namespace=ns, registry=r)
+        self.transactions = Counter("worker_transactions", "Transactions this worker committed (each "
+                                    "holds one or more deltas and their batches' offsets)",
+                                    namespace=ns, registry=r)
         self.withheld = Counter("deltas_withheld", "Batches this worker read again instead of "
                                 "committing them, because it was no longer a stable member owning "
                                 "their partitions", namespace=ns, registry=r)

@@ -81,6 +81,29 @@ def test_file_sink_appends_and_is_durable_after_flush(tmp_path):
     assert len(path.read_text().splitlines()) == 2
 
 
+def test_file_sink_fsyncs_only_what_was_written(tmp_path, monkeypatch):
+    """Issue 25: a scale-out worker flushes its sink before every commit; an fsync of a file
+    with nothing new was 11.7 % of its time. A flush with nothing written syncs nothing; one
+    after a write syncs once (counted at ``os.fsync``, on the real file)."""
+    import os
+
+    from streamsvi.io import deadletter
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(deadletter.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    path = tmp_path / "dead.jsonl"
+    with FileDeadLetterSink(path) as sink:
+        for _ in range(3):
+            sink.flush()
+        assert synced == []
+        sink.send(DeadLetter(Position("t", 0, 1), "json_invalid", "bad", b"x"))
+        sink.flush()
+        sink.flush()
+        assert len(synced) == 1
+    assert len(synced) == 1 and len(path.read_text().splitlines()) == 1
+
+
 def test_file_seek_forward_backward_and_lag(jsonl):
     path, good, _ = jsonl
     key = (str(path), 0)

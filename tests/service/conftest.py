@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -144,6 +145,59 @@ def gmm_config(tmp_path: Path, *, bootstrap=None, topic=None, group=None, name="
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(to_toml(cfg))
     return path
+
+
+class Feed(threading.Thread):
+    """Produce ``rows`` to ``topic`` a chunk at a time while a test runs (started by :meth:`begin`).
+
+    A kill test must kill processes mid-stream. With everything produced up front, a scale-out
+    run drains 30,000 records in about two seconds, and on a loaded machine the test's own
+    process may notice "λ has N records" only after the end: the kill then lands on an idle
+    worker, and workers run with ``--until-drained`` have stopped. A feed keeps records
+    arriving, paced, until it has produced them all (:meth:`finish` waits for that).
+    ``produce(rows)`` writes one chunk (default: JSON rows, round-robin over ``partitions``).
+    """
+
+    def __init__(self, bootstrap, topic, rows, partitions, chunk=600, pace_s=0.1, produce=None):
+        super().__init__(daemon=True)
+        from streamsvi.io import JsonCodec, produce_rows
+
+        self.rows, self.chunk, self.pace_s = rows, int(chunk), float(pace_s)
+        self.produce = produce or (lambda part: produce_rows(bootstrap, topic, part,
+                                                             JsonCodec(np.shape(part)[1]),
+                                                             partitions=partitions))
+        self.produced = 0
+        self.error = None
+        self._stop_feed = threading.Event()
+
+    def begin(self):
+        """Produce the first chunk now, then the rest in the background."""
+        self.produce(self.rows[:self.chunk])
+        self.produced = min(self.chunk, len(self.rows))
+        self.start()
+        return self
+
+    def run(self):
+        try:
+            for i in range(self.chunk, len(self.rows), self.chunk):
+                if self._stop_feed.wait(self.pace_s):
+                    return
+                part = self.rows[i:i + self.chunk]
+                self.produce(part)
+                self.produced += len(part)
+        except Exception as exc:  # noqa: BLE001 - reported by finish()
+            self.error = exc
+
+    def finish(self, timeout_s=300.0) -> int:
+        """Wait until every row is produced; the number produced."""
+        self.join(timeout_s)
+        assert not self.is_alive(), "the feed did not finish"
+        if self.error is not None:
+            raise self.error
+        return self.produced
+
+    def cancel(self):
+        self._stop_feed.set()
 
 
 # ------------------------------------------------------------ subprocesses

@@ -277,7 +277,8 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
         proxy.pause()                                       # the broker goes silent mid-transaction
         done = threading.Event()
         with caplog.at_level("WARNING", logger="streamsvi.worker"):
-            t = threading.Thread(target=lambda: (worker._advance(batch, source), done.set()), daemon=True)
+            t = threading.Thread(target=lambda: (worker._advance(batch, source), worker._commit(source),
+                                                 done.set()), daemon=True)
             t.start()
             _wait(lambda: "did not complete" in caplog.text, 30, "the worker to give up waiting")
             proxy.heal()

@@ -44,6 +44,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import dataclass, field
 
 from ...inference.engine import EngineState
 from ..config import ConfigError, client_security
@@ -184,6 +185,16 @@ def worker_source(cfg, metrics):
                                         "request_timeout_ms": MAX_POLL_INTERVAL_MS})
 
 
+@dataclass
+class _Transaction:
+    """The worker's open transaction: its batches' offset ranges and next offsets."""
+
+    started: float
+    batches: int = 0
+    ranges: list = field(default_factory=list)      # [(topic, partition, first, end)]
+    offsets: dict = field(default_factory=dict)     # (topic, partition) -> next offset
+
+
 class Worker(Daemon):
     """One scale-out worker (module docs). Same constructor as :class:`Daemon`."""
 
@@ -202,7 +213,8 @@ class Worker(Daemon):
         self._proposals = 0                 # λ_0 proposals sent while no λ was published
         self._next_proposal = 0.0           # monotonic time of the next one (backoff)
         self._warned_no_applier = False
-        self._pending = None        # (stats, records, min_weight, version) of the batch in hand
+        self._pending = None        # (contribution or None, λ version) of the batch in hand
+        self._txn = None            # the open transaction (_Transaction), if any
         self._holding = False       # the batch in hand is held for the start (_gather)
         self._held_ranges: list = []    # offset ranges of every batch held for the start
         self._unassigned_since = None   # monotonic time this worker was first seen without partitions
@@ -299,6 +311,16 @@ class Worker(Daemon):
         they are read again (:meth:`_gather`) before anything of them is committed."""
         if self._held_ranges:
             return False
+        if self._txn is not None:           # read to the end? then commit what is open, and see
+            ahead = dict(self.offsets)
+            ahead.update(self._txn.offsets)
+            try:
+                read_all = source.drained(ahead)
+            except Exception:  # noqa: BLE001 - not known yet: read on
+                read_all = False
+            if not read_all:
+                return False
+            self._commit(source)
         if super()._drained(source):
             return True
         if source.assignment():
@@ -333,7 +355,14 @@ class Worker(Daemon):
         return self.producer
 
     def _finish(self, source, dead_sink, loop):
-        """Every batch was committed in its own transaction: nothing to checkpoint."""
+        """Commit the open transaction (if this worker still owns its partitions); nothing to
+        checkpoint: the transactions are the worker's commits."""
+        if self._txn is not None:
+            try:
+                self._commit(source)
+            except Exception as exc:  # noqa: BLE001 - uncommitted batches are read again by the group
+                log.warning("worker %s: the last transaction was not committed (%s: %s); its batches "
+                            "will be read again", self.worker_id, type(exc).__name__, exc)
         dead_sink.flush()
         self._close_producer()
         if self._id_lock is not None:
@@ -448,9 +477,11 @@ class Worker(Daemon):
 
     def _idle(self, source, loop) -> bool:
         """As in one process; a quiet stream or its end does not keep the start waiting: start
-        from the batches held (:meth:`_gather` with ``flush``)."""
+        from the batches held (:meth:`_gather` with ``flush``), and commit the open transaction."""
         if self._held_ranges and not loop.failed_poll:
             self._gather(None, source, flush=True)
+        if self._txn is not None and not loop.failed_poll:
+            self._commit(source)
         return super()._idle(source, loop)
 
     def _flush_start(self, loop) -> None:
@@ -475,50 +506,108 @@ class Worker(Daemon):
                 self.worker_id, what, n, self._proposals)
 
     def _advance(self, batch, source) -> None:
-        """One transaction: the delta, the dead letters flushed, the batch's offsets."""
-        from kafka import TopicPartition
-
-        from ...io._kafka import offset_and_metadata
-
+        """The batch's delta joins the open transaction (begun if none is); the transaction is
+        committed once it holds ``scaleout.commit_every_batches`` batches or is
+        ``scaleout.commit_seconds`` old (:meth:`_commit`), and at every empty poll and stop."""
         if self._pending is None:           # held for the start (or given back): nothing to commit
             return
         c, version = self._pending
         self._pending = None
         ranges = self._batch_ranges
+        if not self._still_owner(source, ranges):
+            return
         delta = Delta(worker=self.worker_id, version=version, ranges=ranges,
                       records=0 if c is None else c.records, stats=None if c is None else c.arrays,
                       min_weight=1.0 if c is None else c.min_weight, extra={} if c is None else c.meta,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
-        offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
-        member = source.membership()
-        owned = source.assignment()
-        if member is None or any((t, p) not in owned for t, p, _, _ in ranges):
-            # The group has moved on (the broker dropped this member during an outage, or a
-            # rebalance took the partition): the partition's new owner reads these records
-            # from the group's committed offsets, so committing them here would hand the
-            # applier an overlapping delta (seen after a 25 s outage: a member the broker
-            # no longer knew went on committing for 4 s).
-            log.info("worker %s: not a stable member owning %s any more; batch read again, "
-                     "not committed", self.worker_id, [(t, p) for t, p, _, _ in ranges])
-            self.scaleout_metrics.withheld.inc()
-            self._give_back(source, ranges)
-            return
         prod = self._producer()
-        prod.begin_transaction()
+        txn = self._txn
+        if txn is None:
+            prod.begin_transaction()
+            txn = self._txn = _Transaction(started=time.monotonic())
+        txn.ranges += ranges
+        for t, p, _, end in ranges:
+            txn.offsets[(t, p)] = end
+        txn.batches += 1
         try:
             prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+        except Exception as exc:  # noqa: BLE001 - the transaction is settled, whatever it was
+            self._txn = None
+            if not self._settle(source, txn.ranges, exc):
+                self._give_back(source, txn.ranges)
+            return
+        if txn.batches >= self.sc["commit_every_batches"] or \
+                time.monotonic() - txn.started >= self.sc["commit_seconds"]:
+            self._commit(source)
+
+    def _still_owner(self, source, ranges) -> bool:
+        """Whether this worker is a stable member of the group owning every partition of
+        ``ranges``; if not, the open transaction is aborted and its batches and ``ranges``
+        are read again (by this worker or the partitions' new owners)."""
+        member = source.membership()
+        owned = source.assignment()
+        if member is not None and all((t, p) in owned for t, p, _, _ in ranges):
+            return True
+        # The group has moved on (the broker dropped this member during an outage, or a
+        # rebalance took the partition): the partition's new owner reads these records
+        # from the group's committed offsets, so committing them here would hand the
+        # applier an overlapping delta (seen after a 25 s outage: a member the broker
+        # no longer knew went on committing for 4 s).
+        txn, self._txn = self._txn, None
+        back = (txn.ranges if txn is not None else []) + list(ranges)
+        log.info("worker %s: not a stable member owning %s any more; %d batch(es) read again, "
+                 "not committed", self.worker_id, sorted({(t, p) for t, p, _, _ in back}),
+                 1 + (txn.batches if txn is not None else 0))
+        self.scaleout_metrics.withheld.inc(1 + (txn.batches if txn is not None else 0))
+        if txn is not None:
+            self._abort()
+        self._give_back(source, back)
+        return False
+
+    def _abort(self) -> None:
+        """Abort the open transaction; a producer that cannot is replaced (its successor's
+        ``init_transactions`` aborts it)."""
+        try:
+            self.producer.abort_transaction()
+        except Exception as exc:  # noqa: BLE001 - the new producer settles it
+            log.info("worker %s: abort failed (%s: %s); a new producer aborts it", self.worker_id,
+                     type(exc).__name__, exc)
+            old, self.producer = self.producer, None
+            try:
+                old.close(timeout=0)
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _commit(self, source) -> None:
+        """Commit the open transaction: its deltas, the dead letters flushed, its batches' offsets,
+        all or nothing. Nothing to do without one."""
+        from kafka import TopicPartition
+
+        from ...io._kafka import offset_and_metadata
+
+        txn = self._txn
+        if txn is None:
+            return
+        if not self._still_owner(source, txn.ranges):
+            return
+        self._txn = None
+        member = source.membership()
+        offsets = {TopicPartition(t, p): offset_and_metadata(end) for (t, p), end in txn.offsets.items()}
+        prod = self._producer()
+        try:
             self._dead_sink_flush()
             # the membership, not the bare group id: a broker with KIP-447 refuses the
             # offsets (and so the transaction) of a generation the group has left behind
             _bounded(prod, "send_offsets_to_transaction", offsets, member)
             _bounded(prod, "commit_transaction")
         except Exception as exc:  # noqa: BLE001 - settled below, whatever it was
-            if not self._settle(source, ranges, exc):
-                self._give_back(source, ranges)
+            if not self._settle(source, txn.ranges, exc):
+                self._give_back(source, txn.ranges)
                 return
-        self.deltas_sent += 1
-        self.scaleout_metrics.deltas_sent.inc()
-        self.offsets.update(batch.next_offsets)
+        self.deltas_sent += txn.batches
+        self.scaleout_metrics.deltas_sent.inc(txn.batches)
+        self.scaleout_metrics.transactions.inc()
+        self.offsets.update(txn.offsets)
         self.metrics.set_lag(source.lag())
 
     def _settle(self, source, ranges, exc) -> bool:
