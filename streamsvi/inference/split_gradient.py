@@ -45,6 +45,13 @@ versions old steps ρ_t · bound/τ (the staleness-aware rule η/τ of Zhang et 
 step 4 with bound 4 under the default schedule (1 + t)^−0.7, from step 28 with
 16. A bound below a few workers' usual lag (the other workers' deltas in flight)
 would shorten nearly every step, so not lower than 4.
+
+Measured (logistic regression, D = 3, 6 000 records already on the topic, batches
+of 100, 3 workers, one run each): staleness 0 to 22 (one worker: up to 31, the
+applier reading many deltas per poll before it publishes), more than 4 for about
+half the deltas. Held-out log-likelihood per record, natural / adam: −0.3755 /
+−0.3754 with bound 4, −0.417 / −0.381 with 16, −0.377 / −0.397 with 1000 (the
+true weights: −0.374).
 """
 from __future__ import annotations
 
