@@ -80,6 +80,11 @@ factor's per-record contributions are not kept). The ``natural`` optimiser
 is for the mean field only: with "full" or "lowrank" use ``adam`` (the
 config's default there) or ``sgd``.
 
+An update is :meth:`GradientVI.gradient` (ĝ from the minibatch) then
+:meth:`GradientVI.step_with` (the optimiser's step, the one place it is
+written), which is where scale-out splits it (:mod:`.split_gradient`: workers
+send ĝ, the applier steps with its own λ, Adam moments and ρ_t).
+
 The engine has the public surface of :class:`~streamsvi.inference.engine.SVI`
 that the daemon, the checkpoints and the scorers use: ``init``, ``update``,
 ``fit``, ``predictive_logpdf``, ``to_dict``, ``n_total``, ``model``; states
