@@ -80,6 +80,11 @@ factor's per-record contributions are not kept). The ``natural`` optimiser
 is for the mean field only: with "full" or "lowrank" use ``adam`` (the
 config's default there) or ``sgd``.
 
+An update is :meth:`GradientVI.gradient` (ĝ from the minibatch) then
+:meth:`GradientVI.step_with` (the optimiser's step, the one place it is
+written), which is where scale-out splits it (:mod:`.split_gradient`: workers
+send ĝ, the applier steps with its own λ, Adam moments and ρ_t).
+
 The engine has the public surface of :class:`~streamsvi.inference.engine.SVI`
 that the daemon, the checkpoints and the scorers use: ``init``, ``update``,
 ``fit``, ``predictive_logpdf``, ``to_dict``, ``n_total``, ``model``; states
@@ -544,21 +549,41 @@ class GradientVI:
 
     # --------------------------------------------------------------- update
     def update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
-        """One stochastic-gradient step on the minibatch ``x`` (None for a target)."""
+        """One stochastic-gradient step on the minibatch ``x`` (None for a target):
+        :meth:`gradient` at λ with the state's random stream, then :meth:`step_with`.
+
+        Scale-out splits exactly here (:mod:`streamsvi.inference.split_gradient`): a worker
+        sends ĝ, the applier takes the step with its own λ, moments and ρ_t.
+        """
         if x is not None:
             x = self.model.check_batch(x)
         rng = state.rng()
-        lam = state.lam
-        g, est, elbo = self.gradient(lam, x, rng)
-        n = est.g_mean.shape[0]
+        g, est, elbo = self.gradient(state.lam, x, rng)
         S = 0 if x is None else x.shape[0]
-        N = float(self.n_total)
         t = state.step + 1
         rho = self.schedule(t)
+        new_lam, aux = self.step_with(state.lam, state.aux, g, t, rho)
+        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=float(S), noise_std=0.0,
+                          elbo=elbo, elbo_per_record=elbo / float(self.n_total),
+                          grad_variance=self.gradient_variance(est, x),
+                          grad_norm=math.sqrt(g.sqnorm()), gradient=g)
+        return EngineState(step=t, lam=new_lam, rng_state=rng.bit_generator.state,
+                           records_seen=state.records_seen + S, aux=aux), info
+
+    def step_with(self, lam: NatParams, aux: dict | None, g: NatParams, t: int,
+                  rho: float) -> tuple[NatParams, dict | None]:
+        """``(λ', aux')``: the optimiser's step t from λ along the ELBO gradient ``g``.
+
+        ``rho`` is ρ_t (times a staleness factor on the applier); the step size is
+        ``learning_rate · rho`` (module docs: natural, sgd, adam). ``aux`` holds Adam's
+        moments (``adam_m``, ``adam_v``, updated with ĝ/N and bias-corrected by step t);
+        the other optimisers return it as given. The one place the step is written:
+        :meth:`update` and the scale-out applier (:mod:`.split_gradient`) both call it.
+        Raises ``FloatingPointError`` if λ' would not be finite (nothing is changed).
+        """
         step = self.learning_rate * rho
         keys = list(lam)                                         # mean, log_std[, coupling | factor]
-        gflat = np.concatenate([np.ravel(g[k]) for k in keys]) / N
-        aux = state.aux
+        gflat = np.concatenate([np.ravel(g[k]) for k in keys]) / float(self.n_total)
         if self.optimizer == "adam":
             m = _ADAM_B1 * aux["adam_m"] + (1 - _ADAM_B1) * gflat
             v = _ADAM_B2 * aux["adam_v"] + (1 - _ADAM_B2) * gflat * gflat
@@ -582,18 +607,18 @@ class GradientVI:
         if not new_lam.all_finite():
             raise FloatingPointError(f"update {t} would make q non-finite; state left unchanged "
                                      f"(lower learning_rate)")
-        if n > 1:
-            scale = self._scale(x, n)
-            C = np.concatenate([est.g_mean, est.g_log_std], axis=1)
-            tr = float(np.sum(C.var(axis=0, ddof=1)))
-            grad_var = scale * scale * n * tr       # = N² tr Σ̂ / |S|
-        else:
-            grad_var = float("nan")
-        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=float(S), noise_std=0.0,
-                          elbo=elbo, elbo_per_record=elbo / N, grad_variance=grad_var,
-                          grad_norm=math.sqrt(g.sqnorm()), gradient=g)
-        return EngineState(step=t, lam=new_lam, rng_state=rng.bit_generator.state,
-                           records_seen=state.records_seen + S, aux=aux), info
+        return new_lam, aux
+
+    def gradient_variance(self, est: GradientEstimate, x) -> float:
+        """N² tr(Σ̂)/|S| from the records' gradient contributions (μ and log σ coordinates);
+        NaN with fewer than two records."""
+        n = est.g_mean.shape[0]
+        if n < 2:
+            return float("nan")
+        scale = self._scale(x, n)
+        C = np.concatenate([est.g_mean, est.g_log_std], axis=1)
+        tr = float(np.sum(C.var(axis=0, ddof=1)))
+        return scale * scale * n * tr       # = N² tr Σ̂ / |S|
 
     def predictive_logpdf(self, state: EngineState, x) -> np.ndarray:
         return self.model.predictive_logpdf(state.lam, x)

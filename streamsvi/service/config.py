@@ -166,9 +166,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            "id); default $STREAMSVI_WORKER_ID, else the host name"),
         "applier_group_id": Field("str", None, "consumer group of the appliers on the deltas topic "
                                   "(one active, the others stand by); default <source.group_id>-applier"),
-        "max_staleness": Field("int", 16, "deltas computed at a lambda more than this many versions "
-                               "older than the applier's are down-weighted or dropped (stale_policy)",
-                               min=1),
+        "max_staleness": Field("int", None, "deltas computed at a lambda more than this many versions "
+                               "older than the applier's are down-weighted or dropped (stale_policy); "
+                               "unset: 16 for statistic deltas, 4 for gradients (logistic, softmax: "
+                               "streamsvi.inference.split_gradient)", min=1),
         "stale_policy": Field("str", "downweight", "downweight: step size rho_t * max_staleness / "
                               "staleness (records still counted); drop: not applied (records counted "
                               "in streamsvi_deltas_skipped_total{reason=\"stale\"} only)",

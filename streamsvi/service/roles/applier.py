@@ -5,7 +5,7 @@ topic, which has one partition: the member the group assigns partition 0 is
 active, the others stand by with no state. Stages of :meth:`Applier.run`:
 ``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
 (read_committed: deltas of aborted or open worker transactions are never
-seen), ``_apply`` (each delta: dedup, staleness, natural-gradient step),
+seen), ``_apply`` (each delta: dedup, staleness, the storage's step: :mod:`streamsvi.inference.split`),
 ``_publish`` (λ file), ``_maybe_checkpoint``; ``_take_over`` when partition 0
 is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
 
@@ -51,6 +51,9 @@ from .worker import check_scaleout_config
 
 log = logging.getLogger("streamsvi.applier")
 
+#: The staleness bound of statistic deltas when ``scaleout.max_staleness`` is unset (a splitter
+#: may name its own: ``max_staleness``; the gradient path's is 4).
+MAX_STALENESS = 16
 #: Poll length of the applier's consumer (≥ 0.5 s: shorter polls can keep a tansu group join from finishing).
 POLL_S = 0.5
 
@@ -285,7 +288,7 @@ class Applier(StopOnSignals):
             self.sm.gaps.inc(len(gaps))
         staleness = 0 if self.state is None else max(self.state.step - d.version, 0)
         self.sm.staleness.labels(worker=d.worker).set(staleness)
-        bound = self.sc["max_staleness"]
+        bound = self.max_staleness()
         records = d.records
         if d.stats is not None and staleness > bound and self.sc["stale_policy"] == "drop":
             self._skip("stale", res)
@@ -295,6 +298,7 @@ class Applier(StopOnSignals):
             scale = 1.0 if staleness <= bound else bound / staleness
             c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
             self.state, done = split.apply(self.engine, self.state, c, scale)
+            self._observe(done, c)
             self.metrics.rho.set(done.rho)
             self.metrics.step.set(done.step)
             if done.domain_clipped:
@@ -321,6 +325,30 @@ class Applier(StopOnSignals):
         self._since_ck += 1
         res.deltas += 1
         res.records += records
+
+    def max_staleness(self) -> int:
+        """``scaleout.max_staleness``, else the default of the engine's storage: the splitter's
+        ``max_staleness`` (gradients: 4, :mod:`streamsvi.inference.split_gradient`), else
+        :data:`MAX_STALENESS`."""
+        bound = self.sc["max_staleness"]
+        if bound is None:
+            bound = MAX_STALENESS if self.engine is None else \
+                getattr(split.splitter_for(self.engine), "max_staleness", MAX_STALENESS)
+        return int(bound)
+
+    def _observe(self, done, c):
+        """The metrics a contribution carries (the gradient path's ELBO, gradient variance and norm)."""
+        if done.elbo is not None:
+            self.metrics.elbo.set(done.elbo)
+            self.metrics.elbo_per_record.set(done.elbo / float(self.engine.n_total))
+        gv, norm = c.meta.get("grad_variance"), c.meta.get("grad_norm")
+        if gv is not None:
+            self.metrics.grad_var_est.set(gv)
+            estimator = getattr(self.engine, "estimator", None)
+            if estimator is not None:
+                self.metrics.grad_var_by_estimator.labels(estimator=estimator).set(gv)
+        if norm is not None:
+            self.metrics.grad_norm.set(norm)
 
     def _skip(self, reason, res):
         self.sm.skipped.labels(reason=reason).inc()

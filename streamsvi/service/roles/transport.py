@@ -19,7 +19,8 @@ contribution, :class:`~streamsvi.inference.split.Contribution` ``meta``),
 an entry without a dtype is ``<f8``).
 
 The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
-for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η);
+for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for the
+gradient path the ELBO gradient ĝ, its ELBO value and gradient variance in ``extra``);
 of an "init", the proposed start state λ_0, as :func:`~streamsvi.inference.state.state_to_arrays`
 writes it (so a model with any storage can propose one). A delta of 0 records has no
 arrays: it only says its offset ranges were consumed (every record dead-lettered).

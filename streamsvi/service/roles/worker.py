@@ -8,7 +8,9 @@ checkpoint of its own:
   ``_set_aside`` stages, the same consumer group settings);
 * ``_learn``: the local step and the weighted sufficient statistics at the
   freshest published λ (``SVI.stochastic_target``), giving the delta
-  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η;
+  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for the gradient path (logistic,
+  softmax) the minibatch's ELBO gradient ĝ at that λ
+  (:mod:`streamsvi.inference.split_gradient`);
 * ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
   and the batch's data offsets (``send_offsets_to_transaction`` with the
   consumer's group metadata). Either both are committed or neither: a record
