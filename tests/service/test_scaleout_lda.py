@@ -13,11 +13,14 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from streamsvi.datasets import make_lda_corpus
 from streamsvi.models import LDA
 
-from .conftest import highwater_marks, produce_raw
+from streamsvi.service.roles.transport import MAX_DELTA_BYTES, Delta, check_delta_size
+
+from .conftest import highwater_marks, produce_raw, read_topic
 from .test_scaleout import P, _check_exactly_once, _configs, _lambda, _wait
 
 K, V = 3, 300
@@ -95,3 +98,45 @@ def test_two_lda_workers_kill_9_worker_and_active_applier(kafka_broker, new_topi
     assert done and int(done.group(1)) > 0, standby.stderr()[-3000:]
     for a in (a1, a2):                  # every delta fitted the model: none skipped as bad
         assert "Traceback" not in a.stderr() and "ERROR" not in a.stderr(), a.stderr()[-3000:]
+
+
+def test_lda_deltas_over_a_megabyte_travel(kafka_broker, new_topic, new_group, tmp_path, daemons):
+    """K = 64 topics over V = 20,000 words and batches of 100 documents that hold ~6,000
+    distinct words: each columns delta is ~3 MB and the λ_0 proposal ~10 MB, over the 1 MiB
+    a Kafka producer sends by default (before: the worker's λ_0 proposal ended it with
+    ``MessageSizeTooLargeError``, refused by its own producer); the worker's producer and the
+    applier's fetches take messages up to ``MAX_DELTA_BYTES``."""
+    bootstrap, n, V2, K2 = kafka_broker.bootstrap, 300, 20000, 64
+    topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
+    rng = np.random.default_rng(6)
+    docs = [json.dumps({"ids": sorted(rng.choice(V2, size=80, replace=False).tolist())}).encode()
+            for _ in range(n)]
+    produce_raw(bootstrap, topic, docs, partitions=1)
+    hw = highwater_marks(bootstrap, topic, 1)
+    model = {"kind": "lda", "n_components": K2, "n_features": V2, "max_doc_update_iter": 10,
+             "weight_concentration": None, "mean_precision": None, "scale": None}
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 1, n, model=model,
+                        batch_size=100, effective_batch_size=None)
+    applier = daemons(cfgs["applier"], "--role", "applier", tag="a")
+    applier.wait_for("applier: active", 60)
+    worker = daemons(cfgs["w0"], "--role", "worker", "--until-drained", tag="w0")
+    assert worker.wait(120) == 0, worker.stderr()[-3000:]
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
+          procs=[applier])
+    applier.signal(signal.SIGTERM)
+    assert applier.wait(60) == 0, applier.stderr()[-3000:]
+    _check_exactly_once(ck, topic, hw, n, partitions=1)
+    sizes = {}
+    for _, _, value in read_topic(bootstrap, deltas):
+        d = Delta.decode(value)
+        sizes.setdefault(d.kind, []).append(len(value))
+    assert min(sizes["delta"]) > 2 << 20 and min(sizes["init"]) > 8 << 20, sizes
+
+
+def test_a_delta_over_the_limit_stops_the_worker_with_what_to_shrink():
+    """A message the applier could not fetch is not sent (a worker would otherwise read the
+    batch again and fail again): one line that names the sizes and the settings to shrink."""
+    assert check_delta_size(b"x" * MAX_DELTA_BYTES, "the delta") == b"x" * MAX_DELTA_BYTES
+    with pytest.raises(ValueError, match=r"scaleout: the delta of 9 records is 64\.0 MiB, over the 64 MiB "
+                                         r".*n_components, n_features.*batch_size"):
+        check_delta_size(b"x" * (MAX_DELTA_BYTES + 1), "the delta of 9 records")

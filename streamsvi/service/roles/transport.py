@@ -43,6 +43,12 @@ from ...inference.state import state_from_arrays, state_to_arrays
 from ...models.base import NatParams
 
 MAGIC = b"SSVD1\n"
+#: Largest delta message (bytes): the worker's producer sends, and the applier's consumer
+#: fetches, messages up to this size. A dense λ̂ − η is K·V·8 bytes for LDA's shape, a
+#: columns delta K·|cols|·8, an "init" the whole λ_0; Kafka brokers refuse messages over
+#: the topic's ``max.message.bytes`` (1 MB by default): create the deltas topic with it
+#: raised to the largest delta (docs/design.md §6.7).
+MAX_DELTA_BYTES = 64 << 20
 _MAX_HEADER = 1 << 24
 #: wire dtype -> the native dtype it decodes to
 _DTYPES = {"<f8": np.float64, "<i8": np.int64, "|u1": np.uint8}
@@ -69,6 +75,16 @@ def _mapping(arrays: dict):
 
 class DeltaFormatError(ValueError):
     """A message on the deltas topic is not a delta this version can read."""
+
+
+def check_delta_size(payload: bytes, what: str) -> bytes:
+    """``payload`` if it fits a delta message (:data:`MAX_DELTA_BYTES`), else ``ValueError``
+    saying what to shrink (a worker stops with it instead of sending it again and again)."""
+    if len(payload) > MAX_DELTA_BYTES:
+        raise ValueError(f"scaleout: {what} is {len(payload) / 2**20:.1f} MiB, over the "
+                         f"{MAX_DELTA_BYTES >> 20} MiB a delta message may hold; use a smaller model "
+                         f"(n_components, n_features) or inference.batch_size, or run it as one process")
+    return payload
 
 
 @dataclass

@@ -49,7 +49,7 @@ from ...inference.engine import EngineState
 from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
-from .transport import Delta, LambdaFile, init_delta
+from .transport import MAX_DELTA_BYTES, Delta, LambdaFile, check_delta_size, init_delta
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -328,6 +328,7 @@ class Worker(Daemon):
                 bootstrap_servers=src["bootstrap_servers"],
                 transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
                 transaction_timeout_ms=self.sc["transaction_timeout_ms"],
+                max_request_size=MAX_DELTA_BYTES + (1 << 20),    # (a delta and the batch's framing)
                 client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
             self.producer.init_transactions()   # fences an older instance, aborts its open transaction
         return self.producer
@@ -462,9 +463,10 @@ class Worker(Daemon):
         start = self._start_records(batches)
         n = self.kind.n_records(start)
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
+        payload = check_delta_size(init_delta(self.worker_id, self.engine, st).encode(), "the λ_0 proposal")
         prod = self._producer()
         prod.begin_transaction()
-        prod.send(self.sc["deltas_topic"], init_delta(self.worker_id, self.engine, st).encode(), partition=0)
+        prod.send(self.sc["deltas_topic"], payload, partition=0)
         prod.commit_transaction()
         self._proposals += 1
         self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
@@ -489,6 +491,7 @@ class Worker(Daemon):
                       records=0 if c is None else c.records, stats=None if c is None else c.arrays,
                       min_weight=1.0 if c is None else c.min_weight, extra={} if c is None else c.meta,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
+        payload = check_delta_size(delta.encode(), f"the delta of {delta.records} records")
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for t, p, _, end in ranges}
         member = source.membership()
         owned = source.assignment()
@@ -506,7 +509,7 @@ class Worker(Daemon):
         prod = self._producer()
         prod.begin_transaction()
         try:
-            prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+            prod.send(self.sc["deltas_topic"], payload, key=self.worker_id.encode(), partition=0)
             self._dead_sink_flush()
             # the membership, not the bare group id: a broker with KIP-447 refuses the
             # offsets (and so the transaction) of a generation the group has left behind
