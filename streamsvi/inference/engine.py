@@ -57,7 +57,11 @@ statistics over those columns (``model.column_suffstats``), and the storage
 applies the step (:func:`~streamsvi.inference.blocks.scaled_columns_step`), the
 fraction-to-boundary rule, the dense fallbacks (ρ = 1, a stochastic restart)
 and ‖ĝ‖; the gradient-variance estimate is the same formula as the dense
-path's. It equals the dense update to rounding.
+path's. It equals the dense update to rounding. The update is two halves:
+:meth:`SVI.columns_batch` (weights, annealing levels, local step, statistics over
+the batch's columns: reads λ) and :meth:`SVI.columns_step` (η_t of a restart, the
+storage's step: writes λ); a scale-out worker runs the first and the applier the
+second (:mod:`~streamsvi.inference.split_columns`), so the step lives once.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
@@ -120,7 +124,7 @@ def storage_for(model):
 def owns_its_step(model) -> bool:
     """True when λ is not one dense ``NatParams`` stepped by :meth:`SVI.step_towards`
     (row blocks, or a declared storage such as LDA's scaled columns): such a model's
-    update cannot be split into dense worker deltas yet (scale-out refuses it)."""
+    update is split for scale-out by its storage's own splitter (:mod:`.split`), or refused."""
     return is_rowwise(model) or model.global_storage != "dense"
 
 

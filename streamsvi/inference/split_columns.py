@@ -10,8 +10,9 @@ What a contribution holds (plain arrays and JSON numbers, no pickle):
 * ``cols`` (int64, |u|): the batch's sorted column (word) ids;
 * ``stats`` (float64, K × |u|): the weighted statistics Σ_d w_d n_dw φ_dwk over
   those columns only. The delta grows with K·|u|, never with K·V: at K = 100 and a
-  batch of 256 NYT-like documents (|u| ≈ 10⁴ of V = 10⁵ words) it is ~8 MB instead
-  of the 80 MB of a dense λ̂ − η (measured numbers in docs/design.md §6.7);
+  batch of 256 documents of a Zipf corpus (|u| ≈ 10⁴ of V = 10⁵ words) it is 8.1 MiB
+  instead of the 76 MiB of a dense λ̂ − η; on NYT (V = 3,012) a batch holds nearly
+  every word and there is no saving (docs/design.md §6.7);
 * ``meta``: ``scale`` N/|S| (the worker's N, as the dense splitter's λ̂ − η has it),
   ``temperature`` T_t and ``restart_weight`` ρ^a_t, and for a restart ``restart_draws``
   and ``mean_length`` (below); ``local_elbo`` Σ_d L_d when T_t = 1 (so the applier

@@ -16,10 +16,12 @@ smallest SVI+ weight, so the applier knows when to test the domain),
 ``n_total`` (the N the worker scaled by), ``extra`` (JSON values of the
 contribution, :class:`~streamsvi.inference.split.Contribution` ``meta``),
 ``arrays`` (``[[name, shape, dtype], ...]``, dtype ``<f8``, ``<i8`` or ``|u1``;
-an entry without a dtype is ``<f8``).
+an entry without a dtype is ``<f8``). A message is at most :data:`MAX_DELTA_BYTES`.
 
 The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
-for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η);
+for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for
+LDA's scaled columns, :mod:`streamsvi.inference.split_columns`, the batch's column ids
+``cols`` (int64) and the K × |cols| statistics over them, ``stats``);
 of an "init", the proposed start state λ_0, as :func:`~streamsvi.inference.state.state_to_arrays`
 writes it (so a model with any storage can propose one). A delta of 0 records has no
 arrays: it only says its offset ranges were consumed (every record dead-lettered).
