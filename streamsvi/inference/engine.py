@@ -57,7 +57,11 @@ statistics over those columns (``model.column_suffstats``), and the storage
 applies the step (:func:`~streamsvi.inference.blocks.scaled_columns_step`), the
 fraction-to-boundary rule, the dense fallbacks (ρ = 1, a stochastic restart)
 and ‖ĝ‖; the gradient-variance estimate is the same formula as the dense
-path's. It equals the dense update to rounding.
+path's. It equals the dense update to rounding. The update is two halves:
+:meth:`SVI.columns_batch` (weights, annealing levels, local step, statistics over
+the batch's columns: reads λ) and :meth:`SVI.columns_step` (η_t of a restart, the
+storage's step: writes λ); a scale-out worker runs the first and the applier the
+second (:mod:`~streamsvi.inference.split_columns`), so the step lives once.
 
 Annealing (:mod:`~streamsvi.inference.annealing`; docs/design.md §2.3a).
 ``annealer=`` picks one of none, SVI+ with a schedule M_t, deterministic
@@ -120,7 +124,7 @@ def storage_for(model):
 def owns_its_step(model) -> bool:
     """True when λ is not one dense ``NatParams`` stepped by :meth:`SVI.step_towards`
     (row blocks, or a declared storage such as LDA's scaled columns): such a model's
-    update cannot be split into dense worker deltas yet (scale-out refuses it)."""
+    update is split for scale-out by its storage's own splitter (:mod:`.split`), or refused."""
     return is_rowwise(model) or model.global_storage != "dense"
 
 
@@ -242,6 +246,47 @@ class UpdateInfo:
     def to_dict(self) -> dict:
         """The scalar fields (everything but ``gradient``)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "gradient"}
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """What the scaled-columns step needs from one minibatch (:meth:`SVI.columns_batch`).
+
+    ``cols`` the batch's sorted column ids (int64), ``Sw`` (K, |cols|) its weighted
+    statistics Σ_d w_d S_dkw over them, ``records`` |S|, ``scale`` N/|S|, ``min_weight``
+    the smallest SVI+ weight, and the annealing levels of its step t: ``temperature``
+    T_t, ``restart_weight`` ρ^a_t; when ρ^a_t > 0, ``restart_draws`` (the random stream
+    after the SVI+ weights, which η_t is drawn from) and ``mean_length`` (c of
+    ``model.random_topics``). Arrays and numbers only: a scale-out worker sends it
+    (:mod:`~streamsvi.inference.split_columns`).
+    """
+
+    cols: np.ndarray
+    Sw: np.ndarray
+    records: int
+    scale: float
+    min_weight: float = 1.0
+    temperature: float = 1.0
+    restart_weight: float = 0.0
+    restart_draws: dict | None = None
+    mean_length: float | None = None
+
+
+@dataclass(frozen=True)
+class ColumnsBatch:
+    """The data half of a scaled-columns update (:meth:`SVI.columns_batch`): ``stats``
+    for the step, and what the update's metrics need besides (the local factors,
+    ``elbo_local`` the untempered ones or None, the unweighted statistics ``Su``, M, the
+    SVI+ noise variance, the random stream after the SVI+ weights)."""
+
+    stats: ColumnStats
+    t: int
+    local: object
+    elbo_local: object
+    Su: np.ndarray
+    effective_batch_size: float
+    noise_var: float
+    rng_state: dict
 
 
 def _check_positive_number(name, v, allow_none=False):
@@ -551,48 +596,92 @@ class SVI:
     def _columns_update(self, storage, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """:meth:`update` through a column storage (:mod:`.storage_columns`): the same
         weights, annealing levels, random stream and metrics as the dense update; the
-        storage writes λ only in the batch's columns (or densely, see its docs)."""
+        storage writes λ only in the batch's columns (or densely, see its docs). Its two
+        halves, :meth:`columns_batch` and :meth:`columns_step`, are what a scale-out
+        worker and applier run (:mod:`.split_columns`)."""
+        model = self.model
+        t = state.step + 1
+        lam, aux = storage.prepare(state.lam, state.aux, dense=self.annealing.restart_weight(t) > 0)
+        b = self.columns_batch(replace(state, lam=lam, aux=aux), x)
+        c, local = b.stats, b.local
+        S, N, M = c.records, float(self.n_total), b.effective_batch_size
+        rho = self.schedule(t)
+        new, out = self.columns_step(replace(state, lam=lam, aux=aux, rng_state=b.rng_state), c,
+                                     float(rho), local=local)
+        elbo = out["global_elbo"] + c.scale * float(np.sum(model.local_elbo(b.elbo_local)))
+        grad_var = _grad_variance(float(np.einsum("ij,ij->", b.Su, b.Su)) if S > 1 else 0.0,
+                                  model.suffstats_sqnorm(local) if S > 1 else None, S, N, M)
+        T, rho_a = c.temperature, c.restart_weight
+        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
+                          noise_std=math.sqrt(max(b.noise_var, 0.0)), elbo=elbo,
+                          elbo_per_record=elbo / N, grad_variance=grad_var,
+                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
+                          domain_blocks=out["domain_blocks"], min_weight=c.min_weight,
+                          annealing_level=self._annealing_level(b.noise_var, T, rho_a),
+                          temperature=T, restart_weight=rho_a)
+        return new, info
+
+    def columns_batch(self, state: EngineState, x, elbo: bool = True) -> "ColumnsBatch":
+        """The data half of a scaled-columns update of ``x`` at ``state``: SVI+ weights from
+        the state's random stream, the annealing levels of step t = ``state.step + 1``, the
+        local step (at T_t) on the batch's columns and the statistics over them. ``elbo``:
+        also the untempered local step the reported ELBO needs (one more under detAVI; the
+        tempered one serves when T_t = 1). Reads λ, never writes it."""
         model = self.model
         x = model.check_batch(x)
         S = x.shape[0]
         t = state.step + 1
-        N = float(self.n_total)
-        scale = N / S
         M = self.effective_size(S, t)
         weights, noise_var, rng_state = self._svi_plus_weights(state, S, M)   # as stochastic_target
         ann = self.annealing
         T, rho_a = ann.temperature(t), ann.restart_weight(t)
-        lam, aux = storage.prepare(state.lam, state.aux, dense=rho_a > 0)
-        # the reported ELBO is the untempered objective's: under detAVI one more local step
-        # (first, so the tempered local step's λ columns are the ones the step reuses)
-        elbo_local = model.local_step(lam, x) if T != 1.0 else None
+        lam = state.lam
+        # under detAVI the untempered local step first (the tempered one's λ columns are the
+        # ones the step reuses)
+        elbo_local = model.local_step(lam, x) if elbo and T != 1.0 else None
         local = model.local_step(lam, x) if T == 1.0 else model.local_step(lam, x, temperature=T)
-        if elbo_local is None:
+        if elbo and elbo_local is None:
             elbo_local = local
         cols, Sw, Su = model.column_suffstats(local, weights)
-        eta_t = None
-        if rho_a > 0:                           # η_t from the state's stream, as stochastic_target
+        stats = ColumnStats(cols=np.asarray(cols, dtype=np.int64), Sw=Sw, records=S,
+                            scale=float(self.n_total) / S,
+                            min_weight=1.0 if weights is None else float(weights.min()),
+                            temperature=float(T), restart_weight=float(rho_a),
+                            restart_draws=rng_state if rho_a > 0 else None,
+                            mean_length=model.mean_doc_length(x) if rho_a > 0 else None)
+        return ColumnsBatch(stats=stats, t=t, local=local, elbo_local=elbo_local, Su=Su,
+                            effective_batch_size=M, noise_var=noise_var, rng_state=rng_state)
+
+    def columns_step(self, state: EngineState, c: "ColumnStats", rho: float, local=None):
+        """``(new state, the storage's step output)``: the one scaled-columns step of
+        :meth:`update` and of the scale-out applier, from the batch's statistics ``c`` at
+        step ``state.step + 1`` with ρ = ``rho``.
+
+        λ is prepared (:meth:`ScaledColumns.prepare`), η_t of a stochastic restart (ρ^a > 0)
+        drawn from ``c.restart_draws`` (``model.random_topics``, as ``random_init`` draws it),
+        and stepped in place (the state passed in must not be used afterwards; nothing is
+        written when ``FloatingPointError`` is raised). ``local``: the local factors, whose
+        ``lam_cols`` the step reuses, or None (λ's columns read again). The new state's
+        random stream is the one after η_t's draws, or ``state.rng_state``.
+        """
+        storage = self._storage()
+        rho_a = float(c.restart_weight)
+        lam, aux = storage.prepare(state.lam, state.aux, dense=rho_a > 0)
+        eta_t, rng_state = None, state.rng_state
+        if rho_a > 0:                           # η_t from the batch's stream, as stochastic_target
+            if c.restart_draws is None or c.mean_length is None:
+                raise ValueError("a restart step (ρ^a > 0) needs the random stream and the mean "
+                                 "document length it draws η_t from")
             rng = np.random.Generator(np.random.PCG64())
-            rng.bit_generator.state = rng_state
-            eta_t = model.random_init(rng, x, N)["topic_word"]
+            rng.bit_generator.state = c.restart_draws
+            eta_t = self.model.random_topics(rng, c.mean_length, float(self.n_total))
             rng_state = rng.bit_generator.state
-        min_w = 1.0 if weights is None else float(weights.min())
-        rho = self.schedule(t)
-        out = storage.step(lam, aux, local, cols, Sw, scale=scale, rho=float(rho),
-                           tau=float(self.boundary_fraction), min_weight=min_w, step=t,
-                           temperature=T, restart_weight=rho_a, restart=eta_t)
-        elbo = out["global_elbo"] + scale * float(np.sum(model.local_elbo(elbo_local)))
-        grad_var = _grad_variance(float(np.einsum("ij,ij->", Su, Su)) if S > 1 else 0.0,
-                                  model.suffstats_sqnorm(local) if S > 1 else None, S, N, M)
-        info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=M,
-                          noise_std=math.sqrt(max(noise_var, 0.0)), elbo=elbo,
-                          elbo_per_record=elbo / N, grad_variance=grad_var,
-                          grad_norm=out["grad_norm"], domain_clipped=out["domain_clipped"],
-                          domain_blocks=out["domain_blocks"], min_weight=min_w,
-                          annealing_level=self._annealing_level(noise_var, T, rho_a),
-                          temperature=T, restart_weight=rho_a)
+        t = state.step + 1
+        out = storage.step(lam, aux, local, c.cols, c.Sw, scale=float(c.scale), rho=float(rho),
+                           tau=float(self.boundary_fraction), min_weight=float(c.min_weight), step=t,
+                           temperature=float(c.temperature), restart_weight=rho_a, restart=eta_t)
         return EngineState(step=t, lam=out["lam"], rng_state=rng_state,
-                           records_seen=state.records_seen + S, aux=out["aux"]), info
+                           records_seen=state.records_seen + int(c.records), aux=out["aux"]), out
 
     def _annealing_level(self, noise_var: float, T: float, rho_a: float) -> float:
         kind = self.annealing.kind

@@ -161,4 +161,5 @@ def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
     return splitter_for(engine).apply(engine, state, c, rho_scale)
 
 
+from . import split_columns  # noqa: E402, F401 - registers SPLITTERS["columns"] (it subclasses Splitter)
 from . import split_gradient  # noqa: E402,F401  (registers SPLITTERS["gradient"]: the gradient path)

