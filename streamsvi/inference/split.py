@@ -159,3 +159,6 @@ def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
     that does not fit the model.
     """
     return splitter_for(engine).apply(engine, state, c, rho_scale)
+
+
+from . import split_rows  # noqa: E402,F401  (registers SPLITTERS["rows"])
