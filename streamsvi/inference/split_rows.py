@@ -32,12 +32,17 @@ touched rows, w the family's statistic width: PMF D + D², Poisson factorisation
 and ``meta`` (JSON): ``ids`` (block -> the touched rows' ids, as the state's id
 lists hold them: strings or integers, JSON keeps which), ``weighted``, ``M``
 (SVI+'s effective size), ``elbo`` (the worker's ELBO at its λ, free: the sweep
-computes it) and ``running`` (the batch's part of the model's running values,
+computes it), ``running`` (the batch's part of the model's running values,
 ``init_row_values``, e.g. PMF's ``rating_sum``/``rating_count`` with
-``offset="auto"``: values that add, made by ``model.begin_batch`` on fresh ones).
-Size: about 8·(w + 4) bytes per touched row plus 16 per record and the ids'
-JSON; PMF rank 10 with biases (w = 132), |S| = 1000 ratings touching ~1300 rows:
-~1.4 MB (see docs/design.md).
+``offset="auto"``: values that add, made by ``model.begin_batch`` on fresh ones)
+and ``symmetric`` (the sums sent packed: a Gaussian block's Λ part is a
+symmetric D×D matrix, sent as its upper triangle, w = D + D(D+1)/2, when it is
+exactly symmetric, which the worker checks, so the packing loses nothing).
+
+Size: 8·(w + 3) bytes per touched row, 16 per record (pairs) and the ids' JSON.
+MovieLens 100K, |S| = 1000 ratings (~370 users and ~560 items touched), rank 10:
+~530 KB per delta (biases: ~620 KB); unpacked it was 870 KB (1.04 MB), above
+Kafka's default 1 MiB message limit.
 
 Agreement: exact. At the worker's own state the applier's local order of the
 touched rows is the worker's (ascending rows; the ids are looked up in the
@@ -54,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.blocks import RowStats
+from ..models.blocks import GaussianRows, RowStats
 from .blocks import row_adopt, row_apply, row_sweep
 from .engine import EngineState
 from .split import SPLITTERS, Applied, Contribution, Splitter
@@ -111,20 +116,21 @@ class RowsSplitter(Splitter):
                         schedule=engine.schedule, tau=float(engine.boundary_fraction),
                         effective_batch_size=M, publish=False)
         sw, weighted = out["sweep"], weights is not None
-        arrays, ids = {}, {}
+        arrays, ids, packed = {}, {}, []
         for b in model.row_blocks:
             st = out["stats"][b.name]
             ids[b.name] = sw.touched_ids(b.name)
             arrays[f"{b.name}/rows"] = np.asarray(st.rows, dtype=np.int64)
-            arrays[f"{b.name}/sums_w"] = st.sums_w
-            if weighted:
-                arrays[f"{b.name}/sums"] = st.sums
+            for k in ("sums_w", "sums") if weighted else ("sums_w",):
+                arrays[f"{b.name}/{k}"], sym = _pack(b.family, getattr(st, k))
+                if sym:
+                    packed.append(f"{b.name}/{k}")
             arrays[f"{b.name}/counts"] = np.asarray(st.counts, dtype=np.int64)
             arrays[f"{b.name}/sqsum"] = np.asarray(st.sqsum, dtype=np.float64)
         if model.pair_log:
             a, b = model.pair_blocks
             arrays["pairs"] = np.stack([sw.inv[a], sw.inv[b]], axis=1).astype(np.int64)
-        meta = {"storage": "rows", "ids": ids, "weighted": weighted, "M": float(M),
+        meta = {"storage": "rows", "ids": ids, "weighted": weighted, "M": float(M), "symmetric": packed,
                 "elbo": float(out["elbo"]), "running": _running(model, x, sw)}
         return Contribution(arrays=arrays, records=int(S),
                             min_weight=1.0 if weights is None else float(weights.min()), meta=meta)
@@ -147,6 +153,9 @@ class RowsSplitter(Splitter):
             if missing:
                 raise ValueError(f"row contribution lacks {missing}")
             g = {k: np.asarray(c.arrays[f"{name}/{k}"]) for k in _STATS if f"{name}/{k}" in c.arrays}
+            for k in ("sums_w", "sums"):
+                if f"{name}/{k}" in meta.get("symmetric", ()):
+                    g[k] = _unpack(b.family, g[k])
             sums_w = np.asarray(g["sums_w"], dtype=np.float64)
             stats[name] = RowStats(g["rows"].astype(np.int64), sums_w,
                                    np.asarray(g["sums"], dtype=np.float64) if weighted else sums_w,
@@ -170,6 +179,37 @@ class RowsSplitter(Splitter):
         return new, Applied(step=t, rho=float(engine.schedule(t)) * float(rho_scale), records=records,
                             domain_clipped=int(out["domain_clipped"]),
                             elbo=None if elbo is None else float(elbo))
+
+
+def _square(family):
+    """D if ``family``'s statistics hold a D×D matrix after D columns (Gaussian rows: h, then Λ's
+    part row-major), else None."""
+    return family.D if isinstance(family, GaussianRows) else None
+
+
+def _pack(family, sums):
+    """(array to send, packed?): a Gaussian block's Λ part as its upper triangle when it is exactly
+    symmetric (it is, from symmetric cached moments; the check makes the packing lossless)."""
+    D = _square(family)
+    if D is None or sums.shape[1] != D + D * D:
+        return sums, False
+    P = sums[:, D:].reshape(-1, D, D)
+    if not np.array_equal(P, np.swapaxes(P, 1, 2)):
+        return sums, False
+    iu = np.triu_indices(D)
+    return np.concatenate([sums[:, :D], P[:, iu[0], iu[1]]], axis=1), True
+
+
+def _unpack(family, packed):
+    """The full statistics of :func:`_pack`'s packed ones (the triangle mirrored)."""
+    D = _square(family)
+    iu = np.triu_indices(D) if D is not None else None
+    if D is None or packed.ndim != 2 or packed.shape[1] != D + len(iu[0]):
+        raise ValueError("a row contribution's packed statistics do not fit the model's blocks")
+    P = np.empty((len(packed), D, D))
+    P[:, iu[0], iu[1]] = packed[:, D:]
+    P[:, iu[1], iu[0]] = packed[:, D:]
+    return np.concatenate([packed[:, :D], P.reshape(len(packed), D * D)], axis=1)
 
 
 def _running(model, x, sw) -> dict:

@@ -72,6 +72,9 @@ def test_worker_at_the_published_lambda_and_applier_through_checkpoints_are_the_
         w_engine, w_state = lam_file.engine, lam_file.state            # the worker's view
         draws = split.batch_rng_state(3, "t", 0, a)
         c = _wire(split.contribution(w_engine, w_state, X[a:b], draws), w_state.step, a, b)
+        if isinstance(model, PMF):         # Λ's statistics travel as their upper triangle, losslessly
+            sums = ("sums_w", "sums") if "effective_batch_size" in kw else ("sums_w",)
+            assert sorted(c.meta["symmetric"]) == sorted(f"{b}/{k}" for b in ("user", "item") for k in sums)
         applier, done = split.apply(engine, applier, c)
         single, info = engine.update(replace(single, rng_state=draws), X[a:b])
         applier = replace(applier, rng_state=single.rng_state)
