@@ -45,6 +45,12 @@ rows from ``model.new_rows``), gather the touched rows, ``model.begin_batch``,
 the ELBO at the old λ (−Σ KL + (N/|S|) ``model.batch_loglik``), then for each
 block in ``model.sweep_order``: ``model.block_stats`` and :func:`step_rows`
 (the next block's statistics see the new moments: a CAVI sweep in batch mode).
+It is two halves around one step (:class:`_Sweep`, whose ``step`` is
+:func:`step_rows` and the block's running total): the statistics half
+:func:`row_sweep` (statistics, then the step, block by block; without
+publishing for a scale-out worker) and the apply half :func:`row_apply` (the
+steps from statistics made elsewhere, by the touched rows' ids; the scale-out
+applier, :mod:`.split_rows`). :func:`row_update` is :func:`row_sweep`, published.
 
 Row storage: one update touches a few hundred rows out of many thousands, and
 states are immutable, so a state cannot share a mutable array with its
