@@ -86,7 +86,8 @@ class _ScaledSchedule:
 
 
 def _adopted(engine, state):
-    """(λ, aux) of ``state`` in the row storage, copied at most once per state (engine's cache)."""
+    """(λ, aux) of ``state`` in the row storage, copied at most once per state (engine's cache): a
+    worker computes many contributions at one loaded λ version."""
     cache = engine._rows_cache
     memo = cache.get("adopted")
     if memo is not None and memo[0] is state.lam and memo[1] is state.aux:
@@ -166,7 +167,7 @@ class RowsSplitter(Splitter):
         t = state.step + 1
         sched = engine.schedule if rho_scale == 1.0 else _ScaledSchedule(engine.schedule, rho_scale)
         records = int(c.records)
-        lam, aux = _adopted(engine, state)
+        lam, aux = row_adopt(model, engine._rows_cache, state.lam, state.aux)   # copied once after a resume
         out = row_apply(model, engine._rows_cache, lam, aux, ids, stats, weighted=weighted,
                         n_total=float(engine.n_total), records_before=state.records_seen, S=records,
                         M=float(meta.get("M", records)), schedule=sched,
