@@ -116,3 +116,28 @@ def test_row_models_survive_kill_9_of_a_worker_and_the_active_applier(kafka_brok
     assert len(aux["rated"]) == n
     assert st.step >= n // 50
     assert all(np.isfinite(np.asarray(v)).all() for v in st.lam.values())
+
+
+def test_a_delta_the_producer_cannot_send_stops_the_worker_with_what_to_change():
+    """kafka-python refuses a record over max_request_size (1 MiB by default) in ``send``; inside a
+    transaction the worker would settle it and read the batch again for ever. A row delta grows
+    with the rows a batch touches and the rank: the worker refuses it with a config error."""
+    from streamsvi.inference import SVI, split
+    from streamsvi.models import PMF
+    from streamsvi.service.config import ConfigError
+    from streamsvi.service.roles.transport import Delta
+    from streamsvi.service.roles.worker import check_message_size
+
+    def delta_bytes(n, rank):
+        x = _ratings(n, seed=1, n_users=5000, n_items=3000)
+        engine = SVI(PMF(n_factors=rank, biases=True), n_total=1e5)
+        state = engine.init(x, seed=0)
+        c = split.contribution(engine, state, x, split.batch_rng_state(0, "t", 0, 0))
+        return len(Delta(worker="w", version=0, ranges=[("t", 0, 0, n)], records=c.records, stats=c.arrays,
+                         extra=c.meta).encode())
+
+    small, large = delta_bytes(50, 2), delta_bytes(2000, 20)
+    assert small < 50_000 < (1 << 20) < large
+    check_message_size(small, 1 << 20, "delta")
+    with pytest.raises(ConfigError, match=r"inference\.batch_size: a worker's delta is \d+ bytes.*max_request_size"):
+        check_message_size(large, 1 << 20, "delta")

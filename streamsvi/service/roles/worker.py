@@ -138,6 +138,25 @@ def _bounded(producer, method: str, *args) -> None:
         raise KafkaTimeoutError(f"{method}: no answer within {TRANSACTION_WAIT_S:g} s")
 
 
+#: Bytes of a Kafka record besides its value (key, headers, batch header), kept free under the
+#: producer's ``max_request_size``.
+RECORD_OVERHEAD = 1024
+
+
+def check_message_size(n_bytes: int, limit: int, what: str) -> None:
+    """Refuse a message the producer cannot send, with what to change.
+
+    kafka-python refuses a record over ``max_request_size`` (default 1 MiB) in ``send``; in a
+    transaction that would be settled and the batch read again, for ever. A row-wise model's
+    delta grows with the rows a batch touches and the rank (8(D + D(D+1)/2 + 3) bytes per row
+    for PMF), and its λ_0 proposal with the start batch's rows.
+    """
+    if n_bytes + RECORD_OVERHEAD > limit:
+        raise ConfigError(f"inference.batch_size: a worker's {what} is {n_bytes} bytes, more than the "
+                          f"deltas producer sends ({limit} bytes, max_request_size); use smaller batches "
+                          f"(or a smaller model) so that one batch's statistics fit one message")
+
+
 def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
     """The :class:`~streamsvi.inference.split.Contribution` of the minibatch ``x`` at the λ
     version ``lam_state`` (:func:`streamsvi.inference.split.contribution`: the engine's own
@@ -463,8 +482,10 @@ class Worker(Daemon):
         n = self.kind.n_records(start)
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
         prod = self._producer()
+        payload = init_delta(self.worker_id, self.engine, st).encode()
+        check_message_size(len(payload), prod.config["max_request_size"], "λ_0 proposal")
         prod.begin_transaction()
-        prod.send(self.sc["deltas_topic"], init_delta(self.worker_id, self.engine, st).encode(), partition=0)
+        prod.send(self.sc["deltas_topic"], payload, partition=0)
         prod.commit_transaction()
         self._proposals += 1
         self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
@@ -504,9 +525,11 @@ class Worker(Daemon):
             self._give_back(source, ranges)
             return
         prod = self._producer()
+        payload = delta.encode()
+        check_message_size(len(payload), prod.config["max_request_size"], "delta")
         prod.begin_transaction()
         try:
-            prod.send(self.sc["deltas_topic"], delta.encode(), key=self.worker_id.encode(), partition=0)
+            prod.send(self.sc["deltas_topic"], payload, key=self.worker_id.encode(), partition=0)
             self._dead_sink_flush()
             # the membership, not the bare group id: a broker with KIP-447 refuses the
             # offsets (and so the transaction) of a generation the group has left behind
