@@ -82,8 +82,8 @@ import numpy as np
 from ..models.base import NatParams, RowWise
 from ..models.blocks import RowIndex, RowStats, blocks_in_domain, blocks_max_step
 
-__all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_sweep", "row_apply", "row_adopt",
-           "row_init", "row_stores", "RowParams", "RowAux", "RowFormat", "is_rowwise"]
+__all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_sweep", "row_apply",
+           "row_adopt", "row_init", "row_stores", "RowParams", "RowAux", "RowFormat", "is_rowwise"]
 
 
 def is_rowwise(model) -> bool:
@@ -793,7 +793,8 @@ def row_apply(model, cache: dict, lam, aux, ids: dict, stats: dict, *, weighted:
     if sw.pairs is not None and pairs is not None:
         a, b = model.pair_blocks
         pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-        if len(pairs) and (pairs.min() < 0 or pairs[:, 0].max() >= len(ids[a]) or pairs[:, 1].max() >= len(ids[b])):
+        if len(pairs) and (pairs.min() < 0 or pairs[:, 0].max() >= len(ids[a])
+                           or pairs[:, 1].max() >= len(ids[b])):
             raise ValueError("pair positions of a row contribution are outside its id lists")
         pair_rows = np.stack([sw.glob[a][1][pairs[:, 0]], sw.glob[b][1][pairs[:, 1]]], axis=1)
     out = sw.results()

@@ -139,5 +139,6 @@ def test_a_delta_the_producer_cannot_send_stops_the_worker_with_what_to_change()
     small, large = delta_bytes(50, 2), delta_bytes(2000, 20)
     assert small < 50_000 < (1 << 20) < large
     check_message_size(small, 1 << 20, "delta")
-    with pytest.raises(ConfigError, match=r"inference\.batch_size: a worker's delta is \d+ bytes.*max_request_size"):
+    with pytest.raises(ConfigError,
+                       match=r"inference\.batch_size: a worker's delta is \d+ bytes.*max_request_size"):
         check_message_size(large, 1 << 20, "delta")
