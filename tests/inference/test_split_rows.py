@@ -65,6 +65,7 @@ def test_worker_at_the_published_lambda_and_applier_through_checkpoints_are_the_
     store = CheckpointStore(tmp_path / "ck", keep=2)
     path = tmp_path / "lambda.npz"
     lam_file = LambdaFile(path)
+    new_ids = 0                            # ids the worker's λ has no row for: new rows there too
     for i in range(len(X) // B):
         a, b = B * i, B * (i + 1)
         publish_lambda(path, engine, applier)
@@ -72,6 +73,7 @@ def test_worker_at_the_published_lambda_and_applier_through_checkpoints_are_the_
         w_engine, w_state = lam_file.engine, lam_file.state            # the worker's view
         draws = split.batch_rng_state(3, "t", 0, a)
         c = _wire(split.contribution(w_engine, w_state, X[a:b], draws), w_state.step, a, b)
+        new_ids += sum(len(set(c.meta["ids"][s]) - set(w_state.aux[f"{s}s"])) for s in ("user", "item"))
         if isinstance(model, PMF):         # Λ's statistics travel as their upper triangle, losslessly
             sums = ("sums_w", "sums") if "effective_batch_size" in kw else ("sums_w",)
             assert sorted(c.meta["symmetric"]) == sorted(f"{b}/{k}" for b in ("user", "item") for k in sums)
@@ -86,7 +88,7 @@ def test_worker_at_the_published_lambda_and_applier_through_checkpoints_are_the_
             engine = snap.engine
             applier = snap.state
             _assert_same_state(applier, single, f"checkpoint after update {i + 1}")
-    assert single.step == 8
+    assert single.step == 8 and new_ids > 0
 
 
 def _pmf_engine():
@@ -102,19 +104,24 @@ def test_two_stale_contributions_with_an_id_new_to_both_make_one_row():
     """Two workers at the same λ version, each with ratings of user "newbie" and item "fresh" (ids
     no state has): applied one after the other, the row is created once (by the first), its
     clock and count are the applier's (t = 2, n = both batches' ratings), the second step is
-    ρ(t = 2)'s, and λ stays finite."""
+    ρ(t = 2)'s at the applier's rows (whose order is not the second worker's), and λ stays
+    finite."""
     engine = _pmf_engine()
     X = PMF.synthetic_ratings(n=400)
     state = engine.init(X[:100], seed=1)
     for k in range(1, 4):
         state, _ = engine.update(state, X[100 * (k - 1):100 * k])
-    x1 = _joined(X[300:340], Ratings(["newbie"] * 3 + ["u1"], ["fresh", 2, 3, "fresh"], [4.0, 2.0, 5.0, 3.0]))
-    x2 = _joined(X[340:380], Ratings(["newbie"] * 2, ["fresh", 7], [1.0, 4.5]))
+    x1 = _joined(X[300:340], Ratings(["newbie"] * 3 + ["u1"], ["fresh", 2, 3, "fresh"],
+                                     [4.0, 2.0, 5.0, 3.0]))
+    # x2 meets "other" (new to every state) before "fresh": its worker orders them (other, fresh),
+    # the applier, which has "fresh" from x1 by then, (fresh, other)
+    x2 = _joined(X[340:380], Ratings(["newbie"] * 3, ["other", "fresh", 7], [2.0, 1.0, 4.5]))
     v = state.step
     c1 = _wire(split.contribution(engine, state, x1, split.batch_rng_state(0, "t", 0, 300)), v, 300, 344)
     c2 = _wire(split.contribution(engine, state, x2, split.batch_rng_state(0, "t", 1, 340)), v, 340, 382)
     for c in (c1, c2):
         assert "newbie" in c.meta["ids"]["user"] and "fresh" in c.meta["ids"]["item"]
+    assert c2.meta["ids"]["item"].index("other") < c2.meta["ids"]["item"].index("fresh")
     s1, d1 = split.apply(engine, state, c1)
     s2, d2 = split.apply(engine, s1, c2, rho_scale=0.5)     # one version stale: down-weighted
     assert (d1.step, d2.step) == (v + 1, v + 2)
@@ -122,30 +129,38 @@ def test_two_stale_contributions_with_an_id_new_to_both_make_one_row():
     aux = s2.aux
     assert aux["users"].count("newbie") == 1 and aux["items"].count("fresh") == 1
     assert len(aux["users"]) == len(state.aux["users"]) + 1
-    assert len(aux["items"]) == len(state.aux["items"]) + 1
-    r, j = aux["users"].index("newbie"), aux["items"].index("fresh")
-    assert r == len(state.aux["users"])                       # appended once, by the first
-    assert aux["user_n"][r] == 3 + 2 and aux["user_t"][r] == 2
+    assert len(aux["items"]) == len(state.aux["items"]) + 2
+    r, j, o = aux["users"].index("newbie"), aux["items"].index("fresh"), aux["items"].index("other")
+    assert r == len(state.aux["users"]) and (j, o) == (len(state.aux["items"]), j + 1)   # each made once
+    assert aux["user_n"][r] == 3 + 3 and aux["user_t"][r] == 2
     assert aux["item_n"][j] == 2 + 1 and aux["item_t"][j] == 2
+    assert aux["item_n"][o] == 1 and aux["item_t"][o] == 1
     u1 = aux["users"].index("u1")
     assert aux["user_t"][u1] == state.aux["user_t"][u1] + 1 + int("u1" in x2.user)
     # the pair log holds every rating once, at the applier's rows
     rated = aux["rated"]
     assert len(rated) == len(state.aux["rated"]) + len(x1) + len(x2)
     assert np.count_nonzero((rated[:, 0] == r) & (rated[:, 1] == j)) == 2
+    assert np.count_nonzero((rated[:, 0] == r) & (rated[:, 1] == o)) == 1
     assert s2.lam.all_finite() and np.isfinite(aux["user_kl"]).all()
     # the first step at the contribution's own version is the one-process update
     one, _ = engine.update(replace(state, rng_state=split.batch_rng_state(0, "t", 0, 300)), x1)
     _assert_same_state(replace(s1, rng_state=one.rng_state), one, "the first contribution")
-    # the second is the applier's step from c2's statistics at its own rows: not the update of
-    # x2 at s1 (the statistics are one version old), with ρ_i halved by the staleness scale
-    h_prev = s1.lam.rows("user", np.array([r]))[0][0]
-    h_new = s2.lam.rows("user", np.array([r]))[0][0]
-    sums_r = c2.arrays["user/sums_w"][c2.meta["ids"]["user"].index("newbie")]
-    rho = 0.5 * engine.schedule(2)
-    N_old, N_new = s1.aux["user_N"][r], s2.aux["user_N"][r]
-    expect = (1 - rho) * (N_new / N_old) * h_prev + rho * (N_new / 2) * sums_r[:engine.model.dim]
-    np.testing.assert_allclose(h_new, expect, rtol=1e-12, atol=1e-12)
+    # the second is the applier's step from c2's statistics at its own rows (one version old, in
+    # its own row order), with ρ_i = schedule(t_i) halved by the staleness scale
+    D = engine.model.dim
+    for side, key, row, count in (("user", "newbie", r, 3), ("item", "fresh", j, 1), ("item", "other", o, 1)):
+        h_new = s2.lam.rows(side, np.array([row]))[0][0]
+        sums = c2.arrays[f"{side}/sums_w"][c2.meta["ids"][side].index(key)][:D]   # h part first
+        N_new = s2.aux[f"{side}_N"][row]
+        t = s2.aux[f"{side}_t"][row]
+        if t == 1:                        # new: its initial λ, no rescaling
+            h_prev, r_ = engine.model.new_rows(state.aux["seed"], side, [key])[0], 1.0
+        else:
+            h_prev, r_ = s1.lam.rows(side, np.array([row]))[0][0], N_new / s1.aux[f"{side}_N"][row]
+        rho = 0.5 * engine.schedule(int(t))
+        expect = (1 - rho) * r_ * h_prev + rho * (N_new / count) * sums
+        np.testing.assert_allclose(h_new, expect, rtol=1e-12, atol=1e-12, err_msg=f"{side} {key}")
 
 
 def test_contributions_that_do_not_fit_are_refused_with_a_reason():
