@@ -7,8 +7,10 @@ checkpoint of its own:
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
   ``_set_aside`` stages, the same consumer group settings);
 * ``_learn``: the local step and the weighted sufficient statistics at the
-  freshest published λ (``SVI.stochastic_target``), giving the delta
-  (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η;
+  freshest published λ (:func:`streamsvi.inference.split.contribution`), giving
+  the delta: (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η for a dense λ, the touched rows'
+  ids and statistics for row blocks (PMF, Poisson factorisation:
+  :mod:`streamsvi.inference.split_rows`);
 * ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
   and the batch's data offsets (``send_offsets_to_transaction`` with the
   consumer's group metadata). Either both are committed or neither: a record
