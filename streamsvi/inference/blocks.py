@@ -45,6 +45,12 @@ rows from ``model.new_rows``), gather the touched rows, ``model.begin_batch``,
 the ELBO at the old λ (−Σ KL + (N/|S|) ``model.batch_loglik``), then for each
 block in ``model.sweep_order``: ``model.block_stats`` and :func:`step_rows`
 (the next block's statistics see the new moments: a CAVI sweep in batch mode).
+It is two halves around one step (:class:`_Sweep`, whose ``step`` is
+:func:`step_rows` and the block's running total): the statistics half
+:func:`row_sweep` (statistics, then the step, block by block; without
+publishing for a scale-out worker) and the apply half :func:`row_apply` (the
+steps from statistics made elsewhere, by the touched rows' ids; the scale-out
+applier, :mod:`.split_rows`). :func:`row_update` is :func:`row_sweep`, published.
 
 Row storage: one update touches a few hundred rows out of many thousands, and
 states are immutable, so a state cannot share a mutable array with its
@@ -74,10 +80,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..models.base import NatParams, RowWise
-from ..models.blocks import RowIndex, blocks_in_domain, blocks_max_step
+from ..models.blocks import RowIndex, RowStats, blocks_in_domain, blocks_max_step
 
-__all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_init", "row_stores",
-           "RowParams", "RowAux", "RowFormat", "is_rowwise"]
+__all__ = ["dense_step", "scaled_columns_step", "step_rows", "row_update", "row_sweep", "row_apply",
+           "row_adopt", "row_init", "row_stores", "RowParams", "RowAux", "RowFormat", "is_rowwise"]
 
 
 def is_rowwise(model) -> bool:
@@ -578,6 +584,149 @@ def step_rows(block, fmt: RowFormat, W, stats, *, weighted: bool, n_total: float
     report["grad_variance"] += float(np.sum(N_new ** 2 * np.maximum(tr, 0.0) / (counts * M / S)))
 
 
+class _Sweep:
+    """One row update in progress (module docs): the touched rows' records of every block, in
+    local order, gathered from a state, and what the steps have measured so far.
+
+    The two halves of a row update both use it: the statistics half (:func:`row_sweep`: the
+    model's ``block_stats`` block by block, each followed by :meth:`step`) and the apply half
+    (:func:`row_apply`: :meth:`step` from statistics made elsewhere, e.g. by a scale-out
+    worker). Nothing is written to a log before :meth:`publish`.
+
+    ``keys``: block -> the ids of the batch's records (or of the touched rows); ids without a
+    row get new records from ``model.new_rows`` with the state's seed. ``grow=False`` leaves
+    the id lists as they are (a worker's sweep, which publishes nothing).
+    """
+
+    __slots__ = ("model", "fmts", "sides", "pairs", "plain", "work", "inv", "glob", "totals", "report",
+                 "check_floor", "n_ids", "blocks")
+
+    def __init__(self, model, cache: dict, lam, aux, keys: dict, grow: bool = True):
+        if aux is None:
+            raise ValueError("a row-wise state needs aux; start it with SVI.init")
+        self.model = model
+        self.blocks = {b.name: b for b in model.row_blocks}
+        self.fmts = fmts = _formats(cache, model)
+        index = _indices(cache, model)
+        self.sides, self.pairs, self.plain = row_stores(model, lam, aux, cache)
+        plain, seed = self.plain, self.plain["seed"]
+        self.work, self.inv, self.glob, self.n_ids = {}, {}, {}, {}
+        for b in model.row_blocks:
+            name, fmt, store = b.name, fmts[b.name], self.sides[b.name]
+            ids = plain[f"{name}s"]
+            rows, new, grown = index[name].lookup(ids, keys[name], grow=grow)
+            self.n_ids[name] = len(ids)
+            if grow:
+                plain[f"{name}s"] = grown
+            n_old = len(store)
+            uniq, self.inv[name] = _unique_rows(rows, n_old + len(new))
+            old = uniq < n_old
+            W = np.empty((len(uniq), fmt.width))
+            W[old] = store.gather(uniq[old])
+            if new:                             # new rows are n_old, n_old + 1, ...: the tail of uniq
+                W[~old] = _new_records(model, fmt, seed, name, new)
+            self.work[name], self.glob[name] = W, (uniq, rows, new)
+        self.totals = {b: _total_with(self.sides[b], self.work[b], fmts[b], self.glob[b]) for b in self.work}
+        self.report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
+        self.check_floor = bool(plain.get("svi_plus_seen", True))
+
+    def touched_ids(self, block) -> list:
+        """The ids of ``block``'s touched rows, in local order (new ids included)."""
+        ids, n = self.plain[f"{block}s"], self.n_ids[block]
+        uniq, _, new = self.glob[block]
+        return [ids[r] if r < n else new[r - n] for r in uniq.tolist()]
+
+    def caches(self):
+        """The touched rows' cached moments, as they are now, and the totals."""
+        fmts = self.fmts
+        return RowCaches({b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in self.work.items()},
+                         self.totals)
+
+    def weighted(self, weighted: bool) -> None:
+        """Say whether this update's statistics carry SVI+ weights (before the first :meth:`step`)."""
+        self.check_floor = self.check_floor or weighted
+        if weighted:
+            self.plain["svi_plus_seen"] = True
+
+    def old_kl(self) -> float:
+        """Σ of every row's KL at the old λ (new rows at their initial values)."""
+        kl = 0.0
+        for name, store in self.sides.items():
+            uniq, _, new = self.glob[name]
+            kl_all = store.kl
+            if new:
+                kl_all = np.concatenate([kl_all, self.work[name][len(uniq) - len(new):, self.fmts[name].kl]])
+            kl += float(np.sum(kl_all))
+        return kl
+
+    def step(self, block, stats, *, weighted: bool, n_total: float, R: int, M: float, S: int, schedule,
+             tau: float) -> None:
+        """The apply half for one block: :func:`step_rows` on its touched records, then its total."""
+        fmt, W = self.fmts[block], self.work[block]
+        before = W[:, fmt.cache].sum(axis=0)
+        step_rows(self.blocks[block], fmt, W, stats, weighted=weighted, n_total=n_total, R=R, M=M,
+                  S=S, schedule=schedule, tau=tau, check_floor=self.check_floor, report=self.report)
+        if len(W) == len(self.sides[block]) + len(self.glob[block][2]):     # every row touched: sum again
+            self.totals[block] = W[:, fmt.cache].sum(axis=0)
+        else:
+            self.totals[block] = self.totals[block] + (W[:, fmt.cache].sum(axis=0) - before)
+
+    def publish(self, pair_rows=None) -> tuple:
+        """(λ, aux) of the successor state: the touched records appended to the logs, and
+        ``pair_rows`` ((k, 2) rows of ``model.pair_blocks``) to the pair log."""
+        fmts, sides = self.fmts, self.sides
+        new_sides = {name: sides[name].with_records(self.glob[name][0], self.work[name], fmts[name],
+                                                    self.totals[name]) for name in sides}
+        pairs = self.pairs
+        if pairs is not None and pair_rows is not None:
+            pairs = _pairs_append(pairs[0], pairs[1], pair_rows)
+        return (RowParams(new_sides, fmts),
+                RowAux(self.plain, new_sides, fmts, pairs, self.model.pair_log))
+
+    def results(self) -> dict:
+        r = self.report
+        return {"grad_variance": r["grad_variance"], "grad_norm": math.sqrt(r["grad_norm_sq"]),
+                "domain_clipped": r["domain_clipped"], "domain_blocks": r["domain_blocks"]}
+
+
+def row_sweep(model, cache: dict, lam, aux, x, *, weights, n_total: float, records_before: int,
+              schedule, tau: float, effective_batch_size=None, publish: bool = True) -> dict:
+    """The statistics half of a row update (module docs), with each block's step as it goes.
+
+    For each block in ``model.sweep_order``: ``model.block_stats`` at the current moments,
+    then the block's step (:meth:`_Sweep.step`, the apply half) on the touched records, so the
+    next block's statistics see the new moments. Returns ``elbo`` (at the old λ), ``stats``
+    (block -> :class:`~streamsvi.models.blocks.RowStats`, local rows), ``sweep`` (the
+    :class:`_Sweep`: touched ids, each record's local rows ``inv``) and the step metrics; with
+    ``publish`` also the successor's ``lam`` and ``aux``. ``publish=False`` (a scale-out worker)
+    writes nothing and leaves the id lists and logs as they are.
+    """
+    sw = _Sweep(model, cache, lam, aux, model.row_keys(x), grow=publish)
+    S = len(x)
+    M = float(S if effective_batch_size is None else effective_batch_size)
+    R = records_before + S
+    ctx = model.begin_batch(x, sw.plain, sw.inv)
+    # the ELBO at the old λ (new rows at their initial values)
+    caches = sw.caches()
+    elbo = -sw.old_kl() + (n_total / S) * model.batch_loglik(ctx, caches)
+    if isinstance(model, RowWise):          # the term no record carries (RowWise.global_loglik)
+        elbo += model.global_loglik(ctx, caches)
+    weighted = weights is not None
+    sw.weighted(weighted)
+    stats = {}
+    for name in model.sweep_order:
+        stats[name] = st = model.block_stats(name, ctx, sw.caches(), weights)
+        sw.step(name, st, weighted=weighted, n_total=n_total, R=R, M=M, S=S, schedule=schedule, tau=tau)
+    out = {"elbo": elbo, "stats": stats, "sweep": sw, **sw.results()}
+    if publish:
+        pair_rows = None
+        if sw.pairs is not None:
+            a, b = model.pair_blocks
+            pair_rows = np.stack([sw.glob[a][1], sw.glob[b][1]], axis=1)
+        out["lam"], out["aux"] = sw.publish(pair_rows)
+    return out
+
+
 def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, records_before: int,
                schedule, tau: float, effective_batch_size=None) -> dict:
     """One SVI / SVI+ step of a row-wise model on the touched rows (module docs).
@@ -587,70 +736,77 @@ def row_update(model, cache: dict, lam, aux, x, *, weights, n_total: float, reco
     the arguments are not modified, and nothing visible is written before the end
     (a failure leaves no trace). The cost is that of the rows the batch touches.
     """
-    if aux is None:
-        raise ValueError("a row-wise state needs aux; start it with SVI.init")
-    fmts = _formats(cache, model)
-    index = _indices(cache, model)
-    sides, pairs, plain = row_stores(model, lam, aux, cache)
-    seed = plain["seed"]
-    keys = model.row_keys(x)
-    work, inv, glob = {}, {}, {}
-    for b in model.row_blocks:
-        name, fmt, store = b.name, fmts[b.name], sides[b.name]
-        rows, new, grown = index[name].lookup(plain[f"{name}s"], keys[name])
-        plain[f"{name}s"] = grown
-        n_old = len(store)
-        uniq, inv[name] = _unique_rows(rows, n_old + len(new))
-        old = uniq < n_old
-        W = np.empty((len(uniq), fmt.width))
-        W[old] = store.gather(uniq[old])
-        if new:                             # new rows are n_old, n_old + 1, ...: the tail of uniq
-            W[~old] = _new_records(model, fmt, seed, name, new)
-        work[name], glob[name] = W, (uniq, rows, new)
-    S = len(x)
-    M = float(S if effective_batch_size is None else effective_batch_size)
-    R = records_before + S
-    ctx = model.begin_batch(x, plain, inv)
-    totals = {b: _total_with(sides[b], work[b], fmts[b], glob[b]) for b in work}
+    out = row_sweep(model, cache, lam, aux, x, weights=weights, n_total=n_total,
+                    records_before=records_before, schedule=schedule, tau=tau,
+                    effective_batch_size=effective_batch_size)
+    del out["stats"], out["sweep"]
+    return out
 
-    def caches():                          # the touched rows' cached moments, as they are now, and the totals
-        return RowCaches({b: fmts[b].family.cache_view(W[:, fmts[b].cache]) for b, W in work.items()}, totals)
-    report = {"grad_variance": 0.0, "grad_norm_sq": 0.0, "domain_clipped": 0, "domain_blocks": 0}
 
-    # the ELBO at the old λ (new rows at their initial values)
-    kl = 0.0
-    for name, store in sides.items():
-        uniq, _, new = glob[name]
-        kl_all = store.kl
-        if new:
-            kl_all = np.concatenate([kl_all, work[name][len(uniq) - len(new):, fmts[name].kl]])
-        kl += float(np.sum(kl_all))
-    elbo = -kl + (n_total / S) * model.batch_loglik(ctx, caches())
-    if isinstance(model, RowWise):          # the term no record carries (RowWise.global_loglik)
-        elbo += model.global_loglik(ctx, caches())
+def row_apply(model, cache: dict, lam, aux, ids: dict, stats: dict, *, weighted: bool, n_total: float,
+              records_before: int, S: int, M: float, schedule, tau: float, pairs=None,
+              running=None) -> dict:
+    """The apply half of a row update: the step of every block from statistics made elsewhere.
 
-    check_floor = bool(plain.get("svi_plus_seen", True)) or weights is not None
-    if weights is not None:
-        plain["svi_plus_seen"] = True
-    blocks = {b.name: b for b in model.row_blocks}
+    ``ids``: block -> the touched rows' ids (distinct; the rows of ``stats[block]`` index this
+    list); ids without a row here get new rows (``model.new_rows``, this state's seed).
+    ``stats``: block -> :class:`~streamsvi.models.blocks.RowStats`. The blocks are stepped in
+    ``model.sweep_order`` with this state's per-row clocks (n_i, t_i, N_i), R =
+    ``records_before`` + ``S``. ``pairs``: (k, 2) positions in ``ids`` of ``model.pair_blocks``,
+    appended to the pair log; ``running``: the batch's part of the model's running values
+    (``init_row_values``), added to this state's. At the state the statistics were made at,
+    the result is :func:`row_update`'s, bit for bit (same local order, same arithmetic).
+    Returns ``lam``, ``aux`` and the step metrics; nothing is written on failure.
+    """
+    names = [b.name for b in model.row_blocks]
+    if set(ids) != set(names) or set(stats) != set(names):
+        raise ValueError(f"row statistics for blocks {sorted(stats)} (ids {sorted(ids)}) do not match the "
+                         f"model's {sorted(names)}")
+    sw = _Sweep(model, cache, lam, aux, ids, grow=True)
+    where = {}
+    for name in names:
+        k = len(ids[name])
+        if len(sw.glob[name][0]) != k:
+            raise ValueError(f"the touched {name} ids of a row contribution are not distinct")
+        where[name] = sw.inv[name]             # position in ids -> local row here
+        st = stats[name]
+        n = len(st.rows)
+        if not (len(st.sums_w) == len(st.sums) == len(st.counts) == len(st.sqsum) == n) or (
+                n and (st.rows.min() < 0 or st.rows.max() >= k)) or np.any(st.counts <= 0):
+            raise ValueError(f"row statistics of block {name!r} are inconsistent ({n} rows of {k} ids)")
+    for key, v in (running or {}).items():
+        if key not in sw.plain:
+            raise ValueError(f"running value {key!r} is not one of this model's")
+        sw.plain[key] = sw.plain[key] + v
+    sw.weighted(weighted)
     for name in model.sweep_order:
-        stats = model.block_stats(name, ctx, caches(), weights)
-        fmt, W = fmts[name], work[name]
-        before = W[:, fmt.cache].sum(axis=0)
-        step_rows(blocks[name], fmt, W, stats, weighted=weights is not None,
-                  n_total=n_total, R=R, M=M, S=S, schedule=schedule, tau=tau, check_floor=check_floor,
-                  report=report)
-        if len(W) == len(sides[name]) + len(glob[name][2]):     # every row touched: sum them again
-            totals[name] = W[:, fmt.cache].sum(axis=0)
+        st = stats[name]
+        r = where[name][st.rows]
+        order = np.argsort(r, kind="stable")
+        if np.any(order != np.arange(len(r))):     # into this state's local order (ascending rows)
+            st = RowStats(r[order], st.sums_w[order], st.sums[order], st.counts[order], st.sqsum[order])
         else:
-            totals[name] = totals[name] + (W[:, fmt.cache].sum(axis=0) - before)
-    # publish: nothing above wrote to a log, so a failure before here leaves no trace
-    new_sides = {name: sides[name].with_records(glob[name][0], work[name], fmts[name], totals[name])
-                 for name in sides}
-    if pairs is not None:
+            st = RowStats(r, st.sums_w, st.sums, st.counts, st.sqsum)
+        sw.step(name, st, weighted=weighted, n_total=n_total, R=records_before + S, M=M, S=S,
+                schedule=schedule, tau=tau)
+    pair_rows = None
+    if sw.pairs is not None and pairs is not None:
         a, b = model.pair_blocks
-        pairs = _pairs_append(pairs[0], pairs[1], np.stack([glob[a][1], glob[b][1]], axis=1))
-    return {"lam": RowParams(new_sides, fmts),
-            "aux": RowAux(plain, new_sides, fmts, pairs, model.pair_log), "elbo": elbo,
-            "grad_variance": report["grad_variance"], "grad_norm": math.sqrt(report["grad_norm_sq"]),
-            "domain_clipped": report["domain_clipped"], "domain_blocks": report["domain_blocks"]}
+        pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+        if len(pairs) and (pairs.min() < 0 or pairs[:, 0].max() >= len(ids[a])
+                           or pairs[:, 1].max() >= len(ids[b])):
+            raise ValueError("pair positions of a row contribution are outside its id lists")
+        pair_rows = np.stack([sw.glob[a][1][pairs[:, 0]], sw.glob[b][1][pairs[:, 1]]], axis=1)
+    out = sw.results()
+    out["lam"], out["aux"] = sw.publish(pair_rows)
+    return out
+
+
+def row_adopt(model, cache: dict, lam, aux) -> tuple:
+    """(λ, aux) of a state in the row storage: itself if it is one, else (a loaded snapshot or λ
+    file: plain arrays) copied into new logs, once, after ``model.check_state``."""
+    if isinstance(lam, RowParams) and isinstance(aux, RowAux) and aux.consistent_with(lam):
+        return lam, aux
+    sides, pairs, plain = row_stores(model, lam, aux, cache)
+    fmts = _formats(cache, model)
+    return RowParams(sides, fmts), RowAux(plain, sides, fmts, pairs, model.pair_log)

@@ -163,3 +163,4 @@ def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
 
 from . import split_columns  # noqa: E402, F401 - registers SPLITTERS["columns"] (it subclasses Splitter)
 from . import split_gradient  # noqa: E402,F401  (registers SPLITTERS["gradient"]: the gradient path)
+from . import split_rows  # noqa: E402,F401  (registers SPLITTERS["rows"])

@@ -9,7 +9,8 @@ checkpoint of its own:
 * ``_learn``: the local step and the weighted sufficient statistics at the
   freshest published λ (:func:`streamsvi.inference.split.contribution`), giving
   the delta: (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η for a dense λ, the batch's
-  column ids and K × |cols| statistics for LDA's scaled columns, the minibatch's
+  column ids and K × |cols| statistics for LDA's scaled columns, the touched rows'
+  ids and statistics for row blocks (PMF, Poisson factorisation), the minibatch's
   ELBO gradient ĝ for the gradient path (logistic, softmax);
 * ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
   and the batch's data offsets (``send_offsets_to_transaction`` with the
