@@ -36,7 +36,9 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, 
         raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck",
                          model=model or {}, **base)
         raw["checkpoint"]["directory"] = str(ck)
-        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000}
+        # λ as a file in the shared checkpoint directory (what _lambda reads); the lambda topic,
+        # with no shared directory, is tests/service/test_lambda_topic.py's
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_file": str(ck / "lambda.npz")}
         if name != "applier":
             raw["scaleout"]["worker_id"] = name
         cfgs[name] = write_config(tmp_path / f"{name}.toml", raw)

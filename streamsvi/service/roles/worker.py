@@ -49,6 +49,7 @@ from ...inference.engine import EngineState
 from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
+from .lambda_log import LambdaLog
 from .transport import Delta, LambdaFile, init_delta
 
 log = logging.getLogger("streamsvi.worker")
@@ -112,6 +113,18 @@ def check_scaleout_config(cfg) -> None:
     if not cfg["scaleout"]["deltas_topic"]:
         raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
                           "one partition that carries the workers' statistic deltas)")
+    if cfg["scaleout"]["lambda_file"] and cfg["scaleout"]["lambda_topic"]:
+        raise ConfigError("scaleout.lambda_file, scaleout.lambda_topic: set one (lambda travels as a file "
+                          "on shared storage, or on a topic)")
+
+
+def lambda_channel(cfg) -> tuple[str, str]:
+    """``("file", path)`` if ``scaleout.lambda_file`` is set, else ``("topic", name)``:
+    ``scaleout.lambda_topic``, default ``<deltas_topic>-lambda``."""
+    sc = cfg["scaleout"]
+    if sc["lambda_file"]:
+        return "file", sc["lambda_file"]
+    return "topic", sc["lambda_topic"] or f"{sc['deltas_topic']}-lambda"
 
 
 #: Longest a worker waits for one transactional request (the offsets, the commit) before it
@@ -196,8 +209,12 @@ class Worker(Daemon):
         self.worker_id = worker_id(cfg)
         self._id_lock = claim_worker_id(cfg["source"]["group_id"], self.worker_id)
         self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
-        self.lam = LambdaFile(self.sc["lambda_file"] or
-                              os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
+        how, where = lambda_channel(cfg)
+        if how == "file":
+            self.lam = LambdaFile(where)
+        else:
+            self.lam = LambdaLog(cfg["source"]["bootstrap_servers"], where, self.sc["deltas_topic"],
+                                 security=client_security(cfg), client_id=f"streamsvi-worker-{self.worker_id}")
         self.producer = None
         self._proposals = 0                 # λ_0 proposals sent while no λ was published
         self._next_proposal = 0.0           # monotonic time of the next one (backoff)
@@ -336,6 +353,8 @@ class Worker(Daemon):
         """Every batch was committed in its own transaction: nothing to checkpoint."""
         dead_sink.flush()
         self._close_producer()
+        if isinstance(self.lam, LambdaLog):
+            self.lam.close()
         if self._id_lock is not None:
             self._id_lock.close()               # the id is free for the next worker on this host
 
