@@ -59,7 +59,8 @@ def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic,
     full λs) loads the latest full λ. Both hold the checkpointed λ, bit for bit."""
     bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
     lam_topic = f"{deltas}-lambda"
-    cfg, engine, state0, _ = _applier_setup(tmp_path, bootstrap, deltas, new_group(), lambda_full_every=3)
+    cfg, engine, state0, _ = _applier_setup(tmp_path, bootstrap, deltas, new_group(), lambda_full_every=3,
+                                          max_staleness=4)   # (later deltas are down-weighted: rho_scale < 1)
     X = blob_rows(1000, seed=9)
     ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1), worker=f"w{i % 3}") for i in range(15)]
 
@@ -80,6 +81,7 @@ def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic,
 
     # a second applier run: a takeover from the checkpoint, a new lineage (its own full λ)
     first_lineage = early.lineage
+    cfg["scaleout"]["lambda_full_every"] = 4           # (so the last three steps follow the takeover's full λ)
     t, out = _start_applier(cfg, max_deltas=3)
     _produce_deltas(bootstrap, deltas, [d.encode() for d in ds[12:]])
     _until_version(early, 15)
@@ -88,11 +90,12 @@ def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic,
     _same_state(early.state, snap.state)
     assert early.lineage != first_lineage
 
-    late = _reader(bootstrap, lam_topic, deltas)      # after five full λs or more
+    late = _reader(bootstrap, lam_topic, deltas)      # after several full λs: the takeover's, then 3 steps
     t0 = time.perf_counter()
     assert late.refresh()
     print(f"late reader caught up in {time.perf_counter() - t0:.2f} s: {late.stats}")
     _same_state(late.state, snap.state)
+    assert (late.stats["fulls_loaded"], late.stats["steps_applied"]) == (1, 3), late.stats
     assert late.lineage == early.lineage
     early.close()
     late.close()
@@ -117,7 +120,7 @@ def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broke
 
     # a torn full λ (chunk 1 missing, committed all the same) of a later state: ignored
     torn_state = engine.init(X[50:150], seed=11)
-    recs = full_records(w.lineage, engine, torn_state, 0, w.full_offset, chunk)
+    recs = list(full_records(w.lineage, engine, torn_state, 0, w.full_offset, chunk))
     assert len(recs) > 2 and max(len(r) for r in recs) < chunk + 600
     w.producer.begin_transaction()
     for i, r in enumerate(recs):

@@ -69,7 +69,7 @@ log = logging.getLogger("streamsvi.lambda_log")
 MAGIC = b"SSVL1\n"
 _MAX_HEADER = 1 << 20
 #: records read back from the end of the topic to find where to start (doubled until found)
-TAIL = 16
+TAIL = 4
 #: longest a reader waits for one fetch it needs (a chunk, a delta) before it gives up on a λ
 FETCH_WAIT_S = 30.0
 
@@ -105,21 +105,22 @@ def decode(data) -> tuple[dict, memoryview]:
     return h, data[10 + hlen:]
 
 
-def state_bytes(engine, state) -> bytes:
+def state_bytes(engine, state) -> memoryview:
     """The ``.npz`` bytes of ``state`` (the file format of :mod:`streamsvi.inference.state`)."""
     buf = io.BytesIO()
     np.savez(buf, **state_to_arrays(engine, state))
-    return buf.getvalue()
+    return buf.getbuffer()
 
 
-def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chunk_bytes: int) -> list:
-    """The messages of one full λ (module docs): ``count`` chunks of at most ``chunk_bytes``."""
-    data = memoryview(state_bytes(engine, state))
+def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chunk_bytes: int):
+    """The messages of one full λ (module docs): ``count`` chunks of at most ``chunk_bytes``,
+    made one at a time (the npz bytes and one message in memory besides λ)."""
+    data = state_bytes(engine, state)
     digest = hashlib.sha256(data).hexdigest()
     count = max(1, -(-len(data) // chunk_bytes))
     head = {"kind": "full", "lineage": lineage, "version": int(state.step), "full": int(full),
             "count": count, "size": len(data), "sha256": digest, "deltas_offset": int(deltas_offset)}
-    return [encode({**head, "index": i}, data[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count)]
+    return (encode({**head, "index": i}, data[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count))
 
 
 def step_record(lineage: str, version: int, delta: int, rho_scale: float, full: int) -> bytes:
@@ -212,6 +213,7 @@ class LambdaLog:
         return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                              isolation_level="read_committed", auto_offset_reset="earliest",
                              client_id=self.client_id, max_partition_fetch_bytes=16 << 20,
+                             fetch_max_wait_ms=100, request_timeout_ms=10000,
                              fetch_max_bytes=64 << 20, **self.security)
 
     def _open(self):
@@ -247,17 +249,27 @@ class LambdaLog:
         before = (self.lineage, self.version)
         try:
             self._open()
+            catch_up = self._resync
             if self._resync and not self._bootstrap():
                 return False
-            deadline = time.monotonic() + timeout_s
+            deadline = time.monotonic() + (FETCH_WAIT_S if catch_up else timeout_s)
+            empty = 0
             while True:
-                msgs = self._poll(max(0, int((deadline - time.monotonic()) * 1000)))
+                msgs = self._poll(200 if catch_up else max(0, int((deadline - time.monotonic()) * 1000)))
                 for m in msgs:
                     self._record(m)
                     if self._resync:
                         break
-                if not msgs or self._resync:
+                if self._resync or time.monotonic() >= deadline:
                     break
+                if not msgs:
+                    # after loading a full λ, replay the steps after it up to the end of the topic
+                    empty += 1
+                    hw = self._lc.highwater(self._ltp)
+                    if not catch_up or empty >= 3 or (hw is not None and self._lc.position(self._ltp) >= hw):
+                        break
+                else:
+                    empty = 0
         except _transient_errors() as exc:
             log.info("lambda topic %r: %s: %s; read again at the next refresh", self.topic,
                      type(exc).__name__, exc)
@@ -392,6 +404,7 @@ class LambdaLog:
         if not c["want"]:
             return "complete"
         data = b"".join(c["parts"])
+        c["parts"] = None
         if len(data) != int(h["size"]) or hashlib.sha256(data).hexdigest() != h["sha256"]:
             return "torn"
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
@@ -420,3 +433,7 @@ class LambdaLog:
                                      f"within {FETCH_WAIT_S:g} s")
             polled = self._dc.poll(timeout_ms=200, max_records=1000).get(self._dtp, [])
             self._dbuf = sorted(polled, key=lambda m: m.offset)
+            hw = self._dc.highwater(self._dtp)
+            if not polled and hw is not None and hw <= offset:
+                raise LambdaLogError(f"deltas topic {self.deltas_topic!r} ends at offset {hw}, before the "
+                                     f"delta at {offset} (a new or truncated topic?)")
