@@ -6,8 +6,18 @@ active, the others stand by with no state. Stages of :meth:`Applier.run`:
 ``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
 (read_committed: deltas of aborted or open worker transactions are never
 seen), ``_apply`` (each delta: dedup, staleness, natural-gradient step),
-``_publish`` (λ file), ``_maybe_checkpoint``; ``_take_over`` when partition 0
-is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+``_publish`` (λ for the workers), ``_maybe_checkpoint``; ``_take_over`` when
+partition 0 is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+
+Publishing λ. On the lambda topic (``scaleout.lambda_topic``, the default;
+:mod:`.lambda_log`): each takeover starts a new lineage with a full λ of the
+resumed state (after λ_0 is adopted, if there was no snapshot); every applied
+delta adds a step record (its deltas-topic offset and ρ scale), written at the
+end of the poll that applied it, in one transaction with a full λ when one is
+due (``lambda_full_every`` versions, or deltas of ``lambda_full_ratio`` times
+the last full λ's bytes). A failed write is logged and followed by a new
+lineage. With ``scaleout.lambda_file`` set, λ is written to that file instead
+(at most every ``publish_seconds``).
 
 Exactly once. The checkpoint (``CheckpointStore``) holds λ, the next offset
 of the deltas topic, and per data partition the offset up to which deltas were
@@ -236,7 +246,7 @@ class Applier(StopOnSignals):
         if self._broker_down:
             log.warning("brokers are back")
             self._broker_down = False
-            self.metrics.broker_up.set(1)
+        self.metrics.broker_up.set(1)
         out = []
         for msgs in polled.values():
             out += msgs
@@ -384,6 +394,9 @@ class Applier(StopOnSignals):
         except _transient_errors() as exc:
             log.warning("lambda topic %r: writing λ version %d failed (%s: %s); a full λ is written "
                         "at the next turn", self.lambda_topic, self.state.step, type(exc).__name__, exc)
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            self._broker_down = True
             self._drop_writer()
             self._steps, self._need_full = [], True
             return

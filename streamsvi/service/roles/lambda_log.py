@@ -151,7 +151,7 @@ class LambdaLogWriter:
         self.full_offset = -1
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
                                       client_id=client_id, max_request_size=self.chunk_bytes + (64 << 10),
-                                      acks="all", **(security or {}))
+                                      acks="all", max_block_ms=30000, **(security or {}))
         self.producer.init_transactions()     # fences the previous active applier, aborts its open write
 
     def publish(self, steps, full=None) -> tuple[int, int]:
@@ -169,7 +169,9 @@ class LambdaLogWriter:
                 fut = p.send(self.topic, rec, partition=0)
                 first = fut if i == 0 else first
                 nf += len(rec)
-        p.commit_transaction()                 # flushes; every future is done
+        from .worker import _bounded
+
+        _bounded(p, "commit_transaction")      # flushes; every future is done (at most 30 s)
         if first is not None:
             self.full_offset = first.get(timeout=0).offset
         return n, nf

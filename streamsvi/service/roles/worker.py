@@ -7,7 +7,10 @@ checkpoint of its own:
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
   ``_set_aside`` stages, the same consumer group settings);
 * ``_learn``: the local step and the weighted sufficient statistics at the
-  freshest published λ (``SVI.stochastic_target``), giving the delta
+  freshest published λ (``self.lam``: a :class:`~.lambda_log.LambdaLog` that
+  replays the applier's lambda topic, so a worker needs only the bootstrap
+  servers; or the :class:`~.transport.LambdaFile` of ``scaleout.lambda_file``
+  on shared storage) (``SVI.stochastic_target``), giving the delta
   (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η;
 * ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
   and the batch's data offsets (``send_offsets_to_transaction`` with the
@@ -248,6 +251,10 @@ class Worker(Daemon):
         from ..daemon import ASSIGNMENT_TIMEOUT_S
 
         self._producer()
+        # the first λ before the first group poll: loading a large full λ from the lambda topic
+        # takes longer than a member may go without polling (MAX_POLL_INTERVAL_MS); later
+        # refreshes read at most one fetch each
+        self.lam.refresh()
         deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
         while not self._stop.is_set():
             try:
