@@ -186,3 +186,19 @@ def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, t
     for name in ("w0", "w1"):        # a worker's directory: its lock and dead-letter file only
         assert {p.name for p in (dirs[name] / "ck").iterdir()} <= {".lock", "dead-letters.jsonl"}
     reader.close()
+
+
+def test_lambda_travels_on_the_topic_unless_a_file_is_set_and_not_both():
+    from streamsvi.service.config import ConfigError, validate
+    from streamsvi.service.roles.worker import check_scaleout_config, lambda_channel
+
+    def cfg(**sc):
+        return validate({"model": {"kind": "gmm", "n_components": 2, "n_features": 2},
+                         "inference": {"n_total": 100}, "source": {"kind": "kafka", "topics": ["t"]},
+                         "checkpoint": {"directory": "ck"}, "scaleout": {"deltas_topic": "d", **sc}})
+
+    assert lambda_channel(cfg()) == ("topic", "d-lambda")
+    assert lambda_channel(cfg(lambda_topic="lam")) == ("topic", "lam")
+    assert lambda_channel(cfg(lambda_file="/shared/l.npz")) == ("file", "/shared/l.npz")
+    with pytest.raises(ConfigError, match=r"^scaleout.lambda_file, scaleout.lambda_topic: set one"):
+        check_scaleout_config(cfg(lambda_file="/shared/l.npz", lambda_topic="lam"))
