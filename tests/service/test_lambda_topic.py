@@ -152,8 +152,10 @@ def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broke
 
 def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, tmp_path, daemons):
     """Applier and workers each with their own directory: λ reaches the workers on the
-    lambda topic only; every record is drained and applied exactly once."""
-    bootstrap, n, P = kafka_broker.bootstrap, 1500, 3
+    lambda topic only; the active applier is killed -9 mid-run and its standby (on the
+    appliers' directory) takes over with a new lineage; every record is drained and
+    applied exactly once, and a reader of the topic ends on the final checkpoint's λ."""
+    bootstrap, n, P = kafka_broker.bootstrap, 3000, 3
     topic, deltas, group = new_topic(P), new_topic(1, prefix="deltas"), new_group()
     produce_rows(bootstrap, topic, blob_rows(n, seed=11), JsonCodec(2), partitions=P)
     hw = highwater_marks(bootstrap, topic, P)
@@ -170,16 +172,26 @@ def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, t
         if name != "applier":
             raw["scaleout"]["worker_id"] = f"{name}-{group}"
         cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
-    applier = daemons(cfgs["applier"], "--role", "applier", tag="applier")
-    _wait(lambda: "applier: active" in applier.stderr(), "the applier to be active", 60, procs=[applier])
+    a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
+    a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
+    active = _wait(lambda: next((a for a in (a1, a2) if "applier: active" in a.stderr()), None),
+                   "an active applier", 60, procs=(a1, a2))
+    standby = a2 if active is a1 else a1
     ws = [daemons(cfgs[w], "--role", "worker", "--until-drained", tag=w) for w in ("w0", "w1")]
-    for w in ws:
-        assert w.wait(180) == 0, w.stderr()[-3000:]
     reader = _reader(bootstrap, f"{deltas}-lambda", deltas)
     _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state is not None
-          and reader.state.records_seen >= n, "every record in λ", 120, procs=[applier])
-    applier.signal(signal.SIGTERM)
-    assert applier.wait(60) == 0, applier.stderr()[-3000:]
+          and reader.state.records_seen >= n // 3, f"{n // 3} records in λ", 120, procs=[a1, a2, *ws])
+    first_lineage = reader.lineage
+    active.signal(signal.SIGKILL)
+    assert active.wait(10) == -signal.SIGKILL
+    _wait(lambda: "applier: active" in standby.stderr(), "the standby to take over", 60, procs=[standby, *ws])
+    for w in ws:
+        assert w.wait(180) == 0, w.stderr()[-3000:]
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
+          "every record in λ", 120, procs=[standby])
+    assert reader.lineage != first_lineage                    # the standby's own lineage
+    standby.signal(signal.SIGTERM)
+    assert standby.wait(60) == 0, standby.stderr()[-3000:]
     snap = _check_exactly_once(dirs["applier"] / "ck", topic, hw, n, partitions=P)
     _same_state(reader.state, snap.state)
     assert not list(tmp_path.rglob("lambda.npz"))             # no λ file anywhere

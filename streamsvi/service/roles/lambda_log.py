@@ -411,6 +411,9 @@ class LambdaLog:
             return "torn"
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             self.engine, self.state = state_from_arrays({k: z[k] for k in z.files})
+        if h["lineage"] != self.lineage:
+            log.info("lambda topic %r: full λ version %d loaded (%d bytes, lineage %s)", self.topic,
+                     self.state.step, len(data), h["lineage"])
         self.lineage = h["lineage"]
         self._dc.seek(self._dtp, int(h["deltas_offset"]))
         self._dbuf = []
