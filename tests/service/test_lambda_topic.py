@@ -138,6 +138,16 @@ def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broke
     w2.publish([], (engine, torn_state, 0))
     _wait(lambda: reader.refresh(timeout_s=0.2) or reader.lineage == w2.lineage, "the new lineage", 30)
     _same_state(reader.state, torn_state)
+    # a newer writer with the same transactional id (a takeover) fences the old one: its
+    # write fails and none of it reaches a reader
+    from kafka.errors import ProducerFencedError
+
+    w3 = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-b", chunk)
+    with pytest.raises(ProducerFencedError):
+        w2.publish([], (engine, state0, 0))
+    assert not reader.refresh(timeout_s=1.0) and reader.lineage == w2.lineage
+    _same_state(reader.state, torn_state)
+    w3.close()
     # a raw message that is not a lambda record is refused with a one-line error
     p = KafkaProducer(bootstrap_servers=bootstrap)
     p.send(lam_topic, b"PK\x03\x04", partition=0).get(timeout=10)

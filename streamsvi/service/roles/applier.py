@@ -114,6 +114,7 @@ class Applier(StopOnSignals):
         self._need_full = False              # a full λ is due on lambda_topic (takeover, λ_0, a failed write)
         self._since_full = [0, 0]            # versions and delta bytes since the last full λ
         self._full_bytes = 0                 # bytes of the last full λ written
+        self._fenced = False                 # another applier's writer took the lambda topic over
 
     # -------------------------------------------------------------- run
     def run(self, max_deltas: int | None = None, timeout: float | None = None) -> ApplierResult:
@@ -376,7 +377,7 @@ class Applier(StopOnSignals):
         from ..daemon import _transient_errors
 
         full = self._full_due()
-        if not self._steps and not full:
+        if self._fenced or (not self._steps and not full):
             return
         now = time.monotonic()
         if not (force or full) and now - getattr(self, "_last_publish", 0.0) < self.sc["publish_seconds"]:
@@ -392,12 +393,19 @@ class Applier(StopOnSignals):
             n_steps, n_full = self._writer.publish(
                 self._steps, (self.engine, self.state, self.next_offset) if full else None)
         except _transient_errors() as exc:
+            self._drop_writer()
+            if type(exc).__name__ == "ProducerFencedError":
+                # a newer active applier's writer has the transactional id: writing again would
+                # fence it in turn; this one stands by once the group revokes its partition
+                log.warning("lambda topic %r: another applier writes λ now (this writer was fenced); "
+                            "this applier publishes nothing until it is active again", self.lambda_topic)
+                self._fenced, self._steps = True, []
+                return
             log.warning("lambda topic %r: writing λ version %d failed (%s: %s); a full λ is written "
                         "at the next turn", self.lambda_topic, self.state.step, type(exc).__name__, exc)
             self.metrics.broker_up.set(0)
             self.metrics.broker_retries.inc()
             self._broker_down = True
-            self._drop_writer()
             self._steps, self._need_full = [], True
             return
         if full:

@@ -57,7 +57,7 @@ from .transport import Delta, LambdaFile, init_delta
 
 log = logging.getLogger("streamsvi.worker")
 
-#: How often a worker waiting for the first λ looks at the λ file.
+#: How often a worker waiting for the first λ looks for it (the λ file, or the lambda topic).
 LAMBDA_WAIT_S = 0.1
 
 
