@@ -385,7 +385,10 @@ class LambdaLog:
             self._resync = True
             return
         if done.step != int(h["version"]):
-            raise LambdaLogError(f"replayed step gave version {done.step}, the applier's {h['version']}")
+            log.error("lambda topic %r offset %d: the replayed step gave version %d, the applier's %s; "
+                      "reading from the latest full λ again", self.topic, m.offset, done.step, h["version"])
+            self._resync = True
+            return
         self.state = state
         self.stats["steps_applied"] += 1
         self.stats["delta_bytes_read"] += len(msg)
