@@ -72,7 +72,9 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
            "checkpoint": {"directory": str(work / "ck"), "every_batches": 50, "every_seconds": 5.0},
            "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0}}
     if deltas:
-        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64, **SCALEOUT}
+        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64,
+                           "lambda_file": str(work / "ck" / "lambda.npz"),   # run_scaleout reads it
+                           **SCALEOUT}
         if worker:
             cfg["scaleout"]["worker_id"] = worker
     name = work / f"{worker or ('applier' if deltas else 'single')}.toml"

@@ -160,8 +160,21 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "scaleout": {
         "deltas_topic": Field("str", None, "topic (one partition) carrying the workers' statistic "
                               "deltas to the applier; required for --role worker/applier"),
-        "lambda_file": Field("str", None, "where the applier publishes lambda versions and workers "
-                             "read them (shared storage); default <checkpoint directory>/lambda.npz"),
+        "lambda_topic": Field("str", None, "topic (one partition) on which the applier publishes lambda "
+                              "(full lambdas in chunks and a record per applied delta) and workers replay "
+                              "it: workers need only the bootstrap servers; the default when lambda_file "
+                              "is unset: <deltas_topic>-lambda"),
+        "lambda_file": Field("str", None, "publish lambda as a file instead of on lambda_topic (storage "
+                             "the applier and every worker share; not both)"),
+        "lambda_chunk_bytes": Field("int", 1000000, "payload bytes of one full-lambda message: keep it "
+                                    "under the broker's message.max.bytes (Kafka's default 1048588)",
+                                    min=1024),
+        "lambda_full_every": Field("int", 1000, "the applier writes a full lambda on lambda_topic every "
+                                   "this many versions (and at its takeover): a late worker replays at "
+                                   "most this many steps", min=1),
+        "lambda_full_ratio": Field("float", 4.0, "... or once the deltas applied since the last full lambda "
+                                   "hold this many times its bytes (a late worker reads at most about "
+                                   "1 + this many full lambdas)", min=0),
         "worker_id": Field("str", None, "this worker's id (stable across restarts: its transactional "
                            "id); default $STREAMSVI_WORKER_ID, else the host name"),
         "applier_group_id": Field("str", None, "consumer group of the appliers on the deltas topic "

@@ -155,7 +155,8 @@ class Feed(threading.Thread):
     process may notice "λ has N records" only after the end: the kill then lands on an idle
     worker, and workers run with ``--until-drained`` have stopped. A feed keeps records
     arriving, paced, until it has produced them all (:meth:`finish` waits for that).
-    ``produce(rows)`` writes one chunk (default: JSON rows, round-robin over ``partitions``).
+    ``produce(part)`` writes one chunk (default: JSON rows, round-robin over ``partitions``);
+    ``rows`` is anything ``len`` and slices work on (an array, a list of payloads, Ratings).
     """
 
     def __init__(self, bootstrap, topic, rows, partitions, chunk=600, pace_s=0.1, produce=None):
@@ -163,6 +164,7 @@ class Feed(threading.Thread):
         from streamsvi.io import JsonCodec, produce_rows
 
         self.rows, self.chunk, self.pace_s = rows, int(chunk), float(pace_s)
+        self.n = len(rows)
         self.produce = produce or (lambda part: produce_rows(bootstrap, topic, part,
                                                              JsonCodec(np.shape(part)[1]),
                                                              partitions=partitions))
@@ -173,18 +175,17 @@ class Feed(threading.Thread):
     def begin(self):
         """Produce the first chunk now, then the rest in the background."""
         self.produce(self.rows[:self.chunk])
-        self.produced = min(self.chunk, len(self.rows))
+        self.produced = min(self.chunk, self.n)
         self.start()
         return self
 
     def run(self):
         try:
-            for i in range(self.chunk, len(self.rows), self.chunk):
+            for i in range(self.chunk, self.n, self.chunk):
                 if self._stop_feed.wait(self.pace_s):
                     return
-                part = self.rows[i:i + self.chunk]
-                self.produce(part)
-                self.produced += len(part)
+                self.produce(self.rows[i:i + self.chunk])
+                self.produced += min(self.chunk, self.n - i)
         except Exception as exc:  # noqa: BLE001 - reported by finish()
             self.error = exc
 

@@ -37,7 +37,9 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, 
         raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=topic, group=group, name="ck",
                          model=model or {}, **base)
         raw["checkpoint"]["directory"] = str(ck)
-        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000}
+        # λ as a file in the shared checkpoint directory (what _lambda reads); the lambda topic,
+        # with no shared directory, is tests/service/test_lambda_topic.py's
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_file": str(ck / "lambda.npz")}
         if name != "applier":
             raw["scaleout"]["worker_id"] = name
         cfgs[name] = write_config(tmp_path / f"{name}.toml", raw)
@@ -89,8 +91,9 @@ def kill_9_worker_and_active_applier(daemons, cfgs, ck, feed, rng, workers=3):
     records ``feed`` produces; kill -9 a worker at a random instant (and start it again once
     the group has handed its partitions on), then the active applier (the standby takes over);
     stop the workers (SIGTERM) once every produced record is in λ. Every process ends cleanly.
-    The caller checks exactly-once on the final snapshot (:func:`_check_exactly_once`)."""
-    n = len(feed.rows)
+    The caller checks exactly-once on the final snapshot (:func:`_check_exactly_once`).
+    Returns the two appliers and the one that took over."""
+    n = feed.n
     a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
     a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
     try:
@@ -140,6 +143,7 @@ def kill_9_worker_and_active_applier(daemons, cfgs, ck, feed, rng, workers=3):
         assert w.wait(60) == 0, w.stderr()[-3000:]
     standby.signal(signal.SIGTERM)
     assert standby.wait(60) == 0, standby.stderr()[-3000:]
+    return a1, a2, standby
 
 
 # ------------------------------------------------------------ in-process applier

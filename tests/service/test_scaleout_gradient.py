@@ -11,8 +11,6 @@ policy, at the gradient path's default bound). Waits are on conditions, never
 on sleeps.
 """
 import random
-import signal
-import time
 
 import numpy as np
 import pytest
@@ -23,9 +21,10 @@ from streamsvi.inference.gradients import GradientVI
 from streamsvi.inference.split_gradient import MAX_STALENESS
 from streamsvi.service.roles.transport import Delta, init_delta
 
-from .conftest import highwater_marks, produce_raw, write_config
+from .conftest import Feed, highwater_marks, produce_raw, write_config
 from .test_logistic import _json, labelled_rows, logistic_config
-from .test_scaleout import _check_exactly_once, _lambda, _metric, _produce_deltas, _run_applier, _wait
+from .test_scaleout import (_check_exactly_once, _metric, _produce_deltas, _run_applier,
+                            kill_9_worker_and_active_applier)
 
 P = 3          # data partitions
 
@@ -39,7 +38,8 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n):
                               metrics={"enabled": False, "heldout_size": 0})
         raw["inference"].update(n_total=n, batch_size=100, optimizer="adam", learning_rate=0.5)
         raw["checkpoint"]["directory"] = str(ck)
-        raw["scaleout"] = {"deltas_topic": deltas}       # max_staleness unset: the gradient default
+        raw["scaleout"] = {"deltas_topic": deltas,       # max_staleness unset: the gradient default
+                           "lambda_file": str(ck / "lambda.npz")}      # what _lambda reads
         if name != "applier":
             raw["scaleout"]["worker_id"] = name
         cfgs[name] = write_config(tmp_path / f"{name}.toml", raw)
@@ -48,53 +48,13 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n):
 
 def test_logistic_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic, new_group,
                                                                   tmp_path, daemons):
-    bootstrap, n = kafka_broker.bootstrap, 4000
+    bootstrap, n = kafka_broker.bootstrap, 12000
     topic, deltas = new_topic(P), new_topic(1, prefix="deltas")
-    produce_raw(bootstrap, topic, [_json(r) for r in labelled_rows(n, seed=21)], partitions=P)
-    hw = highwater_marks(bootstrap, topic, P)
-    assert sum(hw.values()) == n
     cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, n)
-    rng = random.Random(20261127)
-
-    a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
-    a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
-    first = _wait(lambda: next((a for a in (a1, a2) if "applier: active" in a.stderr()), None),
-                  "an active applier", 60, procs=(a1, a2))
-    standby = a2 if first is a1 else a1
-    ws = {f"w{i}": daemons(cfgs[f"w{i}"], "--role", "worker", "--until-drained", tag=f"w{i}")
-          for i in range(3)}
-    procs = [a1, a2, *ws.values()]
-
-    # kill -9 a worker at a random instant: after a random number of applied records
-    at = rng.randint(n // 10, n // 3)
-    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= at, f"{at} records", procs=procs)
-    time.sleep(rng.uniform(0, 0.05))      # anywhere in the gradient/transaction cycle (not a synchronisation)
-    victim = rng.choice(sorted(ws))
-    others = [w for k, w in ws.items() if k != victim]
-    joins = sum(w.stderr().count("partitions assigned") for w in others)
-    ws[victim].signal(signal.SIGKILL)
-    assert ws[victim].wait(10) == -signal.SIGKILL
-    _wait(lambda: sum(w.stderr().count("partitions assigned") for w in others) > joins,
-          "the group to rebalance without the killed worker", 60, procs=others)
-    ws[victim] = daemons(cfgs[victim], "--role", "worker", "--until-drained", tag=f"{victim}-again")
-    procs = [a1, a2, *ws.values()]
-
-    # kill -9 the active applier at a random instant; the standby takes over from its snapshot
-    at = rng.randint(n // 2, 3 * n // 4)
-    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= at, f"{at} records", procs=procs)
-    time.sleep(rng.uniform(0, 0.05))
-    first.signal(signal.SIGKILL)
-    assert first.wait(10) == -signal.SIGKILL
-    procs = [standby, *ws.values()]
-    _wait(lambda: "applier: active" in standby.stderr(), "the standby to take over", 60, procs=procs)
-
-    for w in ws.values():
-        assert w.wait(120) == 0, w.stderr()[-3000:]
-    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
-          procs=[standby])
-    standby.signal(signal.SIGTERM)
-    assert standby.wait(60) == 0, standby.stderr()[-3000:]
-
+    feed = Feed(bootstrap, topic, [_json(r) for r in labelled_rows(n, seed=21)], P,
+                produce=lambda part: produce_raw(bootstrap, topic, part, partitions=P))
+    kill_9_worker_and_active_applier(daemons, cfgs, ck, feed.begin(), random.Random(20261127))
+    hw = highwater_marks(bootstrap, topic, P)
     snap = _check_exactly_once(ck, topic, hw, n)
     assert isinstance(snap.engine, GradientVI) and snap.engine.optimizer == "adam"
     assert snap.state.step >= n // 100

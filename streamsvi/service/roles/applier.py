@@ -6,8 +6,18 @@ active, the others stand by with no state. Stages of :meth:`Applier.run`:
 ``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
 (read_committed: deltas of aborted or open worker transactions are never
 seen), ``_apply`` (each delta: dedup, staleness, the storage's step: :mod:`streamsvi.inference.split`),
-``_publish`` (λ file), ``_maybe_checkpoint``; ``_take_over`` when partition 0
-is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+``_publish`` (λ for the workers), ``_maybe_checkpoint``; ``_take_over`` when
+partition 0 is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+
+Publishing λ. On the lambda topic (``scaleout.lambda_topic``, the default;
+:mod:`.lambda_log`): each takeover starts a new lineage with a full λ of the
+resumed state (after λ_0 is adopted, if there was no snapshot); every applied
+delta adds a step record (its deltas-topic offset and ρ scale), written at the
+end of the poll that applied it, in one transaction with a full λ when one is
+due (``lambda_full_every`` versions, or deltas of ``lambda_full_ratio`` times
+the last full λ's bytes). A failed write is logged and followed by a new
+lineage. With ``scaleout.lambda_file`` set, λ is written to that file instead
+(at most every ``publish_seconds``).
 
 Exactly once. The checkpoint (``CheckpointStore``) holds λ, the next offset
 of the deltas topic, and per data partition the offset up to which deltas were
@@ -32,7 +42,6 @@ deltas since the last checkpoint.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,8 +55,9 @@ from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ..signals import StopOnSignals
 from ...inference import split
+from .lambda_log import LambdaLogWriter
 from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda
-from .worker import check_scaleout_config
+from .worker import check_scaleout_config, lambda_channel
 
 log = logging.getLogger("streamsvi.applier")
 
@@ -85,7 +95,10 @@ class Applier(StopOnSignals):
         self.sm = ScaleoutMetrics(self.metrics.registry)
         self.out = out if out is not None else sys.stderr
         self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
-        self.lambda_file = self.sc["lambda_file"] or os.path.join(cfg["checkpoint"]["directory"], "lambda.npz")
+        how, where = lambda_channel(cfg)
+        self.lambda_file = where if how == "file" else None
+        self.lambda_topic = where if how == "topic" else None
+        self._writer = None                  # LambdaLogWriter of this takeover (lambda_topic)
         self.group = self.sc["applier_group_id"] or f"{cfg['source']['group_id']}-applier"
         self._init_stop()
         self.active = False
@@ -100,6 +113,11 @@ class Applier(StopOnSignals):
         self._since_ck = 0
         self._broker_down = False
         self._dirty = False                  # λ changed since the last publication
+        self._steps: list = []               # (version, deltas offset, rho_scale) not yet on lambda_topic
+        self._need_full = False              # a full λ is due on lambda_topic (takeover, λ_0, a failed write)
+        self._since_full = [0, 0]            # versions and delta bytes since the last full λ
+        self._full_bytes = 0                 # bytes of the last full λ written
+        self._fenced = False                 # another applier's writer took the lambda topic over
 
     # -------------------------------------------------------------- run
     def run(self, max_deltas: int | None = None, timeout: float | None = None) -> ApplierResult:
@@ -172,6 +190,7 @@ class Applier(StopOnSignals):
 
     def _take_over(self, consumer, tp, res):
         """Partition 0 is ours: resume from the latest snapshot, seek the deltas topic."""
+        self._drop_writer()                  # a new lineage on the lambda topic
         self._reset()
         snap = self.store.resume()
         if snap is not None:
@@ -188,7 +207,7 @@ class Applier(StopOnSignals):
             self.dropped_records = int(sc.get("dropped_records", 0))
             self.metrics.step.set(self.state.step)
             self.metrics.records_seen.set(self.state.records_seen)
-            self._dirty = True
+            self._dirty = self._need_full = True
             self._publish()
         consumer.seek(tp, self.next_offset)
         self.active = True
@@ -204,6 +223,8 @@ class Applier(StopOnSignals):
         if self.state is not None and self._since_ck:
             self.checkpoint(consumer)
             res.checkpoints += 1
+        self._publish(force=True)
+        self._drop_writer()
         self.active = False
         self.sm.active.set(0)
         self._reset()
@@ -230,7 +251,7 @@ class Applier(StopOnSignals):
         if self._broker_down:
             log.warning("brokers are back")
             self._broker_down = False
-            self.metrics.broker_up.set(1)
+        self.metrics.broker_up.set(1)
         out = []
         for msgs in polled.values():
             out += msgs
@@ -261,7 +282,7 @@ class Applier(StopOnSignals):
                 rng = np.random.Generator(np.random.PCG64(self.cfg["inference"]["seed"]))
                 self.state = EngineState(step=0, lam=proposed.lam, rng_state=rng.bit_generator.state,
                                          records_seen=0, aux=proposed.aux)
-                self._dirty = True
+                self._dirty = self._need_full = True
                 self._since_ck += 1
                 log.info("applier: λ_0 proposed by worker %s adopted (N = %g)", d.worker, self.engine.n_total)
             return
@@ -300,6 +321,9 @@ class Applier(StopOnSignals):
             c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
             self.state, done = split.apply(self.engine, self.state, c, scale)
             self._observe(done, c)
+            self._steps.append((done.step, msg.offset, scale))
+            self._since_full[0] += 1
+            self._since_full[1] += len(msg.value)
             self.metrics.rho.set(done.rho)
             self.metrics.step.set(done.step)
             if done.domain_clipped:
@@ -356,8 +380,15 @@ class Applier(StopOnSignals):
         res.skipped += 1
 
     def _publish(self, force=False):
-        """Write λ for the workers (at most every ``scaleout.publish_seconds``)."""
-        if self.state is None or not self._dirty:
+        """Publish λ for the workers: the λ file (at most every ``scaleout.publish_seconds``),
+        or on the lambda topic the steps applied since the last turn and a full λ when one
+        is due (:meth:`_full_due`), in one transaction (:mod:`.lambda_log`)."""
+        if self.state is None:
+            return
+        if self.lambda_topic is not None:
+            self._publish_topic(force)
+            return
+        if not self._dirty:
             return
         now = time.monotonic()
         if not force and now - getattr(self, "_last_publish", 0.0) < self.sc["publish_seconds"]:
@@ -365,6 +396,60 @@ class Applier(StopOnSignals):
         publish_lambda(self.lambda_file, self.engine, self.state)
         self._last_publish, self._dirty = now, False
         self.sm.lambda_version.set(self.state.step)
+
+    def _full_due(self) -> bool:
+        versions, nbytes = self._since_full
+        return self._need_full or versions >= self.sc["lambda_full_every"] or (
+            versions and nbytes >= self.sc["lambda_full_ratio"] * self._full_bytes)
+
+    def _publish_topic(self, force):
+        from ..daemon import _transient_errors
+
+        full = self._full_due()
+        if self._fenced or (not self._steps and not full):
+            return
+        now = time.monotonic()
+        if not (force or full) and now - getattr(self, "_last_publish", 0.0) < self.sc["publish_seconds"]:
+            return
+        src = self.cfg["source"]
+        try:
+            if self._writer is None:
+                self._writer = LambdaLogWriter(
+                    src["bootstrap_servers"], self.lambda_topic, f"streamsvi-{self.group}-lambda",
+                    self.sc["lambda_chunk_bytes"], security=client_security(self.cfg),
+                    client_id="streamsvi-applier-lambda")
+                self._need_full = full = True      # a new lineage starts with a full λ
+            n_steps, n_full = self._writer.publish(
+                self._steps, (self.engine, self.state, self.next_offset) if full else None)
+        except _transient_errors() as exc:
+            self._drop_writer()
+            if type(exc).__name__ == "ProducerFencedError":
+                # a newer active applier's writer has the transactional id: writing again would
+                # fence it in turn; this one stands by once the group revokes its partition
+                log.warning("lambda topic %r: another applier writes λ now (this writer was fenced); "
+                            "this applier publishes nothing until it is active again", self.lambda_topic)
+                self._fenced, self._steps = True, []
+                return
+            log.warning("lambda topic %r: writing λ version %d failed (%s: %s); a full λ is written "
+                        "at the next turn", self.lambda_topic, self.state.step, type(exc).__name__, exc)
+            self.metrics.broker_up.set(0)
+            self.metrics.broker_retries.inc()
+            self._broker_down = True
+            self._steps, self._need_full = [], True
+            return
+        if full:
+            self._full_bytes = n_full
+            self._since_full, self._need_full = [0, 0], False
+            log.info("lambda topic %r: full λ version %d written (%d bytes, lineage %s)", self.lambda_topic,
+                     self.state.step, n_full, self._writer.lineage)
+        self._steps = []
+        self._last_publish, self._dirty = now, False
+        self.sm.lambda_version.set(self.state.step)
+
+    def _drop_writer(self):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     # -------------------------------------------------------- checkpoint
     def _maybe_checkpoint(self, consumer, res):
@@ -407,6 +492,7 @@ class Applier(StopOnSignals):
                 res.checkpoints += 1
                 print(f"checkpoint: {snap.path} (step {self.state.step}, {self.state.records_seen} "
                       f"records)", file=self.out, flush=True)
+        self._drop_writer()
         self.active = False
         consumer.close(autocommit=False)
         if server is not None:

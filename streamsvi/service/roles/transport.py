@@ -1,4 +1,5 @@
-"""What travels between the scale-out roles: statistic deltas on a Kafka topic, λ as a file.
+"""What travels between the scale-out roles: statistic deltas on a Kafka topic, λ as a file
+(or on the lambda topic, :mod:`.lambda_log`, the default).
 
 Delta message (the value of one record on ``scaleout.deltas_topic``), no pickle::
 
@@ -27,11 +28,13 @@ of an "init", the proposed start state λ_0, as :func:`~streamsvi.inference.stat
 writes it (so a model with any storage can propose one). A delta of 0 records has no
 arrays: it only says its offset ranges were consumed (every record dead-lettered).
 
-λ versions are published as a file (``scaleout.lambda_file``), not on a
-compacted topic: written whole under a temporary name and renamed, so a reader
-sees the old or the new file, never half of one. It is the ``.npz`` of
-:mod:`streamsvi.inference.state` (engine settings, λ, step = the version) and
-is loaded with ``allow_pickle=False``.
+λ versions travel on the lambda topic (``scaleout.lambda_topic``,
+:mod:`.lambda_log`: full λs in chunks and one record per applied delta, which
+workers replay), unless ``scaleout.lambda_file`` is set: then they are published
+as that file, on storage the applier and every worker share, written whole under
+a temporary name and renamed, so a reader sees the old or the new file, never
+half of one. It is the ``.npz`` of :mod:`streamsvi.inference.state` (engine
+settings, λ, step = the version) and is loaded with ``allow_pickle=False``.
 """
 from __future__ import annotations
 

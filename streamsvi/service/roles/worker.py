@@ -7,7 +7,10 @@ checkpoint of its own:
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
   ``_set_aside`` stages, the same consumer group settings);
 * ``_learn``: the local step and the weighted sufficient statistics at the
-  freshest published λ (:func:`streamsvi.inference.split.contribution`), giving
+  freshest published λ (``self.lam``: a :class:`~.lambda_log.LambdaLog` that
+  replays the applier's lambda topic, so a worker needs only the bootstrap
+  servers; or the :class:`~.transport.LambdaFile` of ``scaleout.lambda_file``
+  on shared storage) (:func:`streamsvi.inference.split.contribution`), giving
   the delta: (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η for a dense λ, the batch's
   column ids and K × |cols| statistics for LDA's scaled columns, the touched rows'
   ids and statistics for row blocks (PMF, Poisson factorisation), the minibatch's
@@ -53,11 +56,12 @@ from ...inference.engine import EngineState
 from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
+from .lambda_log import LambdaLog
 from .transport import MAX_DELTA_BYTES, Delta, LambdaFile, check_delta_size, init_delta
 
 log = logging.getLogger("streamsvi.worker")
 
-#: How often a worker waiting for the first λ looks at the λ file.
+#: How often a worker waiting for the first λ looks for it (the λ file, or the lambda topic).
 LAMBDA_WAIT_S = 0.1
 
 
@@ -116,6 +120,18 @@ def check_scaleout_config(cfg) -> None:
     if not cfg["scaleout"]["deltas_topic"]:
         raise ConfigError("scaleout.deltas_topic: required for --role worker/applier (a topic with "
                           "one partition that carries the workers' statistic deltas)")
+    if cfg["scaleout"]["lambda_file"] and cfg["scaleout"]["lambda_topic"]:
+        raise ConfigError("scaleout.lambda_file, scaleout.lambda_topic: set one (lambda travels as a file "
+                          "on shared storage, or on a topic)")
+
+
+def lambda_channel(cfg) -> tuple[str, str]:
+    """``("file", path)`` if ``scaleout.lambda_file`` is set, else ``("topic", name)``:
+    ``scaleout.lambda_topic``, default ``<deltas_topic>-lambda``."""
+    sc = cfg["scaleout"]
+    if sc["lambda_file"]:
+        return "file", sc["lambda_file"]
+    return "topic", sc["lambda_topic"] or f"{sc['deltas_topic']}-lambda"
 
 
 #: Longest a worker waits for one transactional request (the offsets, the commit) before it
@@ -210,8 +226,12 @@ class Worker(Daemon):
         self.worker_id = worker_id(cfg)
         self._id_lock = claim_worker_id(cfg["source"]["group_id"], self.worker_id)
         self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
-        self.lam = LambdaFile(self.sc["lambda_file"] or
-                              os.path.join(cfg["checkpoint"]["directory"], "lambda.npz"))
+        how, where = lambda_channel(cfg)
+        if how == "file":
+            self.lam = LambdaFile(where)
+        else:
+            self.lam = LambdaLog(cfg["source"]["bootstrap_servers"], where, self.sc["deltas_topic"],
+                                 security=client_security(cfg), client_id=f"streamsvi-worker-{self.worker_id}")
         self.producer = None
         self._proposals = 0                 # λ_0 proposals sent while no λ was published
         self._next_proposal = 0.0           # monotonic time of the next one (backoff)
@@ -246,6 +266,10 @@ class Worker(Daemon):
         from ..daemon import ASSIGNMENT_TIMEOUT_S
 
         self._producer()
+        # the first λ before the first group poll: loading a large full λ from the lambda topic
+        # takes longer than a member may go without polling (MAX_POLL_INTERVAL_MS); later
+        # refreshes read at most one fetch each
+        self.lam.refresh()
         deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
         while not self._stop.is_set():
             try:
@@ -369,6 +393,8 @@ class Worker(Daemon):
                             "will be read again", self.worker_id, type(exc).__name__, exc)
         dead_sink.flush()
         self._close_producer()
+        if isinstance(self.lam, LambdaLog):
+            self.lam.close()
         if self._id_lock is not None:
             self._id_lock.close()               # the id is free for the next worker on this host
 

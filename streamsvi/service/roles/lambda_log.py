@@ -1,0 +1,447 @@
+"""λ on Kafka (``scaleout.lambda_topic``): the applier's log of full λs and applied steps.
+
+Workers on other machines need only the bootstrap servers: the active applier
+writes, on a topic with one partition, a **full λ** (the state in chunks) at its
+takeover and then every so many versions, and a **step** record for every delta
+it applies. A worker (:class:`LambdaLog`) loads the latest complete full λ and
+replays the steps after it with :func:`streamsvi.inference.split.apply`, which
+is deterministic given the state and the contribution, so its λ is the
+applier's bit for bit (``tests/service/test_lambda_topic.py``).
+
+Record (the value of one message), no pickle::
+
+    b"SSVL1\\n"  magic and format version (6 bytes)
+    uint32 LE   length H of the JSON header
+    H bytes     UTF-8 JSON header
+    raw         payload (chunks of a full λ only)
+
+Header fields, every record: ``kind`` ("full" or "step"), ``lineage`` (a random
+id per applier takeover: the records of one active applier), ``version`` (λ's
+step), ``full`` (the offset of the first chunk of the latest complete full λ
+written before this record in this lineage, -1 if none: where a reader starts).
+
+* "full": ``index``, ``count`` (chunks), ``size`` and ``sha256`` of the whole
+  payload, ``deltas_offset`` (the next deltas-topic offset the state has not
+  applied). The payload, concatenated over ``index = 0 .. count-1``, is the
+  ``.npz`` of :func:`~streamsvi.inference.state.state_to_arrays` (loaded with
+  ``allow_pickle=False``), cut into chunks of ``scaleout.lambda_chunk_bytes``
+  so that each message stays under the broker's ``message.max.bytes`` (1 MiB by
+  default on Kafka).
+* "step": ``delta`` (the deltas-topic offset of the delta applied) and
+  ``rho_scale`` (the staleness factor the applier used). A step does not copy
+  the delta: the delta is on the deltas topic already, which every worker can
+  read, so the broker carries ~200 bytes per step instead of a second copy of
+  every delta (what the worker reads is the same either way: every applied
+  delta once).
+
+Takeover: a new active applier starts a new lineage with a full λ of its
+resumed state; a reader that meets a complete full λ of another lineage loads
+it, and replays only steps of its own lineage (a zombie applier's steps are
+never mixed in). The applier writes transactionally with one transactional id
+per applier group, so its successor's ``init_transactions`` fences it and aborts
+its open transaction (a half-written full λ); readers use ``read_committed``.
+A torn full λ (chunks missing, wrong size or digest) is ignored; the reader
+starts from the previous complete one (the ``full`` pointer), else reads the
+topic from its beginning.
+
+Retention: the lambda topic must keep the latest full λ and the steps after it,
+the deltas topic the deltas since that full λ (it must keep those since the
+applier's last checkpoint already).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import struct
+import time
+import uuid
+
+import numpy as np
+
+from ...inference import split
+from ...inference.state import state_from_arrays, state_to_arrays
+from .transport import Delta, DeltaFormatError
+
+log = logging.getLogger("streamsvi.lambda_log")
+
+MAGIC = b"SSVL1\n"
+_MAX_HEADER = 1 << 20
+#: records read back from the end of the topic to find where to start (doubled until found)
+TAIL = 4
+#: longest a reader waits for one fetch it needs (a chunk, a delta) before it gives up on a λ
+FETCH_WAIT_S = 30.0
+
+
+class LambdaLogError(ValueError):
+    """A record of the lambda topic is not one this version can read, or a step cannot be replayed."""
+
+
+def encode(header: dict, payload=b"") -> bytes:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return MAGIC + struct.pack("<I", len(h)) + h + bytes(payload)
+
+
+def decode(data) -> tuple[dict, memoryview]:
+    """``(header, payload)`` of one record; :class:`LambdaLogError` if it is not one."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != MAGIC:
+        raise LambdaLogError("not a streamsvi lambda record (magic SSVL1 missing)")
+    data = memoryview(data)
+    if len(data) < 10:
+        raise LambdaLogError("lambda record truncated before its header length")
+    (hlen,) = struct.unpack("<I", data[6:10])
+    if hlen > _MAX_HEADER or 10 + hlen > len(data):
+        raise LambdaLogError(f"lambda record header length {hlen} does not fit the message ({len(data)} bytes)")
+    try:
+        h = json.loads(bytes(data[10:10 + hlen]).decode())
+        if h["kind"] not in ("full", "step"):
+            raise LambdaLogError(f"unknown lambda record kind {h['kind']!r}")
+        int(h["version"]), str(h["lineage"]), int(h["full"])
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        if isinstance(exc, LambdaLogError):
+            raise
+        raise LambdaLogError(f"bad lambda record header: {type(exc).__name__}: {exc}") from None
+    return h, data[10 + hlen:]
+
+
+def state_bytes(engine, state) -> memoryview:
+    """The ``.npz`` bytes of ``state`` (the file format of :mod:`streamsvi.inference.state`)."""
+    buf = io.BytesIO()
+    np.savez(buf, **state_to_arrays(engine, state))
+    return buf.getbuffer()
+
+
+def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chunk_bytes: int):
+    """The messages of one full λ (module docs): ``count`` chunks of at most ``chunk_bytes``,
+    made one at a time (the npz bytes and one message in memory besides λ)."""
+    data = state_bytes(engine, state)
+    digest = hashlib.sha256(data).hexdigest()
+    count = max(1, -(-len(data) // chunk_bytes))
+    head = {"kind": "full", "lineage": lineage, "version": int(state.step), "full": int(full),
+            "count": count, "size": len(data), "sha256": digest, "deltas_offset": int(deltas_offset)}
+    return (encode({**head, "index": i}, data[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count))
+
+
+def step_record(lineage: str, version: int, delta: int, rho_scale: float, full: int) -> bytes:
+    return encode({"kind": "step", "lineage": lineage, "version": int(version), "full": int(full),
+                   "delta": int(delta), "rho_scale": float(rho_scale)})
+
+
+def _kafka_errors():
+    from kafka.errors import KafkaError
+
+    return (KafkaError, OSError)
+
+
+class LambdaLogWriter:
+    """The active applier's side: one lineage, written in transactions (module docs).
+
+    ``publish(steps, full)`` writes the pending steps (``(version, delta offset,
+    rho_scale)``) and, if given, a full λ ``(engine, state, deltas_offset)`` after
+    them, in one transaction; returns the bytes of the steps and of the full λ written.
+    """
+
+    def __init__(self, bootstrap, topic: str, transactional_id: str, chunk_bytes: int,
+                 security: dict | None = None, client_id: str = "streamsvi-applier-lambda"):
+        from kafka import KafkaProducer
+
+        self.topic, self.chunk_bytes = topic, int(chunk_bytes)
+        self.lineage = uuid.uuid4().hex[:16]
+        self.full_offset = -1
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
+                                      client_id=client_id, max_request_size=self.chunk_bytes + (64 << 10),
+                                      acks="all", max_block_ms=30000, **(security or {}))
+        self.producer.init_transactions()     # fences the previous active applier, aborts its open write
+
+    def publish(self, steps, full=None) -> tuple[int, int]:
+        p, n, nf = self.producer, 0, 0
+        p.begin_transaction()
+        for version, delta, scale in steps:
+            rec = step_record(self.lineage, version, delta, scale, self.full_offset)
+            p.send(self.topic, rec, partition=0)
+            n += len(rec)
+        first = None
+        if full is not None:
+            engine, state, deltas_offset = full
+            for i, rec in enumerate(full_records(self.lineage, engine, state, deltas_offset,
+                                                 self.full_offset, self.chunk_bytes)):
+                fut = p.send(self.topic, rec, partition=0)
+                first = fut if i == 0 else first
+                nf += len(rec)
+        from .worker import _bounded
+
+        _bounded(p, "commit_transaction")      # flushes; every future is done (at most 30 s)
+        if first is not None:
+            self.full_offset = first.get(timeout=0).offset
+        return n, nf
+
+    def close(self):
+        try:
+            self.producer.close(timeout=5)
+        except Exception:  # noqa: BLE001 - it is being dropped
+            pass
+
+
+class LambdaLog:
+    """A worker's view of λ from the lambda topic: the same interface as
+    :class:`~streamsvi.service.roles.transport.LambdaFile` (``refresh()``,
+    ``engine``, ``state``, ``version``).
+
+    ``refresh()`` reads what is new: on the first call it finds the latest complete
+    full λ (the ``full`` pointer of the last record, else the topic from its
+    beginning) and loads it; then it replays each step of its lineage (the delta
+    read from the deltas topic at the step's offset) and loads a complete full λ
+    of a new lineage. True if λ changed.
+    """
+
+    def __init__(self, bootstrap, topic: str, deltas_topic: str, security: dict | None = None,
+                 client_id: str = "streamsvi-lambda-reader"):
+        self.bootstrap, self.topic, self.deltas_topic = bootstrap, topic, deltas_topic
+        self.security, self.client_id = security or {}, client_id
+        self.path = f"lambda topic {topic!r}"      # what the worker's messages name
+        self.engine = self.state = None
+        self.lineage = None
+        self._lc = self._dc = None
+        self._collect = None          # the full λ whose chunks are being read
+        self._dbuf: list = []         # deltas fetched and not yet needed (offset order)
+        self._resync = True           # find the latest full λ before following
+        self.stats = {"fulls_loaded": 0, "steps_applied": 0, "full_bytes_read": 0, "delta_bytes_read": 0}
+
+    # ---------------------------------------------------------- consumers
+    def _consumer(self):
+        from kafka import KafkaConsumer
+
+        return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
+                             isolation_level="read_committed", auto_offset_reset="earliest",
+                             client_id=self.client_id, max_partition_fetch_bytes=16 << 20,
+                             fetch_max_wait_ms=100, request_timeout_ms=10000,
+                             fetch_max_bytes=64 << 20, **self.security)
+
+    def _open(self):
+        from kafka import TopicPartition
+
+        if self._lc is None:
+            self._ltp, self._dtp = TopicPartition(self.topic, 0), TopicPartition(self.deltas_topic, 0)
+            self._lc, self._dc = self._consumer(), self._consumer()
+            self._lc.assign([self._ltp])
+            self._dc.assign([self._dtp])
+
+    def close(self):
+        for c in (self._lc, self._dc):
+            if c is not None:
+                c.close(autocommit=False)
+        self._lc = self._dc = None
+
+    def _poll(self, timeout_ms: int) -> list:
+        return sorted(self._lc.poll(timeout_ms=timeout_ms, max_records=1000).get(self._ltp, []),
+                      key=lambda m: m.offset)
+
+    # ------------------------------------------------------------ reading
+    @property
+    def version(self) -> int | None:
+        return None if self.state is None else int(self.state.step)
+
+    def refresh(self, timeout_s: float = 0.0) -> bool:
+        """Read what is new (module docs); True if λ changed. Waits at most ``timeout_s``
+        for new records once it holds a λ (the first call reads until it has one, or the
+        topic's end)."""
+        from ..daemon import _transient_errors
+
+        before = (self.lineage, self.version)
+        try:
+            self._open()
+            catch_up = self._resync
+            if self._resync and not self._bootstrap():
+                return False
+            deadline = time.monotonic() + (FETCH_WAIT_S if catch_up else timeout_s)
+            empty = 0
+            while True:
+                msgs = self._poll(200 if catch_up else max(0, int((deadline - time.monotonic()) * 1000)))
+                for m in msgs:
+                    self._record(m)
+                    if self._resync:
+                        break
+                if self._resync or time.monotonic() >= deadline:
+                    break
+                if not msgs:
+                    # after loading a full λ, replay the steps after it up to the end of the topic
+                    empty += 1
+                    hw = self._lc.highwater(self._ltp)
+                    if not catch_up or empty >= 3 or (hw is not None and self._lc.position(self._ltp) >= hw):
+                        break
+                else:
+                    empty = 0
+        except _transient_errors() as exc:
+            log.info("lambda topic %r: %s: %s; read again at the next refresh", self.topic,
+                     type(exc).__name__, exc)
+        return (self.lineage, self.version) != before
+
+    def _bootstrap(self) -> bool:
+        """Find and load the latest complete full λ; False if there is none yet."""
+        lc, tp = self._lc, self._ltp
+        begin = lc.beginning_offsets([tp])[tp]
+        lc.seek_to_end(tp)
+        end = lc.position(tp)          # a hint only: the fetches' highwater mark decides
+        last, back = None, TAIL
+        while last is None:
+            start = max(begin, end - back)
+            lc.seek(tp, start)
+            last = self._last_record(end)
+            if start == begin:
+                break
+            back *= 2
+        if last is None:
+            return False               # nothing published yet
+        h = last[1]
+        cands = []
+        if h["kind"] == "full":
+            cands.append(last[0] - int(h["index"]))      # its own first chunk (chunks are contiguous)
+        cands += [o for o in (int(h["full"]), begin) if o >= begin and o not in cands]
+        for off in cands:
+            if self._load_at(off):
+                self._resync = False
+                return True
+        log.warning("lambda topic %r: no complete full λ found; waiting for the applier's next one",
+                    self.topic)
+        return False
+
+    def _last_record(self, end_hint):
+        """(offset, header) of the last readable record from the current position, or None."""
+        last, empty, deadline = None, 0, time.monotonic() + FETCH_WAIT_S
+        while time.monotonic() < deadline:
+            msgs = self._poll(200)
+            for m in msgs:
+                try:
+                    last = (m.offset, decode(m.value)[0])
+                except LambdaLogError:
+                    continue
+            if msgs:
+                empty = 0
+                continue
+            empty += 1
+            hw = self._lc.highwater(self._ltp)
+            if hw is not None and self._lc.position(self._ltp) >= min(hw, end_hint):
+                return last
+            if empty >= 3:
+                return last            # (an open transaction holds the rest back)
+        return last
+
+    def _load_at(self, offset) -> bool:
+        """Read forward from ``offset``: True once a complete full λ starting there is loaded."""
+        self._lc.seek(self._ltp, offset)
+        self._collect = None
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while time.monotonic() < deadline:
+            msgs = self._poll(200)
+            if not msgs:
+                hw = self._lc.highwater(self._ltp)
+                if hw is not None and self._lc.position(self._ltp) >= hw:
+                    return False
+            for m in msgs:
+                try:
+                    h, payload = decode(m.value)
+                except LambdaLogError:
+                    return False
+                if h["kind"] != "full":
+                    return False
+                r = self._chunk(h, payload, want=True)
+                if r == "loaded":
+                    self._lc.seek(self._ltp, m.offset + 1)
+                    return True
+                if r != "partial":
+                    return False
+        return False
+
+    def _record(self, m) -> None:
+        try:
+            h, payload = decode(m.value)
+        except LambdaLogError as exc:
+            log.error("lambda topic %r offset %d: %s; skipped", self.topic, m.offset, exc)
+            return
+        if h["kind"] == "full":
+            want = (int(h["index"]) == 0 and (self.state is None or h["lineage"] != self.lineage
+                                              or int(h["version"]) != self.state.step))
+            if self._chunk(h, payload, want=want or bool(self._collect and self._collect["want"])) == "torn":
+                log.warning("lambda topic %r offset %d: a torn full λ (version %s); ignored",
+                            self.topic, m.offset, h["version"])
+            return
+        self._collect = None            # (a step between chunks: the full λ before it is torn)
+        if h["lineage"] != self.lineage or int(h["version"]) <= self.state.step:
+            return                      # another applier's (a zombie's), or already in λ
+        if int(h["version"]) != self.state.step + 1:
+            log.error("lambda topic %r offset %d: step to version %s after version %d; reading from "
+                      "the latest full λ again", self.topic, m.offset, h["version"], self.state.step)
+            self._resync = True
+            return
+        try:
+            msg = self._delta_at(int(h["delta"]))
+            d = Delta.decode(msg)
+            c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
+            state, done = split.apply(self.engine, self.state, c, float(h["rho_scale"]))
+        except (LambdaLogError, DeltaFormatError, ValueError, FloatingPointError) as exc:
+            log.error("lambda topic %r offset %d: step to version %s cannot be replayed (%s); reading "
+                      "from the latest full λ again", self.topic, m.offset, h["version"], exc)
+            self._resync = True
+            return
+        if done.step != int(h["version"]):
+            log.error("lambda topic %r offset %d: the replayed step gave version %d, the applier's %s; "
+                      "reading from the latest full λ again", self.topic, m.offset, done.step, h["version"])
+            self._resync = True
+            return
+        self.state = state
+        self.stats["steps_applied"] += 1
+        self.stats["delta_bytes_read"] += len(msg)
+
+    def _chunk(self, h, payload, want: bool) -> str:
+        """One chunk of a full λ: "partial", "complete" (not wanted), "loaded" or "torn"."""
+        key = (h["lineage"], int(h["version"]), int(h["count"]), h["sha256"])
+        i, c = int(h["index"]), self._collect
+        if i == 0:
+            c = self._collect = {"key": key, "parts": [], "want": want}
+        elif c is None or c["key"] != key or len(c["parts"]) != i:
+            self._collect = None
+            return "torn"
+        c["parts"].append(bytes(payload) if c["want"] else b"")
+        if i < int(h["count"]) - 1:
+            return "partial"
+        self._collect = None
+        if not c["want"]:
+            return "complete"
+        data = b"".join(c["parts"])
+        c["parts"] = None
+        if len(data) != int(h["size"]) or hashlib.sha256(data).hexdigest() != h["sha256"]:
+            return "torn"
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            self.engine, self.state = state_from_arrays({k: z[k] for k in z.files})
+        if h["lineage"] != self.lineage:
+            log.info("lambda topic %r: full λ version %d loaded (%d bytes, lineage %s)", self.topic,
+                     self.state.step, len(data), h["lineage"])
+        self.lineage = h["lineage"]
+        self._dc.seek(self._dtp, int(h["deltas_offset"]))
+        self._dbuf = []
+        self.stats["fulls_loaded"] += 1
+        self.stats["full_bytes_read"] += len(data)
+        return "loaded"
+
+    def _delta_at(self, offset: int) -> bytes:
+        """The deltas topic's message at ``offset`` (read forward; earlier ones dropped)."""
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while True:
+            while self._dbuf and self._dbuf[0].offset < offset:
+                self._dbuf.pop(0)
+            if self._dbuf:
+                if self._dbuf[0].offset == offset:
+                    return self._dbuf.pop(0).value
+                raise LambdaLogError(f"deltas topic {self.deltas_topic!r} has no message at offset {offset}")
+            if self._dc.position(self._dtp) > offset:
+                self._dc.seek(self._dtp, offset)
+            if time.monotonic() > deadline:
+                raise LambdaLogError(f"deltas topic {self.deltas_topic!r}: offset {offset} not readable "
+                                     f"within {FETCH_WAIT_S:g} s")
+            polled = self._dc.poll(timeout_ms=200, max_records=1000).get(self._dtp, [])
+            self._dbuf = sorted(polled, key=lambda m: m.offset)
+            hw = self._dc.highwater(self._dtp)
+            if not polled and hw is not None and hw <= offset:
+                raise LambdaLogError(f"deltas topic {self.deltas_topic!r} ends at offset {hw}, before the "
+                                     f"delta at {offset} (a new or truncated topic?)")

@@ -1,0 +1,226 @@
+"""λ on the lambda topic (issue 25 item 3): workers need only the bootstrap servers.
+
+Real broker, no mocks: the in-process :class:`Applier` writes full λs and steps
+on the lambda topic, :class:`LambdaLog` readers (a worker's view) replay them,
+and the result is compared bit for bit with the applier's checkpoint. The last
+test runs the real CLI roles with a separate directory per process. Every wait
+is on a condition (a reader's version, a process's exit), never a sleep.
+"""
+import signal
+import threading
+import time
+
+import pytest
+
+from streamsvi.checkpoint import load_snapshot
+from streamsvi.io import JsonCodec, produce_rows
+from streamsvi.service.roles import lambda_log
+from streamsvi.service.roles.lambda_log import LambdaLog, LambdaLogWriter, full_records
+from streamsvi.service.roles.transport import init_delta
+
+from .conftest import blob_rows, gmm_config, highwater_marks, write_config
+from .test_scaleout import _applier_setup, _check_exactly_once, _delta, _produce_deltas, _wait
+
+
+def _reader(bootstrap, lam_topic, deltas):
+    return LambdaLog(bootstrap, lam_topic, deltas, client_id="test-lambda-reader")
+
+
+def _until_version(reader, version, timeout_s=60.0):
+    """Refresh ``reader`` until it holds ``version`` (a condition, polled)."""
+    return _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.version == version,
+                 f"the reader at λ version {version} (has {reader.version})", timeout_s)
+
+
+def _same_state(a, b):
+    assert (a.step, a.records_seen) == (b.step, b.records_seen)
+    assert list(a.lam) == list(b.lam)
+    assert a.lam.array_equal(b.lam), "λ differs"          # bit for bit (array_equal, no tolerance)
+    for k in a.lam:
+        assert a.lam[k].tobytes() == b.lam[k].tobytes(), k
+
+
+def _start_applier(cfg, max_deltas):
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.applier import Applier
+
+    applier = Applier(cfg, registry=CollectorRegistry(), out=open("/dev/null", "w"))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(res=applier.run(max_deltas=max_deltas, timeout=120)),
+                         daemon=True)
+    t.start()
+    return t, out
+
+
+def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic, new_group, tmp_path):
+    """A reader started before the first λ follows every step (and the new lineage of a
+    second applier run, which resumes from the checkpoint); one started late (after several
+    full λs) loads the latest full λ. Both hold the checkpointed λ, bit for bit."""
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    lam_topic = f"{deltas}-lambda"
+    cfg, engine, state0, _ = _applier_setup(tmp_path, bootstrap, deltas, new_group(), lambda_full_every=3,
+                                          max_staleness=4)   # (later deltas are down-weighted: rho_scale < 1)
+    X = blob_rows(1000, seed=9)
+    ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1), worker=f"w{i % 3}") for i in range(15)]
+
+    early = _reader(bootstrap, lam_topic, deltas)
+    assert not early.refresh() and early.state is None          # nothing published yet
+    t, out = _start_applier(cfg, max_deltas=12)
+    _produce_deltas(bootstrap, deltas, [init_delta("w0", engine, state0).encode()] + [d.encode() for d in ds[:4]])
+    _until_version(early, 4)
+    for part in (ds[4:8], ds[8:12]):
+        _produce_deltas(bootstrap, deltas, [d.encode() for d in part])
+        _until_version(early, early.version + len(part))
+    t.join(60)
+    assert out["res"].deltas == 12
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.step == 12
+    _same_state(early.state, snap.state)
+    assert early.stats["steps_applied"] >= 1, early.stats          # it followed steps, not only fulls
+
+    # a second applier run: a takeover from the checkpoint, a new lineage (its own full λ)
+    first_lineage = early.lineage
+    cfg["scaleout"]["lambda_full_every"] = 4           # (so the last three steps follow the takeover's full λ)
+    t, out = _start_applier(cfg, max_deltas=3)
+    _produce_deltas(bootstrap, deltas, [d.encode() for d in ds[12:]])
+    _until_version(early, 15)
+    t.join(60)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    _same_state(early.state, snap.state)
+    assert early.lineage != first_lineage
+
+    late = _reader(bootstrap, lam_topic, deltas)      # after several full λs: the takeover's, then 3 steps
+    t0 = time.perf_counter()
+    assert late.refresh()
+    print(f"late reader caught up in {time.perf_counter() - t0:.2f} s: {late.stats}")
+    _same_state(late.state, snap.state)
+    assert (late.stats["fulls_loaded"], late.stats["steps_applied"]) == (1, 3), late.stats
+    assert late.lineage == early.lineage
+    early.close()
+    late.close()
+
+
+def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broker, new_topic, new_group,
+                                                                   tmp_path):
+    from kafka import KafkaProducer
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    lam_topic = new_topic(1, prefix="lambda")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    size = len(lambda_log.state_bytes(engine, state0))
+    chunk = 500
+    assert size > 3 * chunk                                  # several messages
+
+    w = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-a", chunk)
+    w.publish([], (engine, state0, 0))
+    reader = _reader(bootstrap, lam_topic, deltas)
+    assert reader.refresh()
+    _same_state(reader.state, state0)
+
+    # a torn full λ (chunk 1 missing, committed all the same) of a later state: ignored
+    torn_state = engine.init(X[50:150], seed=11)
+    recs = list(full_records(w.lineage, engine, torn_state, 0, w.full_offset, chunk))
+    assert len(recs) > 2 and max(len(r) for r in recs) < chunk + 600
+    w.producer.begin_transaction()
+    for i, r in enumerate(recs):
+        if i != 1:
+            w.producer.send(lam_topic, r, partition=0)
+    w.producer.commit_transaction()
+    reader.refresh(timeout_s=1.0)
+    _same_state(reader.state, state0)                        # still the complete one
+    late = _reader(bootstrap, lam_topic, deltas)             # starts at the torn one: goes back
+    assert late.refresh()
+    _same_state(late.state, state0)
+
+    # a complete full λ of another applier (a new lineage) replaces it
+    w2 = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-b", chunk)
+    w2.publish([], (engine, torn_state, 0))
+    _wait(lambda: reader.refresh(timeout_s=0.2) or reader.lineage == w2.lineage, "the new lineage", 30)
+    _same_state(reader.state, torn_state)
+    # a newer writer with the same transactional id (a takeover) fences the old one: its
+    # write fails and none of it reaches a reader
+    from kafka.errors import ProducerFencedError
+
+    w3 = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-b", chunk)
+    with pytest.raises(ProducerFencedError):
+        w2.publish([], (engine, state0, 0))
+    assert not reader.refresh(timeout_s=1.0) and reader.lineage == w2.lineage
+    _same_state(reader.state, torn_state)
+    w3.close()
+    # a raw message that is not a lambda record is refused with a one-line error
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    p.send(lam_topic, b"PK\x03\x04", partition=0).get(timeout=10)
+    p.close()
+    with pytest.raises(lambda_log.LambdaLogError, match="magic SSVL1 missing"):
+        lambda_log.decode(b"PK\x03\x04")
+    for x in (reader, late):
+        x.close()
+    w.close()
+    w2.close()
+
+
+def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, tmp_path, daemons):
+    """Applier and workers each with their own directory: λ reaches the workers on the
+    lambda topic only; the active applier is killed -9 mid-run and its standby (on the
+    appliers' directory) takes over with a new lineage; every record is drained and
+    applied exactly once, and a reader of the topic ends on the final checkpoint's λ."""
+    bootstrap, n, P = kafka_broker.bootstrap, 3000, 3
+    topic, deltas, group = new_topic(P), new_topic(1, prefix="deltas"), new_group()
+    produce_rows(bootstrap, topic, blob_rows(n, seed=11), JsonCodec(2), partitions=P)
+    hw = highwater_marks(bootstrap, topic, P)
+    cfgs, dirs = {}, {}
+    for name in ("applier", "w0", "w1"):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        raw = gmm_config(dirs[name], bootstrap=bootstrap, topic=topic, group=group, name="ck",
+                         inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
+                                    "effective_batch_size": 20},
+                         checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
+                         metrics={"enabled": False, "heldout_size": 0})
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_full_every": 10}
+        if name != "applier":
+            raw["scaleout"]["worker_id"] = f"{name}-{group}"
+        cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
+    a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
+    a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
+    active = _wait(lambda: next((a for a in (a1, a2) if "applier: active" in a.stderr()), None),
+                   "an active applier", 60, procs=(a1, a2))
+    standby = a2 if active is a1 else a1
+    ws = [daemons(cfgs[w], "--role", "worker", "--until-drained", tag=w) for w in ("w0", "w1")]
+    reader = _reader(bootstrap, f"{deltas}-lambda", deltas)
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state is not None
+          and reader.state.records_seen >= n // 3, f"{n // 3} records in λ", 120, procs=[a1, a2, *ws])
+    first_lineage = reader.lineage
+    active.signal(signal.SIGKILL)
+    assert active.wait(10) == -signal.SIGKILL
+    _wait(lambda: "applier: active" in standby.stderr(), "the standby to take over", 60, procs=[standby, *ws])
+    for w in ws:
+        assert w.wait(180) == 0, w.stderr()[-3000:]
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
+          "every record in λ", 120, procs=[standby])
+    assert reader.lineage != first_lineage                    # the standby's own lineage
+    standby.signal(signal.SIGTERM)
+    assert standby.wait(60) == 0, standby.stderr()[-3000:]
+    snap = _check_exactly_once(dirs["applier"] / "ck", topic, hw, n, partitions=P)
+    _same_state(reader.state, snap.state)
+    assert not list(tmp_path.rglob("lambda.npz"))             # no λ file anywhere
+    for name in ("w0", "w1"):        # a worker's directory: its lock and dead-letter file only
+        assert {p.name for p in (dirs[name] / "ck").iterdir()} <= {".lock", "dead-letters.jsonl"}
+    reader.close()
+
+
+def test_lambda_travels_on_the_topic_unless_a_file_is_set_and_not_both():
+    from streamsvi.service.config import ConfigError, validate
+    from streamsvi.service.roles.worker import check_scaleout_config, lambda_channel
+
+    def cfg(**sc):
+        return validate({"model": {"kind": "gmm", "n_components": 2, "n_features": 2},
+                         "inference": {"n_total": 100}, "source": {"kind": "kafka", "topics": ["t"]},
+                         "checkpoint": {"directory": "ck"}, "scaleout": {"deltas_topic": "d", **sc}})
+
+    assert lambda_channel(cfg()) == ("topic", "d-lambda")
+    assert lambda_channel(cfg(lambda_topic="lam")) == ("topic", "lam")
+    assert lambda_channel(cfg(lambda_file="/shared/l.npz")) == ("file", "/shared/l.npz")
+    with pytest.raises(ConfigError, match=r"^scaleout.lambda_file, scaleout.lambda_topic: set one"):
+        check_scaleout_config(cfg(lambda_file="/shared/l.npz", lambda_topic="lam"))
