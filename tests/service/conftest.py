@@ -154,17 +154,22 @@ class Feed(threading.Thread):
     run drains 30,000 records in about two seconds, and on a loaded machine the test's own
     process may notice "λ has N records" only after the end: the kill then lands on an idle
     worker, and workers run with ``--until-drained`` have stopped. A feed keeps records
-    arriving, paced, until it has produced them all (:meth:`finish` waits for that).
+    arriving, paced, until it has produced them all (:meth:`finish` waits for that); with
+    ``hold`` < 1 it stops at that fraction until :meth:`release`, so that a process killed
+    before the release has work left for its successor however fast the others are.
     ``produce(part)`` writes one chunk (default: JSON rows, round-robin over ``partitions``);
     ``rows`` is anything ``len`` and slices work on (an array, a list of payloads, Ratings).
     """
 
-    def __init__(self, bootstrap, topic, rows, partitions, chunk=600, pace_s=0.1, produce=None):
+    def __init__(self, bootstrap, topic, rows, partitions, chunk=600, pace_s=0.1, produce=None,
+                 hold=1.0):
         super().__init__(daemon=True)
         from streamsvi.io import JsonCodec, produce_rows
 
         self.rows, self.chunk, self.pace_s = rows, int(chunk), float(pace_s)
         self.n = len(rows)
+        self.hold_at = int(hold * self.n)    # produce no further until release()
+        self._released = threading.Event()
         self.produce = produce or (lambda part: produce_rows(bootstrap, topic, part,
                                                              JsonCodec(np.shape(part)[1]),
                                                              partitions=partitions))
@@ -184,6 +189,10 @@ class Feed(threading.Thread):
             for i in range(self.chunk, self.n, self.chunk):
                 if self._stop_feed.wait(self.pace_s):
                     return
+                if i >= self.hold_at:
+                    while not self._released.wait(0.1):
+                        if self._stop_feed.is_set():
+                            return
                 self.produce(self.rows[i:i + self.chunk])
                 self.produced += min(self.chunk, self.n - i)
         except Exception as exc:  # noqa: BLE001 - reported by finish()
@@ -196,6 +205,10 @@ class Feed(threading.Thread):
         if self.error is not None:
             raise self.error
         return self.produced
+
+    def release(self):
+        """Produce the rows past ``hold`` (a fraction of them) too."""
+        self._released.set()
 
     def cancel(self):
         self._stop_feed.set()

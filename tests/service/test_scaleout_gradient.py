@@ -52,7 +52,7 @@ def test_logistic_three_workers_kill_9_worker_and_active_applier(kafka_broker, n
     topic, deltas = new_topic(P), new_topic(1, prefix="deltas")
     cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, n)
     feed = Feed(bootstrap, topic, [_json(r) for r in labelled_rows(n, seed=21)], P,
-                produce=lambda part: produce_raw(bootstrap, topic, part, partitions=P))
+                produce=lambda part: produce_raw(bootstrap, topic, part, partitions=P), hold=0.8)
     kill_9_worker_and_active_applier(daemons, cfgs, ck, feed.begin(), random.Random(20261127))
     hw = highwater_marks(bootstrap, topic, P)
     snap = _check_exactly_once(ck, topic, hw, n)

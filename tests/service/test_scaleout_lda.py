@@ -42,7 +42,7 @@ def test_two_lda_workers_kill_9_worker_and_active_applier(kafka_broker, new_topi
     cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 2, n, model=model,
                         batch_size=25, effective_batch_size=10)
     feed = Feed(bootstrap, topic, _documents(n, seed=4), P, chunk=300,
-                produce=lambda part: produce_raw(bootstrap, topic, part, partitions=P))
+                produce=lambda part: produce_raw(bootstrap, topic, part, partitions=P), hold=0.8)
     a1, a2, standby = kill_9_worker_and_active_applier(daemons, cfgs, ck, feed.begin(),
                                                        random.Random(20261127), workers=2)
     hw = highwater_marks(bootstrap, topic, P)

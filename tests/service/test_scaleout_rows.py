@@ -60,7 +60,7 @@ def test_row_models_survive_kill_9_of_a_worker_and_the_active_applier(kafka_brok
     x = _ratings(n, seed=25)
     cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, n, MODELS[kind])
     feed = Feed(bootstrap, topic, x, P, chunk=300, produce=lambda part: produce_rows(
-        bootstrap, topic, part, RatingsJsonCodec(), partitions=P, kind=KINDS["ratings"]))
+        bootstrap, topic, part, RatingsJsonCodec(), partitions=P, kind=KINDS["ratings"]), hold=0.8)
     kill_9_worker_and_active_applier(daemons, cfgs, ck, feed.begin(), random.Random(2026112500 + len(kind)))
     hw = highwater_marks(bootstrap, topic, P)
     snap = _check_exactly_once(ck, topic, hw, n)
