@@ -483,3 +483,35 @@ def test_a_worker_commits_several_batches_in_one_transaction(kafka_broker, new_t
     applier.signal(signal.SIGTERM)
     assert applier.wait(60) == 0, applier.stderr()[-3000:]
     _check_exactly_once(ck, topic, hw, n, partitions=1)
+
+
+def test_a_delta_that_cannot_be_applied_is_set_aside_and_the_applier_goes_on(kafka_broker, new_topic,
+                                                                               new_group, tmp_path):
+    """A delta that does not fit the model (arrays of another model) or would make λ non-finite
+    ended the active applier with a traceback, and the standby on the same delta after it, for
+    ever. Now it is set aside (counted by reason, its records dropped, its ranges consumed) and
+    the deltas after it are applied."""
+    from prometheus_client import CollectorRegistry
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    d1 = _delta(engine, state0, X, 0, 50)
+    alien = Delta(worker="w", version=0, ranges=[("data", 0, 50, 100)], records=50,
+                  stats={"topic_word": np.ones((3, 4))}, n_total=1000.0)
+    poison = _delta(engine, state0, X, 100, 150)
+    poison.stats = poison.stats * np.inf
+    d4 = _delta(engine, state0, X, 150, 200)
+    _produce_deltas(bootstrap, deltas, [init_delta("w", engine, state0).encode(), d1.encode(),
+                                        alien.encode(), poison.encode(), d4.encode()])
+    registry = CollectorRegistry()
+    _, res = _run_applier(cfg, registry, max_deltas=4)
+    assert (res.deltas, res.records, res.skipped) == (4, 100, 2), res
+    assert _metric(registry, "streamsvi_deltas_skipped_total", reason="bad") == 1.0
+    assert _metric(registry, "streamsvi_deltas_skipped_total", reason="non_finite") == 1.0
+    expected = state0
+    for d in (d1, d4):
+        expected, _ = _apply(engine, expected, d)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.records_seen == 100 and snap.state.lam.array_equal(expected.lam)
+    assert snap.extra["scaleout"]["applied"] == {"data/0": [[0, 200]]}
+    assert snap.extra["scaleout"]["dropped_records"] == 100

@@ -319,17 +319,41 @@ class Applier(StopOnSignals):
         elif d.stats is not None:
             scale = 1.0 if staleness <= bound else bound / staleness
             c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
-            self.state, done = split.apply(self.engine, self.state, c, scale)
-            self._observe(done, c)
-            self._steps.append((done.step, msg.offset, scale))
-            self._since_full[0] += 1
-            self._since_full[1] += len(msg.value)
-            self.metrics.rho.set(done.rho)
-            self.metrics.step.set(done.step)
-            if done.domain_clipped:
-                self.metrics.domain_clipped.inc(done.domain_clipped)
-                self.metrics.domain_updates.inc()
-            self._dirty = True
+            try:
+                if not all(np.isfinite(a).all() for a in c.arrays.values()):
+                    raise FloatingPointError("its statistics are not all finite")
+                self.state, done = split.apply(self.engine, self.state, c, scale)
+            except (ValueError, FloatingPointError) as exc:
+                # A delta that does not fit the model (another model's worker, a corrupt one)
+                # or would make λ non-finite: set aside, never applied, its records counted as
+                # dropped and its ranges as consumed. It used to end the active applier, and
+                # the standby on the same delta after it, for ever.
+                why = "non_finite" if isinstance(exc, FloatingPointError) else "bad"
+                log.error("deltas topic offset %d: the delta of worker %s (%s) cannot be applied (%s); "
+                          "set aside, its %d records not learnt", msg.offset, d.worker, d.ranges, exc,
+                          d.records)
+                self._skip(why, res)
+                self.dropped_records += d.records
+                records, done = 0, None
+            if done is not None:
+                self._after_step(done, c, msg, scale)
+        self._account(d, records, res)
+
+    def _after_step(self, done, c, msg, scale):
+        """Metrics and the lambda log's step record of one applied delta."""
+        self._observe(done, c)
+        self._steps.append((done.step, msg.offset, scale))
+        self._since_full[0] += 1
+        self._since_full[1] += len(msg.value)
+        self.metrics.rho.set(done.rho)
+        self.metrics.step.set(done.step)
+        if done.domain_clipped:
+            self.metrics.domain_clipped.inc(done.domain_clipped)
+            self.metrics.domain_updates.inc()
+        self._dirty = True
+
+    def _account(self, d, records, res):
+        """The delta's offset ranges are consumed (applied, dropped or set aside), its records counted."""
         for t, p, first, end in d.ranges:
             k = _key(t, p)
             self.applied_end[k] = end
