@@ -60,6 +60,8 @@ def toml(d):
 
 #: ``scaleout`` settings of the workers (``--commit-every``)
 SCALEOUT = {}
+#: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
+LAMBDA = "topic"
 
 
 def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
@@ -72,9 +74,9 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
            "checkpoint": {"directory": str(work / "ck"), "every_batches": 50, "every_seconds": 5.0},
            "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0}}
     if deltas:
-        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64,
-                           "lambda_file": str(work / "ck" / "lambda.npz"),   # run_scaleout reads it
-                           **SCALEOUT}
+        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64, **SCALEOUT}
+        if LAMBDA == "file":
+            cfg["scaleout"]["lambda_file"] = str(work / "ck" / "lambda.npz")
         if worker:
             cfg["scaleout"]["worker_id"] = worker
     name = work / f"{worker or ('applier' if deltas else 'single')}.toml"
@@ -125,6 +127,7 @@ def run_single(root, bootstrap, topic, n, broker_pid):
 def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
     """(seconds, engine, state, {process: CPU seconds}): an applier and ``workers`` workers."""
     from streamsvi.io.broker import create_topic
+    from streamsvi.service.roles.lambda_log import LambdaLog
     from streamsvi.service.roles.transport import LambdaFile
 
     work = root / f"w{workers}-{uuid.uuid4().hex[:6]}"
@@ -138,9 +141,16 @@ def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
     t0 = time.perf_counter()
     procs = [subprocess.Popen([STREAMSVI, "run", "--config", str(acfg), "--role", "applier"],
                               stdout=logs, stderr=logs)]
-    procs += [subprocess.Popen([STREAMSVI, "run", "--config", str(c), "--role", "worker", "--until-drained"],
+    # workers run until stopped: with --until-drained a worker whose own partitions are done asks
+    # the group's committed offsets of the others (a probe round trip) at every idle turn, which
+    # is not what a record costs; the CPU of every process is read when λ holds every record
+    # (the empty-topic baseline uses --until-drained to end by itself)
+    until = ["--until-drained"] if n == 0 else []
+    procs += [subprocess.Popen([STREAMSVI, "run", "--config", str(c), "--role", "worker", *until],
                                stdout=logs, stderr=logs) for c in wcfgs]
-    lam = LambdaFile(work / "ck" / "lambda.npz")
+    # λ as the workers see it: the same reader (the lambda topic, or the file)
+    lam = LambdaFile(work / "ck" / "lambda.npz") if LAMBDA == "file" else \
+        LambdaLog(bootstrap, f"{deltas}-lambda", deltas)
     cpus = [None] * len(procs)
     try:
         def done():
@@ -159,11 +169,15 @@ def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
             time.sleep(0.01)
         el = time.perf_counter() - t0
         broker = proc_cpu(broker_pid) - b0
+        cpus = [c if c is not None else proc_cpu(p.pid) for c, p in zip(cpus, procs)]
     finally:
         for p in procs:
             if p.returncode is None:
                 p.terminate()
-        cpus = [c if c is not None else reap(p) for c, p in zip(cpus, procs)]
+        ended = [reap(p) if p.returncode is None else None for p in procs]
+        cpus = [c if c is not None else e for c, e in zip(cpus, ended)]
+        if hasattr(lam, "close"):
+            lam.close()
     assert n == 0 or lam.state.records_seen == n, lam.state.records_seen
     return el, lam.engine, lam.state, {"applier": cpus[0], "workers": sum(cpus[1:]), "broker": broker}
 
@@ -227,9 +241,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--ceiling-deltas", type=int, default=3000)
+    ap.add_argument("--lambda", dest="lam", choices=("topic", "file"), default="topic",
+                    help="how λ reaches the workers: the lambda topic (default) or a shared file")
     ap.add_argument("--commit-every", type=int, default=None,
                     help="scaleout.commit_every_batches of the workers (default: the config's)")
     args = ap.parse_args()
+    global LAMBDA
+    LAMBDA = args.lam
     if args.commit_every is not None:
         SCALEOUT["commit_every_batches"] = args.commit_every
     from streamsvi.io import JsonCodec, produce_rows

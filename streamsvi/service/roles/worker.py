@@ -61,6 +61,13 @@ from .transport import MAX_DELTA_BYTES, Delta, LambdaFile, check_delta_size, ini
 
 log = logging.getLogger("streamsvi.worker")
 
+#: A worker looks for a newer λ before a batch at most this often: each look is a poll of the
+#: lambda topic's consumers (a fetch round trip), which per batch of 200 records cost more than
+#: the batch's local step (profiled: 8.7 % of a worker's samples against 2.5 %). λ moves when
+#: other workers' transactions commit (every ``scaleout.commit_seconds`` at most), so looking
+#: ten times a second loses little freshness.
+LAMBDA_REFRESH_S = 0.1
+
 #: How often a worker waiting for the first λ looks for it (the λ file, or the lambda topic).
 LAMBDA_WAIT_S = 0.1
 
@@ -238,6 +245,7 @@ class Worker(Daemon):
         self._warned_no_applier = False
         self._pending = None        # (contribution or None, λ version) of the batch in hand
         self._txn = None            # the open transaction (_Transaction), if any
+        self._refreshed = 0.0       # monotonic time of the last λ refresh in _learn
         self._holding = False       # the batch in hand is held for the start (_gather)
         self._held_ranges: list = []    # offset ranges of every batch held for the start
         self._unassigned_since = None   # monotonic time this worker was first seen without partitions
@@ -378,6 +386,9 @@ class Worker(Daemon):
                 transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
                 transaction_timeout_ms=self.sc["transaction_timeout_ms"],
                 max_request_size=MAX_DELTA_BYTES + (1 << 20),    # (a delta and the batch's framing)
+                # a transaction's deltas go out together when it commits (the commit flushes),
+                # not one produce request each
+                linger_ms=int(self.sc["commit_seconds"] * 1000), batch_size=1 << 20,
                 client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
             self.producer.init_transactions()   # fences an older instance, aborts its open transaction
         return self.producer
@@ -432,7 +443,10 @@ class Worker(Daemon):
         if not n_x:
             self._pending = (None, self.lam.version or 0)
             return
-        self.lam.refresh()                  # (a batch with records is held until λ is published)
+        now = time.monotonic()
+        if now - self._refreshed >= LAMBDA_REFRESH_S:    # (a batch with records is held until λ is published)
+            self.lam.refresh()
+            self._refreshed = now
         engine, lam_state = self.lam.engine, self.lam.state
         self.engine, self.state = engine, lam_state
         self.scaleout_metrics.lambda_version.set(lam_state.step)
