@@ -101,30 +101,123 @@ def test_every_dashboard_and_alert_query_names_a_real_metric():
     assert ds["datasources"][0]["uid"] == "prometheus"
 
 
-def test_scaleout_compose_override_is_valid_and_its_roles_parse():
+def _mounts(service):
+    """(source, target, read_only) of each mount of a ``docker-compose config`` service."""
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):
+            out.append((v.get("source"), v["target"], bool(v.get("read_only"))))
+        else:
+            parts = str(v).split(":")
+            out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+    return out
+
+
+def _mounted_file(service, target):
+    """The compose/ file that ``service`` mounts at ``target`` (read-only)."""
+    for src, dst, ro in _mounts(service):
+        if dst == target:
+            assert ro, f"{target} is mounted writable"
+            return Path(src)
+    raise AssertionError(f"nothing mounted at {target}: {service.get('volumes')}")
+
+
+def _created_topics(command: str) -> dict:
+    """topic -> (partitions, {config: value}) of each kafka-topics.sh --create in ``command``."""
+    out = {}
+    for call in command.split(";"):
+        if "--create" not in call:
+            continue
+        words = call.split()
+        topic = words[words.index("--topic") + 1]
+        configs = dict(words[k + 1].split("=", 1) for k, w in enumerate(words) if w == "--config")
+        out[topic] = (int(words[words.index("--partitions") + 1]), configs)
+    return out
+
+
+def test_scaleout_compose_runs_lda_with_workers_and_appliers_sharing_only_kafka():
+    from streamsvi.service.roles.worker import check_scaleout_config, lambda_channel
+
     out = _run(require_tool("docker-compose"), "-f", "docker-compose.yml", "-f", "docker-compose.scaleout.yml",
                "config")
     svc = yaml.safe_load(out)["services"]
-    workers = sorted(k for k in svc if k.startswith("worker-"))
-    assert workers == ["worker-1", "worker-2", "worker-3"]
     parser = build_parser()
-    assert parser.parse_args(svc["streamsvi"]["command"][1:]).role == "applier"
-    ids = set()
+    roles = {}
+    for name, s in svc.items():             # every streamsvi command is a valid invocation
+        cmd = s.get("command")
+        if cmd and cmd[0] == "streamsvi":
+            args = parser.parse_args(cmd[1:])
+            roles.setdefault(args.role, []).append(name)
+            assert args.command == "run" and args.role in ("worker", "applier"), (name, cmd)
+            cfg_path = _mounted_file(s, args.config)
+            assert cfg_path.parent == COMPOSE and cfg_path.exists(), cfg_path
+    workers, appliers = sorted(roles.pop("worker")), sorted(roles.pop("applier"))
+    assert not roles and workers == ["worker-1", "worker-2", "worker-3"]
+    assert appliers == ["streamsvi", "streamsvi-standby"]              # one active, one standby
+
+    # one config, the LDA one, for every role; it validates for the scaled-out roles
+    configs = {_mounted_file(svc[n], parser.parse_args(svc[n]["command"][1:]).config) for n in workers + appliers}
+    assert configs == {COMPOSE / "lda-scaleout.toml"}
+    cfg = load_config(COMPOSE / "lda-scaleout.toml")
+    check_scaleout_config(cfg)
+    assert cfg["model"]["kind"] == "lda"
+    assert cfg["source"]["bootstrap_servers"] == "kafka:9092"
+    assert cfg["scaleout"]["lambda_file"] is None and cfg["scaleout"]["worker_id"] is None
+    how, lambda_topic = lambda_channel(cfg)
+    assert how == "topic"
+
+    # distinct worker ids (each its Kafka transactional id), back under the same id after a kill
+    ids = [svc[w]["environment"]["STREAMSVI_WORKER_ID"] for w in workers]
+    assert len(set(ids)) == len(ids) == 3
+    for w in workers + appliers:
+        assert svc[w]["restart"] == "unless-stopped"
+
+    # no volume shared between a worker and an applier: they share only Kafka (a read-only
+    # bind of a compose/ file, the config, is the same file on every host, not shared storage)
     for w in workers:
-        assert parser.parse_args(svc[w]["command"][1:]).role == "worker"
-        ids.add(svc[w]["environment"]["STREAMSVI_WORKER_ID"])
-        assert svc[w]["restart"] == "unless-stopped"      # back under the same transactional id
-        assert any("/var/lib/streamsvi" in str(v) for v in svc[w]["volumes"])   # the shared λ file
-    assert len(ids) == 3
-    cfg = load_config(COMPOSE / "streamsvi-scaleout.toml")
-    assert cfg["scaleout"]["deltas_topic"] in svc["topics"]["command"]
-    assert cfg["scaleout"]["lambda_file"].startswith("/var/lib/streamsvi/")
+        for a in appliers:
+            shared = {m[0] for m in _mounts(svc[w])} & {m[0] for m in _mounts(svc[a])}
+            for src in shared:
+                assert all(ro for s, _, ro in _mounts(svc[w]) + _mounts(svc[a]) if s == src), (w, a, src)
+                assert Path(src).is_file() and Path(src).parent == COMPOSE, (w, a, src)
+    # the appliers share their checkpoint directory (a standby resumes the active one's snapshot)
+    ck = cfg["checkpoint"]["directory"]
+    held = [{s for s, t, ro in _mounts(svc[a]) if not ro and ck.startswith(t.rstrip("/") + "/")} for a in appliers]
+    assert len(held[0]) == 1 and held[0] == held[1], held
+
+    # topics: deltas and lambda with one partition, the data topic one partition per worker at least
+    topics = _created_topics(svc["topics"]["command"][-1])
+    assert topics[cfg["scaleout"]["deltas_topic"]][0] == 1
+    assert topics[lambda_topic][0] == 1
+    (data_topic,) = cfg["source"]["topics"]
+    assert topics[data_topic][0] >= len(workers)
+    for n in workers + appliers + ["producer"]:
+        assert svc[n]["depends_on"]["topics"]["condition"] == "service_completed_successfully", n
+
+    # the producer writes bag-of-words documents that fit the model, to the data topic
+    import importlib.util
+    cmd = svc["producer"]["command"]
+    assert cmd[0] == "python"
+    script = _mounted_file(svc["producer"], cmd[1])
+    spec = importlib.util.spec_from_file_location("produce_lda", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pargs = mod.parser().parse_args(cmd[2:])
+    assert pargs.topic == data_topic and pargs.bootstrap_servers == cfg["source"]["bootstrap_servers"]
+    assert pargs.words == cfg["model"]["n_features"] and pargs.partitions == topics[data_topic][0]
+
+    # Prometheus scrapes every role; the per-worker panels read its role label
     promtool = require_tool("promtool")
     _run(promtool, "check", "config", "prometheus/prometheus-scaleout.yml")
     prom = yaml.safe_load((COMPOSE / "prometheus/prometheus-scaleout.yml").read_text())
-    targets = {t for sc in prom["scrape_configs"] for g in sc["static_configs"] for t in g["targets"]}
-    assert targets == {"streamsvi:9464"} | {f"{w}:9464" for w in workers}
+    by_role = {}
+    for sc in prom["scrape_configs"]:
+        for g in sc["static_configs"]:
+            by_role.setdefault(g["labels"]["role"], set()).update(g["targets"])
+    assert by_role == {"applier": {f"{a}:9464" for a in appliers}, "worker": {f"{w}:9464" for w in workers}}
+    assert {cfg["metrics"]["host"], cfg["metrics"]["port"]} == {"0.0.0.0", 9464}
     dash = json.loads((COMPOSE / "grafana/dashboards/streamsvi.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-    for name in ("streamsvi_delta_records_total", "streamsvi_delta_staleness", "streamsvi_consumer_lag_records"):
+    for name in ("streamsvi_delta_records_total", "streamsvi_delta_staleness", "streamsvi_consumer_lag_records",
+                 'role="worker"', "streamsvi_applier_active"):
         assert name in exprs
