@@ -1,7 +1,13 @@
 """river-compatible estimators built on the same engine.
 
-:class:`TopicModel` (at the end) is a ``river.base.MiniBatchTransformer`` for LDA:
+Every face turns river's input into records and learns them through one
+:class:`streamsvi.learner.StreamLearner`: minibatches of ``batch_size``
+records, the daemon's streaming start, then one engine update per minibatch.
+
+:class:`TopicModel` is a ``river.base.MiniBatchTransformer`` for LDA:
 documents ``{word: count}`` in, topic proportions out.
+:class:`MatrixFactorization` is a river ranker for PMF,
+:class:`LogisticRegression` and :class:`SoftmaxRegression` river classifiers.
 
 :class:`GaussianMixture` is a ``river.base.Clusterer``: ``learn_one`` buffers
 records and applies an SVI / SVI+ update each time ``batch_size`` of them are
@@ -26,12 +32,15 @@ True
 """
 from __future__ import annotations
 
+import copy
+from functools import partial
+
 import numpy as np
 from river import base, stats
 
 from .inference import SVI, EngineState, RobbinsMonro
 from .inference.annealing import SVIPlus, annealer_from_dict
-from .inference.engine import start_records
+from .learner import StreamLearner
 from .models import BayesianGMM
 
 
@@ -60,7 +69,66 @@ def _annealer_of(annealing, batch_size, effective_batch_size):
     return ann
 
 
-class GaussianMixture(base.Clusterer):
+class _Face:
+    """What the faces share: a :class:`~streamsvi.learner.StreamLearner` (``_learner``; None
+    until the engine is built), which owns the engine, its state, the minibatch buffer, the
+    streaming start and the updates. ``_engine``, ``_state`` and ``last_info_`` read it."""
+
+    _learner: StreamLearner | None = None
+
+    def _make_learner(self, engine, make_batch) -> None:
+        self._learner = StreamLearner(engine, self.batch_size, make_batch, seed=self.seed)
+
+    @property
+    def _engine(self):
+        return None if self._learner is None else self._learner.engine
+
+    @_engine.setter
+    def _engine(self, engine):
+        self._learner.engine = engine
+
+    @property
+    def _state(self):
+        return None if self._learner is None else self._learner.state
+
+    @_state.setter
+    def _state(self, state):
+        self._learner.state = state
+
+    @property
+    def last_info_(self):
+        """``UpdateInfo`` of the last update (no attribute before the first)."""
+        info = None if self._learner is None else self._learner.last_info
+        if info is None:
+            raise AttributeError("last_info_: no update yet")
+        return info
+
+
+def _dense(rows: list) -> np.ndarray:
+    """Rows (1-D arrays) as one (n, D) batch: the GMM's records, the classifiers' (label last)."""
+    return np.vstack(rows)
+
+
+def _docs(rows: list, n_features: int):
+    """Documents ``(word ids, counts)`` as one CSR batch (n, V), duplicate words summed."""
+    import scipy.sparse as sp
+
+    indptr = np.cumsum([0] + [len(r[0]) for r in rows])
+    X = sp.csr_matrix((np.concatenate([r[1] for r in rows]) if rows else np.empty(0),
+                       np.concatenate([r[0] for r in rows]) if rows else np.empty(0, np.int64),
+                       indptr), shape=(len(rows), n_features))
+    X.sum_duplicates()
+    return X
+
+
+def _ratings(rows: list):
+    """Ratings ``(user, item, y)`` as one :class:`~streamsvi.models.Ratings` batch."""
+    from .models import Ratings
+
+    return Ratings(*zip(*rows))
+
+
+class GaussianMixture(_Face, base.Clusterer):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
 
     Parameters
@@ -125,10 +193,7 @@ class GaussianMixture(base.Clusterer):
         _check_batch_sizes(batch_size, effective_batch_size)
         self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
-        self._engine = None
-        self._state = None
-        self._buffer: list[np.ndarray] = []
-        self._start: list[np.ndarray] = []        # minibatches held for the streaming start
+        self._learner = None
         self._means: dict = {}
         if self._features is not None:
             self._build()
@@ -149,10 +214,10 @@ class GaussianMixture(base.Clusterer):
                             mean_precision=self.mean_precision,
                             degrees_of_freedom=self.degrees_of_freedom, scale=self.scale,
                             init=self.init, init_batches=self.init_batches)
-        self._engine = SVI(model, n_total=self.n_total,
-                           schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                           effective_batch_size=self.effective_batch_size, short_batches="svi",
-                           annealer=self._annealer)
+        self._make_learner(SVI(model, n_total=self.n_total,
+                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                               effective_batch_size=self.effective_batch_size, short_batches="svi",
+                               annealer=self._annealer), _dense)
         self._means = {f: stats.Mean() for f in self._features}
 
     @classmethod
@@ -224,26 +289,9 @@ class GaussianMixture(base.Clusterer):
         return row
 
     # ------------------------------------------------------------- learning
-    def _flush(self):
-        X = np.vstack(self._buffer)
-        self._buffer = []
-        if self._state is not None:
-            self._state, self.last_info_ = self._engine.update(self._state, X)
-            return
-        self._start.append(X)                 # the streaming start (init_batches)
-        if sum(len(b) for b in self._start) < start_records(self._engine.model, self.batch_size,
-                                                            self._engine.n_total):
-            return
-        held, self._start = self._start, []
-        self._state = self._engine.init(np.vstack(held), seed=self.seed if self.seed is not None
-                                        else int(np.random.SeedSequence().entropy % (2**63)))
-        for b in held:
-            self._state, self.last_info_ = self._engine.update(self._state, b)
-
     def learn_one(self, x: dict) -> None:
-        self._buffer.append(self._row(x, learn=True))
-        if len(self._buffer) >= self.batch_size:
-            self._flush()
+        row = self._row(x, learn=True)          # builds the learner on the first record
+        self._learner.learn(row)
 
     def learn_many(self, X) -> None:
         """Learn from a pandas DataFrame (columns = features); same batching as learn_one."""
@@ -292,7 +340,7 @@ def _word_id(key, vocab, n_features):
     return zlib.crc32(str(key).encode("utf-8")) % n_features
 
 
-class TopicModel(base.MiniBatchTransformer):
+class TopicModel(_Face, base.MiniBatchTransformer):
     """LDA learned online with SVI / SVI+: documents in, topic proportions out.
 
     A document is a dict ``{word: count}`` (what river's
@@ -370,11 +418,9 @@ class TopicModel(base.MiniBatchTransformer):
         model = LDA(n_components, n_features, doc_topic_prior=doc_topic_prior,
                     topic_word_prior=topic_word_prior, max_doc_update_iter=max_doc_update_iter,
                     mean_change_tol=mean_change_tol)
-        self._engine = SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
-                           effective_batch_size=effective_batch_size, short_batches="svi",
-                           annealer=annealer)
-        self._state = None
-        self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
+        self._make_learner(SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
+                               effective_batch_size=effective_batch_size, short_batches="svi",
+                               annealer=annealer), partial(_docs, n_features=n_features))
 
     @classmethod
     def _unit_test_params(cls):
@@ -396,28 +442,10 @@ class TopicModel(base.MiniBatchTransformer):
                 counts.append(v)
         return np.asarray(ids, dtype=np.int64), np.asarray(counts, dtype=np.float64)
 
-    def _csr(self, rows):
-        import scipy.sparse as sp
-
-        indptr = np.cumsum([0] + [len(r[0]) for r in rows])
-        X = sp.csr_matrix((np.concatenate([r[1] for r in rows]) if rows else np.empty(0),
-                           np.concatenate([r[0] for r in rows]) if rows else np.empty(0, np.int64),
-                           indptr), shape=(len(rows), self.n_features))
-        X.sum_duplicates()
-        return X
-
     def learn_one(self, x: dict) -> None:
         row = self._row(x)
-        if row[0].size == 0:
-            return
-        self._buffer.append(row)
-        if len(self._buffer) >= self.batch_size:
-            X = self._csr(self._buffer)
-            self._buffer = []
-            if self._state is None:
-                seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-                self._state = self._engine.init(X, seed=seed)
-            self._state, self.last_info_ = self._engine.update(self._state, X)
+        if row[0].size:
+            self._learner.learn(row)
 
     def learn_many(self, X) -> None:
         """Learn from a DataFrame of counts (columns = words); same batching as learn_one."""
@@ -432,7 +460,7 @@ class TopicModel(base.MiniBatchTransformer):
         keep = [i for i, r in enumerate(rows) if r[0].size]
         if keep:
             out[keep] = self._engine.model.topic_proportions(self._state.lam,
-                                                             self._csr([rows[i] for i in keep]))
+                                                             _docs([rows[i] for i in keep], self.n_features))
         return out
 
     def transform_one(self, x: dict) -> dict:
@@ -456,7 +484,7 @@ class TopicModel(base.MiniBatchTransformer):
 from river.reco.base import Ranker as _Ranker  # noqa: E402
 
 
-class MatrixFactorization(_Ranker):
+class MatrixFactorization(_Face, _Ranker):
     """Probabilistic matrix factorisation learned online with SVI / SVI+ (a ``river`` Ranker).
 
     ``learn_one(user, item, y)`` buffers ratings and applies one SVI / SVI+
@@ -532,9 +560,7 @@ class MatrixFactorization(_Ranker):
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
         _check_batch_sizes(batch_size, effective_batch_size)
         _annealer_of(annealing, batch_size, effective_batch_size)
-        self._engine = self._make_engine()
-        self._state = None
-        self._buffer: list = []
+        self._make_learner(self._make_engine(), _ratings)
 
     def _make_engine(self) -> SVI:
         """The engine of these settings (a function of the constructor arguments only)."""
@@ -551,13 +577,15 @@ class MatrixFactorization(_Ranker):
     # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
     # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
     # threading.Lock (which cannot be pickled) and is keyed by id() of the state's id lists
-    # (meaningless in a copy); learned values live in ``_state`` and ``_buffer``, which are copied.
+    # (meaningless in a copy); learned values live in the learner's state and buffer, which are copied.
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_engine"}
+        learner = copy.copy(self._learner)
+        learner.engine = None
+        return {**self.__dict__, "_learner": learner}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._engine = self._make_engine()
+        self._learner.engine = self._make_engine()
 
     @classmethod
     def _unit_test_params(cls):
@@ -577,28 +605,17 @@ class MatrixFactorization(_Ranker):
 
     def flush(self) -> None:
         """Apply the buffered ratings as one (possibly short) update."""
-        if not self._buffer:
-            return
-        from .models import Ratings
-
-        u, i, y = zip(*self._buffer)
-        self._buffer = []
-        batch = Ratings(u, i, y)
-        if self._state is None:
-            seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % (2**63))
-            self._state = self._engine.init(batch, seed=seed)
-        self._state, self.last_info_ = self._engine.update(self._state, batch)
+        self._learner.flush()
 
     def learn_one(self, user, item, y, x=None) -> None:
-        self._buffer.append((user, item, float(y)))
-        if len(self._buffer) >= self.batch_size:
-            self.flush()
+        self._learner.learn((user, item, float(y)))
 
     def _predict(self, users, items):
         if self._state is None:
             n = len(users)
             if self.offset == "auto":        # the running mean of what is buffered so far (0 before any)
-                mu0 = float(np.mean([y for _, _, y in self._buffer])) if self._buffer else 0.0
+                pending = self._learner.unlearned()
+                mu0 = float(np.mean([y for _, _, y in pending])) if pending else 0.0
             else:
                 mu0 = float(self.offset)
             bv = self.prior_var if self.bias_var is None else self.bias_var
@@ -630,7 +647,7 @@ class MatrixFactorization(_Ranker):
 
 
 # ----------------------------------------------------------- logistic regression
-class LogisticRegression(base.MiniBatchClassifier):
+class LogisticRegression(_Face, base.MiniBatchClassifier):
     """Bayesian logistic regression learned online by stochastic ELBO gradients (a river classifier).
 
     The model is :class:`streamsvi.models.BayesianLogisticRegression` (q(w)
@@ -705,9 +722,7 @@ class LogisticRegression(base.MiniBatchClassifier):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
         self._features = list(features) if features is not None else None
-        self._engine = None
-        self._state = None
-        self._buffer: list[np.ndarray] = []
+        self._learner = None
         self._stats: dict = {}
         if self._features is not None:
             self._build()
@@ -730,9 +745,9 @@ class LogisticRegression(base.MiniBatchClassifier):
         from .models.logistic import BayesianLogisticRegression
 
         model = BayesianLogisticRegression(n_features=len(self._features), prior_var=self.prior_var)
-        self._engine = GradientVI(model, n_total=self.n_total, estimator=self.estimator,
-                                  optimizer=self.optimizer, learning_rate=self.learning_rate,
-                                  schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa))
+        self._make_learner(GradientVI(model, n_total=self.n_total, estimator=self.estimator,
+                                      optimizer=self.optimizer, learning_rate=self.learning_rate,
+                                      schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa)), _dense)
         self._stats = {f: stats.Var() for f in self._features}
 
     def _row(self, x: dict, learn: bool) -> np.ndarray:
@@ -761,19 +776,10 @@ class LogisticRegression(base.MiniBatchClassifier):
             return float(bool(y))
         raise ValueError(f"LogisticRegression is binary: labels must be bools (or 0 / 1), got {y!r}")
 
-    def _flush(self):
-        X = np.vstack(self._buffer)
-        self._buffer = []
-        if self._state is None:
-            self._state = self._engine.init(X, seed=self.seed if self.seed is not None
-                                            else int(np.random.SeedSequence().entropy % (2**63)))
-        self._state, self.last_info_ = self._engine.update(self._state, X)
-
     def learn_one(self, x: dict, y) -> None:
         label = self._label(y)
-        self._buffer.append(np.append(self._row(x, learn=True), label))
-        if len(self._buffer) >= self.batch_size:
-            self._flush()
+        row = self._row(x, learn=True)          # builds the learner on the first record
+        self._learner.learn(np.append(row, label))
 
     def learn_many(self, X, y) -> None:
         """Learn from a DataFrame and a Series of labels; same batching as learn_one."""
@@ -882,7 +888,7 @@ class SoftmaxRegression(LogisticRegression):
                           learning_rate=self.learning_rate, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa))
 
     def _build(self):
-        self._engine = self._engine_for(max(2, len(self._classes)))
+        self._make_learner(self._engine_for(max(2, len(self._classes))), _dense)
         self._stats = {f: stats.Var() for f in self._features}
 
     def _grow(self):

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible, pointer_number
-from ..inference.engine import start_records
 from ..io.records import record_kind
+from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
 from .config import build_engine, build_model, client_security
 from .metrics import DaemonMetrics
@@ -595,18 +595,15 @@ class Daemon(StopOnSignals):
         """The batches held for the start, taken from the hold once they have the records the
         start wants (or ``flush`` and any are held); [] while still gathering.
 
-        The start wants ``inference.engine.start_records`` records: the model's
-        ``start_size(batch_size)`` if it has one (GMM: ``init_batches`` minibatches and at
-        least 5·K·D), else one minibatch, at most ``n_total`` = N. Shared by the daemon
-        (:meth:`_gather_start`) and the scale-out worker's proposal of λ_0
-        (``roles.worker.Worker._gather``); the river face uses the same rule.
+        The rule is :func:`streamsvi.learner.take_start`: the start wants
+        ``inference.engine.start_records`` records, the model's ``start_size(batch_size)``
+        if it has one (GMM: ``init_batches`` minibatches and at least 5·K·D), else one
+        minibatch, at most ``n_total`` = N. Used by the daemon (:meth:`_gather_start`) and
+        the scale-out worker's proposal of λ_0 (``roles.worker.Worker._gather``); the river
+        faces' learner (``learner.StreamLearner``) calls the same function.
         """
-        held = sum(self.kind.n_records(b) for b in self._start_batches)
-        want = start_records(self.model, self.cfg["inference"]["batch_size"], n_total)
-        if not held or (held < want and not flush):
-            return []
-        batches, self._start_batches = self._start_batches, []
-        return batches
+        return take_start(self._start_batches, self.kind.n_records, self.model,
+                          self.cfg["inference"]["batch_size"], n_total, flush)
 
     def _start_records(self, batches: list):
         """The records of ``batches`` as one batch of the kind (what ``engine.init`` starts from)."""
