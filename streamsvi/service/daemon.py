@@ -8,6 +8,11 @@ contribution nor counts it twice. A record that fails decoding or validation
 never reaches the model: it goes to the dead-letter topic (or file) with its
 reason and position, and is counted.
 
+Whether the brokers answer is :attr:`Daemon.health`, a
+:class:`~streamsvi.service.health.BrokerHealth`: the start-up retries, the poll
+backoff, the idle metadata probe, ``streamsvi_broker_up`` /
+``streamsvi_broker_retries_total`` and the log lines of an outage.
+
 The loop the quix-streams way (STYLE.md §9): signal handlers only set a flag;
 resources live in an ``ExitStack``; ``run()`` takes stop conditions so tests
 can drive it.
@@ -31,6 +36,7 @@ from ..io.records import record_kind
 from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
 from .config import build_engine, build_model, client_security
+from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S: its old home)
 from .metrics import DaemonMetrics
 from .signals import StopOnSignals
 
@@ -40,21 +46,13 @@ from .history import HISTORY_FILE  # noqa: E402  (one JSON object per line, next
 
 #: How long one attempt to reach the brokers at start may take (kafka-python
 #: reconnects by itself within an attempt); after it the daemon counts a retry
-#: in ``streamsvi_broker_retries_total``, logs a warning and backs off.
+#: in ``streamsvi_broker_retries_total``, logs a warning and backs off
+#: (:meth:`BrokerHealth.attempt_failed <streamsvi.service.health.BrokerHealth.attempt_failed>`).
+#: The backoffs and the probe cadence (``MAX_CONNECT_BACKOFF_S``, ``MAX_POLL_BACKOFF_S``,
+#: ``BROKER_PROBE_S``) live in :mod:`streamsvi.service.health`.
 CONNECT_TIMEOUT_S = 10.0
 #: How long the daemon waits at start for its consumer group to assign it partitions.
 ASSIGNMENT_TIMEOUT_S = 60.0
-#: Largest wait between connection attempts (``source.connect_backoff_seconds`` doubles up to it).
-MAX_CONNECT_BACKOFF_S = 30.0
-#: Largest wait between polls while the brokers are away mid-run. A poll is cheap and
-#: kafka-python reconnects by itself (``reconnect_backoff_max_ms`` 1 s), so a short cap brings
-#: consumption back within about a second of the brokers' return (it doubled up to 30 s).
-MAX_POLL_BACKOFF_S = 1.0
-#: While no records arrive, the daemon asks the brokers for metadata at most this often
-#: (``KafkaSource.check_brokers``), so ``streamsvi_broker_up`` goes to 0 within
-#: ``inference.max_wait_seconds`` + this + one probe request (refused at once, or at most
-#: ``KafkaSource.PROBE_TIMEOUT_MS`` when the brokers are silent) after they disappear.
-BROKER_PROBE_S = 2.0
 
 
 class FreshStartRefused(RuntimeError):
@@ -120,8 +118,10 @@ class Daemon(StopOnSignals):
         self.heldout = None                   # a batch of the kind, or None
         self._start_batches: list = []        # batches held back until the start (_gather_start)
         self.metrics_server = None
-        self._last_probe = 0.0                # last broker metadata probe (monotonic)
-        self._broker_down_since = None        # monotonic time the brokers stopped answering
+        src = cfg["source"]
+        #: whether the brokers answer: state, backoff, probe cadence, broker_up/retries, log lines
+        self.health = BrokerHealth(self.metrics, src["bootstrap_servers"], src["connect_backoff_seconds"],
+                                   role="the daemon", log=log, errors=_transient_errors())
 
     # ------------------------------------------------------------ resume
     def _resume(self):
@@ -216,7 +216,7 @@ class Daemon(StopOnSignals):
         from .console import quiet_kafka
 
         src = self.cfg["source"]
-        attempts, backoff = src["connect_attempts"], src["connect_backoff_seconds"]
+        attempts = src["connect_attempts"]
         t0 = time.monotonic()
         for attempt in range(1, attempts + 1):
             if self._stop.is_set():
@@ -225,7 +225,6 @@ class Daemon(StopOnSignals):
                 with quiet_kafka() as kafka_said:
                     source = self._source_factory(self.cfg, self.metrics)
             except KafkaUnavailableError as exc:
-                self.metrics.broker_up.set(0)
                 cause = exc.__cause__ if exc.__cause__ is not None else exc
                 last = str(cause) if str(cause).startswith(type(cause).__name__) \
                     else f"{type(cause).__name__}: {cause}"
@@ -233,22 +232,20 @@ class Daemon(StopOnSignals):
                 if detail:
                     last += f"; before it: {detail}"
                 if self._stop.is_set():
+                    self.health.attempt_failed(attempts, attempts, last)   # gauge 0, no retry
                     return None
-                if attempt == attempts:
+                delay = self.health.attempt_failed(attempt, attempts, last)
+                if delay is None:
                     raise KafkaUnavailableError(
                         f"cannot reach Kafka at {src['bootstrap_servers']} after {attempts} "
                         f"attempt{'s' * (attempts > 1)} over {time.monotonic() - t0:.1f} s (last error: "
                         f"{last}); check source.bootstrap_servers and that the brokers are running, "
                         f"or raise source.connect_attempts") from exc
-                delay = min(backoff * 2 ** (attempt - 1), MAX_CONNECT_BACKOFF_S)
-                self.metrics.broker_retries.inc()
-                log.warning("brokers %s unavailable (attempt %d/%d failed: %s); retrying in %.1f s",
-                            src["bootstrap_servers"], attempt, attempts, last, delay)
-                if self._stop.wait(delay):
+                if self.health.wait(self._stop, delay):
                     return None
                 continue
             if src["kind"] == "kafka":
-                self.metrics.broker_up.set(1)
+                self.health.answered()
             return source
         raise AssertionError("unreachable")
 
@@ -274,42 +271,10 @@ class Daemon(StopOnSignals):
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
 
-    def _broker_answered(self) -> None:
-        """Records or metadata came back: the brokers are up (logs their return)."""
-        if self._broker_down_since is not None:
-            log.warning("brokers %s answer again after %.1f s", self.cfg["source"]["bootstrap_servers"],
-                        time.monotonic() - self._broker_down_since)
-            self._broker_down_since = None
-        self.metrics.broker_up.set(1)
-
-    def _probe_brokers(self, source) -> None:
-        """While idle, ask the brokers for metadata every ``BROKER_PROBE_S`` (Kafka sources only).
-
-        kafka-python polls return empty while the brokers are gone, so without
-        this an idle daemon would show ``streamsvi_broker_up`` 1 throughout.
-        """
-        check = getattr(source, "check_brokers", None)
-        now = time.monotonic()
-        if check is None or now - self._last_probe < BROKER_PROBE_S:
-            return
-        self._last_probe = now
-        try:
-            check()
-        except _transient_errors() as exc:
-            self.metrics.broker_up.set(0)
-            self.metrics.broker_retries.inc()
-            if self._broker_down_since is None:
-                self._broker_down_since = now
-                log.warning("brokers %s do not answer (%s: %s); streamsvi_broker_up is 0, the daemon "
-                            "keeps asking every %.0f s", self.cfg["source"]["bootstrap_servers"],
-                            type(exc).__name__, exc, BROKER_PROBE_S)
-            return
-        self._broker_answered()
-
     def _drained(self, source) -> bool:
         """Every partition of the source accounted for (``Source.drained``); False while the
         broker cannot tell."""
-        if self._broker_down_since is not None:
+        if not self.health.up:
             return False
         try:
             return source.drained(self.offsets)
@@ -351,12 +316,11 @@ class Daemon(StopOnSignals):
         self.metrics.checkpoints.inc()
         try:
             source.commit(dict(self.offsets))   # only after the snapshot is durable
-            self.metrics.broker_up.set(1)
+            self.health.answered()
         except _transient_errors() as exc:
             # not fatal: a restart seeks to the snapshot's offsets, not the committed ones,
             # and the next checkpoint commits newer offsets
-            self.metrics.broker_up.set(0)
-            self.metrics.broker_retries.inc()
+            self.health.failed(exc, "offset commit")
             log.warning("offset commit failed (%s: %s); snapshot %s is durable, the next checkpoint "
                         "commits again", type(exc).__name__, exc, snap.path.name)
         return snap
@@ -504,28 +468,22 @@ class Daemon(StopOnSignals):
 
     def _poll(self, source, loop):
         """The next minibatch, or None. A poll that raises (brokers gone a while mid-run)
-        applied nothing: back off and return None; kafka-python reconnects by itself and
-        positions are unchanged."""
+        applied nothing: report it to :attr:`health`, wait its backoff and return None;
+        kafka-python reconnects by itself and positions are unchanged. Records are an answer;
+        an empty poll is not (kafka-python polls return empty while the brokers are gone:
+        the idle probe decides), except from a source that cannot be probed. A file source
+        has no brokers: its gauge is left alone unless a poll of it raised."""
         inf = self.cfg["inference"]
         try:
             batch = source.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
         except _transient_errors() as exc:
-            loop.poll_failures += 1
-            delay = min(self.cfg["source"]["connect_backoff_seconds"] * 2 ** (loop.poll_failures - 1),
-                        MAX_POLL_BACKOFF_S)
-            self.metrics.broker_up.set(0)
-            self.metrics.broker_retries.inc()
-            log.warning("poll failed (%s: %s); retrying in %.1f s", type(exc).__name__, exc, delay)
-            self._stop.wait(delay)
+            self.health.wait(self._stop, self.health.failed(exc, "poll"))
             loop.failed_poll = True
             return None
         loop.failed_poll = False
-        if loop.poll_failures:
-            log.warning("source is back after %d failed polls", loop.poll_failures)
-            loop.poll_failures = 0
-            self.metrics.broker_up.set(1)
-        if batch is not None and self._broker_down_since is not None:
-            self._broker_answered()
+        if (batch is not None or getattr(source, "check_brokers", None) is None) and \
+                (self.cfg["source"]["kind"] == "kafka" or not self.health.up):
+            self.health.answered()
         return batch
 
     def _idle(self, source, loop) -> bool:
@@ -533,7 +491,9 @@ class Daemon(StopOnSignals):
         (a quiet stream does not keep it waiting); True to stop when ``until_drained`` and drained."""
         if loop.failed_poll:
             return False
-        self._probe_brokers(source)
+        check = getattr(source, "check_brokers", None)   # Kafka sources only
+        if check is not None:
+            self.health.probe(check)
         self._flush_start(loop)
         if loop.until_drained and self._drained(source):
             loop.res.stopped_by = "drained"
@@ -703,7 +663,6 @@ class _Loop:
     until_drained: bool
     res: RunResult = field(default_factory=RunResult)
     t_start: float = field(default_factory=time.monotonic)
-    poll_failures: int = 0        # consecutive polls that raised
     failed_poll: bool = False     # the last poll raised (and was backed off)
     last_info: object = None      # the latest update's UpdateInfo, for the progress line
     last_ck: float = 0.0

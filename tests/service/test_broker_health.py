@@ -6,7 +6,7 @@ the whole outage. Here a real broker is stopped under an idle daemon and
 started again on the same port; the gauge must follow, with the daemon's own
 warnings. The wait is on the gauge's value (deadlines are generous); the
 latency measured is printed, and the bound it is held to is the documented one
-(``BROKER_PROBE_S`` in streamsvi/service/daemon.py) with slack for a loaded machine.
+(``BROKER_PROBE_S`` in streamsvi/service/health.py) with slack for a loaded machine.
 """
 import io
 import logging
@@ -19,7 +19,8 @@ from streamsvi.io import JsonCodec, LocalBroker, create_topic, produce_rows
 from streamsvi.io.broker import free_port
 from streamsvi.io.sources import KafkaSource
 from streamsvi.service.config import validate
-from streamsvi.service.daemon import BROKER_PROBE_S, Daemon
+from streamsvi.service.daemon import Daemon
+from streamsvi.service.health import BROKER_PROBE_S
 
 from .conftest import blob_rows, gmm_config
 

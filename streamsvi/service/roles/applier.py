@@ -34,6 +34,11 @@ is no longer a stable member owning a batch's partitions reads the batch again
 instead of committing it, and its transactions carry its group membership, so a
 broker with KIP-447 fences a member the group has moved on from.
 
+Broker health. One :class:`~streamsvi.service.health.BrokerHealth` (``self.health``,
+kept across takeovers) takes the failed polls and λ writes and the answers: it sets
+``streamsvi_broker_up`` and ``streamsvi_broker_retries_total``, logs an outage once
+when it starts and once when it ends, and gives the poll's backoff, as in the daemon.
+
 Takeover bound: a killed active applier's partition goes to a standby after
 the group notices (``source.session_timeout_ms``) plus one rebalance (about
 half a session timeout on tansu), plus the resume and the replay of the
@@ -51,7 +56,8 @@ import numpy as np
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
 from ..config import build_engine, client_security
-from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
+from ..daemon import _transient_errors
+from ..health import BrokerHealth
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ..signals import StopOnSignals
 from ...inference import split
@@ -94,6 +100,10 @@ class Applier(StopOnSignals):
         self.metrics = DaemonMetrics(registry)
         self.sm = ScaleoutMetrics(self.metrics.registry)
         self.out = out if out is not None else sys.stderr
+        #: whether the brokers answer (:mod:`streamsvi.service.health`); kept across takeovers
+        self.health = BrokerHealth(self.metrics, cfg["source"]["bootstrap_servers"],
+                                   cfg["source"]["connect_backoff_seconds"], role="the applier", log=log,
+                                   errors=_transient_errors())
         self.store = CheckpointStore(cfg["checkpoint"]["directory"], keep=cfg["checkpoint"]["keep"])
         how, where = lambda_channel(cfg)
         self.lambda_file = where if how == "file" else None
@@ -111,7 +121,6 @@ class Applier(StopOnSignals):
         self.applied: dict = {}              # "topic/partition" -> merged [[first, end], ...]
         self.dropped_records = 0
         self._since_ck = 0
-        self._broker_down = False
         self._dirty = False                  # λ changed since the last publication
         self._steps: list = []               # (version, deltas offset, rho_scale) not yet on lambda_topic
         self._need_full = False              # a full λ is due on lambda_topic (takeover, λ_0, a failed write)
@@ -233,25 +242,18 @@ class Applier(StopOnSignals):
     def _poll(self, consumer):
         """The deltas of one poll, in offset order; none while the brokers are away.
 
-        A poll that raises because the brokers went away applied nothing: count it, wait
-        at most :data:`~streamsvi.service.daemon.MAX_POLL_BACKOFF_S` and poll again
+        A poll that raises because the brokers went away applied nothing: report it to
+        :attr:`health`, wait its backoff (as the daemon's poll: ``source.connect_backoff_seconds``
+        doubling up to :data:`~streamsvi.service.health.MAX_POLL_BACKOFF_S`) and poll again
         (kafka-python reconnects by itself). It used to end the applier with a traceback.
+        A poll that returns is an answer (the applier has no idle probe).
         """
         try:
             polled = consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
         except _transient_errors() as exc:
-            self.metrics.broker_up.set(0)
-            self.metrics.broker_retries.inc()
-            if not self._broker_down:
-                log.warning("brokers do not answer (%s: %s); the applier polls again every %.0f s",
-                            type(exc).__name__, exc, MAX_POLL_BACKOFF_S)
-            self._broker_down = True
-            self._stop.wait(MAX_POLL_BACKOFF_S)
+            self.health.wait(self._stop, self.health.failed(exc, "poll"))
             return []
-        if self._broker_down:
-            log.warning("brokers are back")
-            self._broker_down = False
-        self.metrics.broker_up.set(1)
+        self.health.answered()
         out = []
         for msgs in polled.values():
             out += msgs
@@ -427,8 +429,6 @@ class Applier(StopOnSignals):
             versions and nbytes >= self.sc["lambda_full_ratio"] * self._full_bytes)
 
     def _publish_topic(self, force):
-        from ..daemon import _transient_errors
-
         full = self._full_due()
         if self._fenced or (not self._steps and not full):
             return
@@ -456,11 +456,10 @@ class Applier(StopOnSignals):
                 return
             log.warning("lambda topic %r: writing λ version %d failed (%s: %s); a full λ is written "
                         "at the next turn", self.lambda_topic, self.state.step, type(exc).__name__, exc)
-            self.metrics.broker_up.set(0)
-            self.metrics.broker_retries.inc()
-            self._broker_down = True
+            self.health.failed(exc, "writing λ")
             self._steps, self._need_full = [], True
             return
+        self.health.answered()
         if full:
             self._full_bytes = n_full
             self._since_full, self._need_full = [0, 0], False

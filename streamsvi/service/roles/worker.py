@@ -29,6 +29,10 @@ aborts the transaction it left open (a real Kafka cluster also aborts it after
 ``transaction.timeout.ms``; tansu 0.6.0 does not, and read_committed readers of
 the deltas topic wait until then).
 
+Broker health is the daemon's (:attr:`Daemon.health`, :mod:`streamsvi.service.health`),
+named after the worker in its log lines; a producer that cannot be started while a
+transaction is settled (:meth:`Worker._settle`) is one more failed call there.
+
 SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
 offset) of the batch, so a batch processed again after a crash gets the
 same weights.
@@ -231,6 +235,7 @@ class Worker(Daemon):
                          dead_sink_factory=dead_sink_factory, out=out, allow_fresh_start=allow_fresh_start)
         self.sc = cfg["scaleout"]
         self.worker_id = worker_id(cfg)
+        self.health.role = f"worker {self.worker_id}"
         self._id_lock = claim_worker_id(cfg["source"]["group_id"], self.worker_id)
         self.scaleout_metrics = ScaleoutMetrics(self.metrics.registry)
         how, where = lambda_channel(cfg)
@@ -673,16 +678,17 @@ class Worker(Daemon):
                 old.close(timeout=0)
             except Exception:  # noqa: BLE001 - it is being replaced
                 pass
-        from ..daemon import MAX_POLL_BACKOFF_S, _transient_errors
+        from ..daemon import _transient_errors
 
         while not self._stop.is_set():
             try:
                 self._producer()            # init_transactions settles the old transaction
+                self.health.answered()
                 break
             except _transient_errors() as e:
                 log.info("worker %s: cannot start a producer yet (%s: %s)", self.worker_id,
                          type(e).__name__, e)
-                self._stop.wait(MAX_POLL_BACKOFF_S)
+                self.health.wait(self._stop, self.health.failed(e, "starting a producer"))
         else:
             return False                    # a stop: the group's offsets tell the next start
         try:
