@@ -121,7 +121,7 @@ class FaultProxy:
                 if not data:
                     break
                 pending = data
-        except OSError:
+        except (OSError, ValueError):   # (ValueError: the other pump closed src, its fd is -1)
             pass
         finally:
             _close(src)
