@@ -515,3 +515,32 @@ def test_a_delta_that_cannot_be_applied_is_set_aside_and_the_applier_goes_on(kaf
     assert snap.state.records_seen == 100 and snap.state.lam.array_equal(expected.lam)
     assert snap.extra["scaleout"]["applied"] == {"data/0": [[0, 200]]}
     assert snap.extra["scaleout"]["dropped_records"] == 100
+
+
+def test_the_local_broker_shows_aborted_transactions_to_read_committed_readers(kafka_broker, new_topic):
+    """Why ``scaleout.commit_every_batches`` defaults to 1 (docs/design.md §6.7): tansu 0.6.0
+    hands a read_committed consumer the records of an aborted transaction, which Kafka hides.
+    If this starts to fail, the local broker filters them and the default can be revisited."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
+    p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"abort-{topic}")
+    p.init_transactions()
+    for values, commit in (([b"c1"], True), ([b"a1", b"a2"], False), ([b"c2"], True)):
+        p.begin_transaction()
+        for v in values:
+            p.send(topic, v, partition=0)
+        p.flush()
+        p.commit_transaction() if commit else p.abort_transaction()
+    p.close()
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                      enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek(tp, 0)
+    got = []
+    deadline = time.monotonic() + 30
+    while b"c2" not in got and time.monotonic() < deadline:
+        got += [r.value for recs in c.poll(timeout_ms=200).values() for r in recs]
+    c.close()
+    assert got == [b"c1", b"a1", b"a2", b"c2"], got
