@@ -62,7 +62,7 @@ import numpy as np
 
 from ...inference import split
 from ...inference.state import state_from_arrays, state_to_arrays
-from .transport import Delta, DeltaFormatError
+from .transport import Delta, DeltaFormatError, read_frame
 
 log = logging.getLogger("streamsvi.lambda_log")
 
@@ -85,14 +85,7 @@ def encode(header: dict, payload=b"") -> bytes:
 
 def decode(data) -> tuple[dict, memoryview]:
     """``(header, payload)`` of one record; :class:`LambdaLogError` if it is not one."""
-    if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != MAGIC:
-        raise LambdaLogError("not a streamsvi lambda record (magic SSVL1 missing)")
-    data = memoryview(data)
-    if len(data) < 10:
-        raise LambdaLogError("lambda record truncated before its header length")
-    (hlen,) = struct.unpack("<I", data[6:10])
-    if hlen > _MAX_HEADER or 10 + hlen > len(data):
-        raise LambdaLogError(f"lambda record header length {hlen} does not fit the message ({len(data)} bytes)")
+    data, hlen = read_frame(data, MAGIC, "lambda record", LambdaLogError, _MAX_HEADER)
     try:
         h = json.loads(bytes(data[10:10 + hlen]).decode())
         if h["kind"] not in ("full", "step"):

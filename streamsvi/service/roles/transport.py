@@ -93,6 +93,21 @@ def check_delta_size(payload: bytes, what: str) -> bytes:
     return payload
 
 
+def read_frame(data, magic: bytes, what: str, error, max_header: int):
+    """``(memoryview, header length)`` of a message framed as ``magic`` (6 bytes), a uint32 LE
+    header length and that many bytes of JSON header (the deltas and the lambda log share the
+    framing); ``error(...)`` naming ``what`` if the message is not one."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != magic:
+        raise error(f"not a streamsvi {what} (magic {magic[:5].decode()} missing)")
+    data = memoryview(data)
+    if len(data) < 10:
+        raise error(f"{what} truncated before its header length")
+    (hlen,) = struct.unpack("<I", data[6:10])
+    if hlen > max_header or 10 + hlen > len(data):
+        raise error(f"{what} header length {hlen} does not fit the message ({len(data)} bytes)")
+    return data, hlen
+
+
 @dataclass
 class Delta:
     """One worker minibatch's contribution (see the module docs for the fields)."""
@@ -120,14 +135,7 @@ class Delta:
 
     @classmethod
     def decode(cls, data: bytes) -> "Delta":
-        if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != MAGIC:
-            raise DeltaFormatError("not a streamsvi delta (magic SSVD1 missing)")
-        data = memoryview(data)
-        if len(data) < 10:
-            raise DeltaFormatError("delta truncated before its header length")
-        (hlen,) = struct.unpack("<I", data[6:10])
-        if hlen > _MAX_HEADER or 10 + hlen > len(data):
-            raise DeltaFormatError(f"delta header length {hlen} does not fit the message ({len(data)} bytes)")
+        data, hlen = read_frame(data, MAGIC, "delta", DeltaFormatError, _MAX_HEADER)
         try:
             h = json.loads(bytes(data[10:10 + hlen]).decode())
             stats, pos = {}, 10 + hlen
