@@ -160,6 +160,40 @@ def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broke
     w2.close()
 
 
+def test_a_killed_appliers_unfinished_write_never_reaches_a_reader(kafka_broker, new_topic, new_group,
+                                                                  tmp_path):
+    """An applier killed between sending a full λ (and steps) and committing leaves an open
+    transaction, aborted when its successor's writer starts (same transactional id). The
+    local broker hands read_committed readers the aborted records all the same; a worker
+    loaded that full λ, a state no applier holds. Readers drop them (streamsvi.io.committed)."""
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    lam_topic = new_topic(1, prefix="lambda")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    killed = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-k", 500)
+    killed.publish([], (engine, state0, 0))
+    reader = _reader(bootstrap, lam_topic, deltas)
+    assert reader.refresh()
+    _same_state(reader.state, state0)
+    never = engine.init(X[50:150], seed=12)
+    killed.producer.begin_transaction()      # its next takeover's full λ: a new lineage
+    for r in full_records("0123456789abcdef", engine, never, 0, -1, 500):
+        killed.producer.send(lam_topic, r, partition=0)
+    killed.producer.flush()              # sent, not committed: the applier is killed here
+    successor = LambdaLogWriter(bootstrap, lam_topic, "test-lambda-writer-k", 500)   # fences it
+    assert not reader.refresh(timeout_s=1.0) and reader.lineage == killed.lineage
+    _same_state(reader.state, state0)
+    late = _reader(bootstrap, lam_topic, deltas)         # starts from the topic's tail
+    assert late.refresh() and late.lineage == killed.lineage
+    _same_state(late.state, state0)
+    successor.publish([], (engine, state0, 0))
+    _wait(lambda: reader.refresh(timeout_s=0.2) or reader.lineage == successor.lineage,
+          "the successor's lineage", 30)
+    _same_state(reader.state, state0)
+    for x in (reader, late, successor):
+        x.close()
+    killed.producer.close(timeout=0)
+
+
 def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, tmp_path, daemons):
     """Applier and workers each with their own directory: λ reaches the workers on the
     lambda topic only; the active applier is killed -9 mid-run and its standby (on the

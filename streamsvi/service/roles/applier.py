@@ -4,8 +4,10 @@ Appliers form a consumer group (``scaleout.applier_group_id``) on the deltas
 topic, which has one partition: the member the group assigns partition 0 is
 active, the others stand by with no state. Stages of :meth:`Applier.run`:
 ``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
-(read_committed: deltas of aborted or open worker transactions are never
-seen), ``_apply`` (each delta: dedup, staleness, the storage's step: :mod:`streamsvi.inference.split`),
+(read_committed, filtered on the client by :mod:`streamsvi.io.committed` as
+well: deltas of aborted or open worker transactions are never applied, on a
+broker that lists aborted transactions in its fetches or one that only writes
+the markers, as tansu 0.6.0), ``_apply`` (each delta: dedup, staleness, the storage's step: :mod:`streamsvi.inference.split`),
 ``_publish`` (λ for the workers), ``_maybe_checkpoint``; ``_take_over`` when
 partition 0 is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
 
@@ -55,6 +57,7 @@ import numpy as np
 
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
+from ...io import committed
 from ..config import build_engine, client_security
 from ..daemon import _transient_errors
 from ..health import BrokerHealth
@@ -112,6 +115,7 @@ class Applier(StopOnSignals):
         self.group = self.sc["applier_group_id"] or f"{cfg['source']['group_id']}-applier"
         self._init_stop()
         self.active = False
+        self._txn = committed.CommittedFilter()   # the deltas of committed transactions only
         self._reset()
 
     def _reset(self):
@@ -172,6 +176,10 @@ class Applier(StopOnSignals):
                                  max_partition_fetch_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  fetch_max_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  **client_security(self.cfg))
+        if not committed.install(consumer):
+            consumer.close(autocommit=False)
+            raise RuntimeError("this kafka-python has no Fetcher.PartitionRecords hook: the applier "
+                               "cannot tell committed deltas from aborted ones (install kafka-python 3.0)")
         parts = consumer.partitions_for_topic(topic)
         if not parts or len(parts) != 1:
             consumer.close(autocommit=False)
@@ -219,6 +227,7 @@ class Applier(StopOnSignals):
             self._dirty = self._need_full = True
             self._publish()
         consumer.seek(tp, self.next_offset)
+        self._txn.reset()
         self.active = True
         self.sm.active.set(1)
         res.takeovers += 1
@@ -257,7 +266,13 @@ class Applier(StopOnSignals):
         out = []
         for msgs in polled.values():
             out += msgs
-        return sorted(out, key=lambda m: m.offset)
+        aborted = self._txn.aborted_records
+        released = self._txn.feed(sorted(out, key=lambda m: m.offset))
+        if self._txn.aborted_records > aborted:
+            # a worker's transaction that did not commit (killed, or it lost its partitions):
+            # its successor reads those records again
+            self.sm.skipped.labels(reason="aborted").inc(self._txn.aborted_records - aborted)
+        return released
 
     # ------------------------------------------------------------- apply
     def _apply(self, msg, res):

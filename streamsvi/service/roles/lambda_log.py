@@ -39,7 +39,10 @@ resumed state; a reader that meets a complete full λ of another lineage loads
 it, and replays only steps of its own lineage (a zombie applier's steps are
 never mixed in). The applier writes transactionally with one transactional id
 per applier group, so its successor's ``init_transactions`` fences it and aborts
-its open transaction (a half-written full λ); readers use ``read_committed``.
+its open transaction (a half-written full λ); readers use ``read_committed`` and
+drop aborted records on the client too (:mod:`streamsvi.io.committed`: a broker
+may not list them, as tansu 0.6.0), so a killed applier's last steps never reach
+a worker.
 A torn full λ (chunks missing, wrong size or digest) is ignored; the reader
 starts from the previous complete one (the ``full`` pointer), else reads the
 topic from its beginning.
@@ -60,6 +63,7 @@ import uuid
 
 import numpy as np
 
+from ...io import committed
 from ...inference import split
 from ...inference.state import state_from_arrays, state_to_arrays
 from .transport import Delta, DeltaFormatError, read_frame
@@ -197,6 +201,7 @@ class LambdaLog:
         self.lineage = None
         self._lc = self._dc = None
         self._collect = None          # the full λ whose chunks are being read
+        self._txn = committed.CommittedFilter()   # the lambda topic's committed records
         self._dbuf: list = []         # deltas fetched and not yet needed (offset order)
         self._resync = True           # find the latest full λ before following
         self.stats = {"fulls_loaded": 0, "steps_applied": 0, "full_bytes_read": 0, "delta_bytes_read": 0}
@@ -217,6 +222,11 @@ class LambdaLog:
         if self._lc is None:
             self._ltp, self._dtp = TopicPartition(self.topic, 0), TopicPartition(self.deltas_topic, 0)
             self._lc, self._dc = self._consumer(), self._consumer()
+            if not committed.install(self._lc):
+                self.close()
+                raise RuntimeError("this kafka-python has no Fetcher.PartitionRecords hook: a worker "
+                                   "cannot tell the applier's committed λ records from aborted ones "
+                                   "(install kafka-python 3.0)")
             self._lc.assign([self._ltp])
             self._dc.assign([self._dtp])
 
@@ -227,8 +237,17 @@ class LambdaLog:
         self._lc = self._dc = None
 
     def _poll(self, timeout_ms: int) -> list:
-        return sorted(self._lc.poll(timeout_ms=timeout_ms, max_records=1000).get(self._ltp, []),
-                      key=lambda m: m.offset)
+        """The committed records of one poll of the lambda topic, in offset order."""
+        return self._txn.feed(sorted(self._lc.poll(timeout_ms=timeout_ms, max_records=1000).get(self._ltp, []),
+                                     key=lambda m: m.offset))
+
+    def _seek(self, offset: int | None) -> None:
+        """Read the lambda topic from ``offset`` (None: its end) on."""
+        if offset is None:
+            self._lc.seek_to_end(self._ltp)
+        else:
+            self._lc.seek(self._ltp, offset)
+        self._txn.reset()
 
     # ------------------------------------------------------------ reading
     @property
@@ -274,12 +293,12 @@ class LambdaLog:
         """Find and load the latest complete full λ; False if there is none yet."""
         lc, tp = self._lc, self._ltp
         begin = lc.beginning_offsets([tp])[tp]
-        lc.seek_to_end(tp)
+        self._seek(None)
         end = lc.position(tp)          # a hint only: the fetches' highwater mark decides
         last, back = None, TAIL
         while last is None:
             start = max(begin, end - back)
-            lc.seek(tp, start)
+            self._seek(start)
             last = self._last_record(end)
             if start == begin:
                 break
@@ -322,7 +341,7 @@ class LambdaLog:
 
     def _load_at(self, offset) -> bool:
         """Read forward from ``offset``: True once a complete full λ starting there is loaded."""
-        self._lc.seek(self._ltp, offset)
+        self._seek(offset)
         self._collect = None
         deadline = time.monotonic() + FETCH_WAIT_S
         while time.monotonic() < deadline:
@@ -340,7 +359,7 @@ class LambdaLog:
                     return False
                 r = self._chunk(h, payload, want=True)
                 if r == "loaded":
-                    self._lc.seek(self._ltp, m.offset + 1)
+                    self._seek(m.offset + 1)
                     return True
                 if r != "partial":
                     return False
