@@ -191,9 +191,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                         "worker's open transaction after it)", min=1),
         "commit_every_batches": Field("int", 1, "a worker commits the deltas and offsets of this many "
                                       "batches in one Kafka transaction (more: less broker work per "
-                                      "record, deltas reach the applier later). Above 1 only on a broker "
-                                      "that hides aborted transactions from read_committed readers "
-                                      "(Kafka does; tansu 0.6.0 does not)", min=1),
+                                      "record; deltas reach the applier later, so their staleness "
+                                      "grows with it)", min=1),
         "commit_seconds": Field("float", 0.5, "... or once its open transaction is this old (and at "
                                 "every empty poll and stop)", min=0),
         "publish_seconds": Field("float", 0.0, "the applier publishes lambda at most this often "

@@ -192,7 +192,7 @@ class ScaleoutMetrics:
     delta was computed at and the λ it was applied to, latest per worker),
     ``streamsvi_deltas_applied_total{worker}``, ``streamsvi_delta_records_total{worker}``
     (records in applied deltas: per-worker throughput), ``streamsvi_deltas_skipped_total{reason}``
-    (duplicate, overlap, stale, no_state, bad, non_finite), ``streamsvi_applier_active`` (1 while this
+    (duplicate, aborted, overlap, stale, no_state, bad, non_finite), ``streamsvi_applier_active`` (1 while this
     applier owns the deltas partition). Both roles: ``streamsvi_lambda_version`` (the λ
     version this process published or computes at). Worker: ``streamsvi_deltas_sent_total``,
     ``streamsvi_worker_transactions_total`` (committed transactions; each carries up to

@@ -26,7 +26,7 @@ from .conftest import Feed, blob_rows, gmm_config, highwater_marks, write_config
 P = 3          # data partitions
 
 
-def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, **inference):
+def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, scaleout=None, **inference):
     ck = tmp_path / "ck"
     base = dict(inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
                            "effective_batch_size": 20, **inference},
@@ -39,7 +39,8 @@ def _configs(tmp_path, bootstrap, topic, deltas, group, workers, n, model=None, 
         raw["checkpoint"]["directory"] = str(ck)
         # λ as a file in the shared checkpoint directory (what _lambda reads); the lambda topic,
         # with no shared directory, is tests/service/test_lambda_topic.py's
-        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_file": str(ck / "lambda.npz")}
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_file": str(ck / "lambda.npz"),
+                           **(scaleout or {})}
         if name != "applier":
             raw["scaleout"]["worker_id"] = name
         cfgs[name] = write_config(tmp_path / f"{name}.toml", raw)
@@ -84,12 +85,17 @@ def _check_exactly_once(ck, topic, hw, n, partitions=P):
     return snap
 
 
+@pytest.mark.parametrize("batches", [1, 8], ids=["1-batch-txns", "8-batch-txns"])
 def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic, new_group, tmp_path,
-                                                         daemons):
+                                                         daemons, batches):
+    """With 8 batches per transaction a worker that loses its partitions aborts deltas the
+    applier must never apply (the local broker shows them to read_committed readers: the
+    applier filters them, streamsvi.io.committed)."""
     bootstrap = kafka_broker.bootstrap
     topic, deltas = new_topic(P), new_topic(1, prefix="deltas")
     rows = blob_rows(24000, seed=11)
-    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, len(rows))
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 3, len(rows),
+                        scaleout={"commit_every_batches": batches, "commit_seconds": 2.0})
     kill_9_worker_and_active_applier(daemons, cfgs, ck, Feed(bootstrap, topic, rows, P, hold=0.8).begin(),
                                      random.Random(20261125))
     snap = _check_exactly_once(ck, topic, highwater_marks(bootstrap, topic, P), len(rows))
@@ -583,9 +589,9 @@ def test_a_delta_that_cannot_be_applied_is_set_aside_and_the_applier_goes_on(kaf
 
 
 def test_the_local_broker_shows_aborted_transactions_to_read_committed_readers(kafka_broker, new_topic):
-    """Why ``scaleout.commit_every_batches`` defaults to 1 (docs/design.md §6.7): tansu 0.6.0
-    hands a read_committed consumer the records of an aborted transaction, which Kafka hides.
-    If this starts to fail, the local broker filters them and the default can be revisited."""
+    """Why the applier filters aborted transactions itself (streamsvi.io.committed, docs/design.md
+    §6.7): tansu 0.6.0 hands a read_committed consumer of kafka-python the records of an aborted
+    transaction, which Kafka hides. If this starts to fail, the local broker filters them too."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
