@@ -43,7 +43,7 @@ for the smoke test):
 * pmf, hpf: MovieLens 100K (ratings as PMF's ratings, as HPF's counts);
 * logistic: Pima diabetes, standardised, label tested_positive;
 * softmax: river's bundled image segments (2,310 × 18, 7 classes), standardised
-  (``configs/softmax.toml`` says D = 19; river's copy has 18 features).
+  (as ``configs/softmax.toml``).
 """
 from __future__ import annotations
 

@@ -171,6 +171,9 @@ def run(args) -> int:
         flag = "--until-drained" if args.until_drained else "--max-batches"
         raise ValueError(f"{flag} does not apply to --role applier: the applier applies the workers' "
                          f"deltas until it is stopped (SIGTERM) or --timeout; drain the workers instead")
+    if args.role in ("worker", "applier"):
+        from .service.roles.worker import check_scaleout_config
+        check_scaleout_config(cfg)        # what the role refuses, --print-config or not
     if args.print_config:
         print(json.dumps(cfg, indent=2))
         return 0

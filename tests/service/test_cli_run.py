@@ -101,6 +101,18 @@ def test_print_config_refuses_a_key_of_another_model_kind(tmp_path):
     assert "['n_symbols'] do not apply to kind = 'gmm' (n_symbols is for hmm)" in proc.stderr
 
 
+@pytest.mark.parametrize("role", ["worker", "applier"])
+def test_print_config_of_a_role_refuses_what_the_role_refuses(tmp_path, role):
+    """``--print-config --role worker`` printed a config the worker then refused (no
+    ``scaleout.deltas_topic``): the role's checks run first now."""
+    (tmp_path / "c.toml").write_text(to_toml(GOOD))
+    proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", role,
+                           "--print-config"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "scaleout.deltas_topic: required for --role worker/applier" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_print_config_never_shows_a_secret(tmp_path):
     secret = "s3cr3t-9f2c41"
     (tmp_path / "key.pw").write_text(secret + "\n")

@@ -7,6 +7,7 @@ sleeps. The contract checked (docs/design.md, "Scale-out"): each produced
 record is folded into λ exactly once, whatever process is killed when.
 """
 import random
+import re
 import signal
 import time
 import zlib
@@ -101,6 +102,37 @@ def test_three_workers_kill_9_worker_and_active_applier(kafka_broker, new_topic,
     snap = _check_exactly_once(ck, topic, highwater_marks(bootstrap, topic, P), len(rows))
     assert snap.state.step >= len(rows) // 50
     assert np.isfinite(np.concatenate([np.ravel(v) for v in snap.state.lam.values()])).all()
+
+
+def test_a_worker_beyond_the_partition_count_is_a_spare(kafka_broker, new_topic, new_group, tmp_path,
+                                                         daemons):
+    """Two workers on one data partition: the one the group gives nothing exited 6 after 60 s
+    (and a supervisor restarted it, again and again). It stands by now, says so once, and
+    takes the partition over when the other worker leaves."""
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
+    rows = blob_rows(2000, seed=21)
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 2, len(rows))
+    produce_rows(bootstrap, topic, rows[:1000], JsonCodec(2), partitions=1)
+    applier = daemons(cfgs["applier"], "--role", "applier", tag="a")
+    ws = [daemons(cfgs[f"w{i}"], "--role", "worker", tag=f"w{i}") for i in range(2)]
+    procs = [applier, *ws]
+    spare = _wait(lambda: next((w for w in ws if "standing by as a spare worker" in w.stderr()), None),
+                  "a spare worker", 90, procs=procs)
+    owner = ws[1] if spare is ws[0] else ws[0]
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= 1000, "the first half", procs=procs)
+    owned = re.compile(r"partitions assigned to \S+: \[[^]]")      # a non-empty assignment
+    assert not owned.search(spare.stderr())
+    owner.signal(signal.SIGTERM)
+    assert owner.wait(60) == 0, owner.stderr()[-3000:]
+    produce_rows(bootstrap, topic, rows[1000:], JsonCodec(2), partitions=1)
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= len(rows), "the spare to take over",
+          120, procs=[applier, spare])
+    assert owned.search(spare.stderr())
+    for p in (spare, applier):
+        p.signal(signal.SIGTERM)
+        assert p.wait(60) == 0, p.stderr()[-3000:]
+    _check_exactly_once(ck, topic, highwater_marks(bootstrap, topic, 1), len(rows), partitions=1)
 
 
 def kill_9_worker_and_active_applier(daemons, cfgs, ck, feed, rng, workers=3):

@@ -32,11 +32,12 @@ class SourceError(RuntimeError):
 class NotAssigned(SourceError):
     """The consumer group assigned this member no partitions in ``waited_s`` seconds; ``why``
     says what the member's own state shows (set ``waited_s`` to the whole wait when retrying
-    in steps)."""
+    in steps); ``joined``: the member is in the group, which gave its partitions to others
+    (more members than partitions)."""
 
-    def __init__(self, what: str, waited_s: float, why: str):
+    def __init__(self, what: str, waited_s: float, why: str, joined: bool = False):
         super().__init__(what, waited_s, why)
-        self.what, self.waited_s, self.why = what, float(waited_s), why
+        self.what, self.waited_s, self.why, self.joined = what, float(waited_s), why, bool(joined)
 
     def __str__(self):
         return f"{self.what} within {self.waited_s:g} s: {self.why}"

@@ -57,6 +57,11 @@ class _Run:
         return cls(offsets, values)
 
 
+#: How :meth:`KafkaSource._why_unassigned` begins when this member is in the group and the
+#: group gave every partition to others (:attr:`NotAssigned.joined`).
+JOINED_UNASSIGNED = "this member joined the group but was given"
+
+
 class KafkaSource(Source):
     """Minibatches from Kafka topics via a consumer group, auto-commit off.
 
@@ -304,8 +309,10 @@ class KafkaSource(Source):
         if not self._await_assignment(time.monotonic() + timeout_s):
             what = f"topics {self.topics}" if self.topics is not None else \
                 f"topics matching {self.pattern!r}"
+            why = self._why_unassigned()
             raise NotAssigned(f"no partitions of {what} were assigned to group {self.group_id!r} at "
-                              f"{self.bootstrap_servers}", timeout_s, self._why_unassigned())
+                              f"{self.bootstrap_servers}", timeout_s, why,
+                              joined=why.startswith(JOINED_UNASSIGNED))
         return self.assignment()
 
     def _why_unassigned(self) -> str:
@@ -320,7 +327,7 @@ class KafkaSource(Source):
             return "no topic matches the subscription yet"
         state = self._consumer.group_metadata().state
         if state == MemberState.STABLE:
-            return (f"this member joined the group but was given none of the {len(parts)} partitions: "
+            return (f"{JOINED_UNASSIGNED} none of the {len(parts)} partitions: "
                     f"the group has more members than partitions")
         return ("the group's rebalance never completed (this member's JoinGroup or SyncGroup was not "
                 "answered). On the local tansu 0.6.0 broker, a member that left or died during a "

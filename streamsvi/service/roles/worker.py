@@ -189,6 +189,8 @@ MAX_POLL_INTERVAL_MS = 10000
 #: How long a worker must have owned no partitions before its drain check (``--until-drained``)
 #: reads the group's committed offsets with the probe consumer, and how often it does so.
 UNASSIGNED_DRAIN_CHECK_S = 5.0
+#: A worker in the group without partitions says once, after this long, that it is a spare.
+SPARE_NOTICE_S = 10.0
 #: How long a worker with a batch in hand waits for the first λ before it gives the
 #: batch back (seeks to its first offsets) and polls again, so it keeps its group place.
 LAMBDA_WAIT_MAX_S = 2.0
@@ -273,7 +275,10 @@ class Worker(Daemon):
         id left open, so read_committed readers of the deltas topic (the applier) go on
         even if this worker never gets a partition. With ``--until-drained``, a worker
         that finds every record committed by the group (:meth:`_committed_drained`) while it
-        waits stops cleanly (False, ``stopped_by`` "drained") instead of timing out.
+        waits stops cleanly (False, ``stopped_by`` "drained") instead of timing out. A worker
+        in the group that the group gives no partition (more workers than partitions) is a
+        spare: it says so once (after :data:`SPARE_NOTICE_S`) and waits for a rebalance to
+        give it partitions; the timeout is for the other causes (no topic, no rebalance).
         """
         from ...io.sources import NotAssigned, SourceError
         from ..daemon import ASSIGNMENT_TIMEOUT_S
@@ -284,16 +289,28 @@ class Worker(Daemon):
         # refreshes read at most one fetch each
         self.lam.refresh()
         deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
+        spare, spare_after = False, time.monotonic() + SPARE_NOTICE_S
         while not self._stop.is_set():
             try:
                 source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
                 self._unassigned_since = None
+                if spare:
+                    log.info("worker %s: partitions assigned; no longer a spare", self.worker_id)
                 return True
             except SourceError as exc:
                 if self._until_drained and self._unassigned_and_drained(source):
                     self._close_producer()
                     self.request_stop("drained")
                     return False
+                if isinstance(exc, NotAssigned) and exc.joined:
+                    # in the group, which gave every partition to others: a spare, not an error
+                    # (it exited 6, and a supervisor restarted it again and again); it takes
+                    # partitions over at the next rebalance (a member leaves, partitions are added)
+                    if not spare and time.monotonic() >= spare_after:
+                        spare = True
+                        log.warning("worker %s: %s; standing by as a spare worker until the group "
+                                    "gives it partitions", self.worker_id, exc.why)
+                    continue
                 if time.monotonic() >= deadline:
                     waited = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
                     if isinstance(exc, NotAssigned):
@@ -354,9 +371,11 @@ class Worker(Daemon):
         if self._txn is not None:           # read to the end? then commit what is open, and see
             ahead = dict(self.offsets)
             ahead.update(self._txn.offsets)
+            from ..daemon import _transient_errors
+
             try:
                 read_all = source.drained(ahead)
-            except Exception:  # noqa: BLE001 - not known yet: read on
+            except _transient_errors():      # not known yet (brokers away): read on
                 read_all = False
             if not read_all:
                 return False
@@ -564,7 +583,7 @@ class Worker(Daemon):
         c, version = self._pending
         self._pending = None
         ranges = self._batch_ranges
-        if not self._still_owner(source, ranges):
+        if self._still_owner(source, ranges) is None:
             return
         delta = Delta(worker=self.worker_id, version=version, ranges=ranges,
                       records=0 if c is None else c.records, stats=None if c is None else c.arrays,
@@ -591,14 +610,15 @@ class Worker(Daemon):
                 time.monotonic() - txn.started >= self.sc["commit_seconds"]:
             self._commit(source)
 
-    def _still_owner(self, source, ranges) -> bool:
-        """Whether this worker is a stable member of the group owning every partition of
-        ``ranges``; if not, the open transaction is aborted and its batches and ``ranges``
-        are read again (by this worker or the partitions' new owners)."""
+    def _still_owner(self, source, ranges):
+        """This worker's group membership if it is a stable member owning every partition of
+        ``ranges`` (what the commit sends with the offsets: the one checked); else None, the
+        open transaction aborted and its batches and ``ranges`` read again (by this worker or
+        the partitions' new owners)."""
         member = source.membership()
         owned = source.assignment()
         if member is not None and all((t, p) in owned for t, p, _, _ in ranges):
-            return True
+            return member
         # The group has moved on (the broker dropped this member during an outage, or a
         # rebalance took the partition): the partition's new owner reads these records
         # from the group's committed offsets, so committing them here would hand the
@@ -613,7 +633,7 @@ class Worker(Daemon):
         if txn is not None:
             self._abort()
         self._give_back(source, back)
-        return False
+        return None
 
     def _abort(self) -> None:
         """Abort the open transaction; a producer that cannot is replaced (its successor's
@@ -639,10 +659,10 @@ class Worker(Daemon):
         txn = self._txn
         if txn is None:
             return
-        if not self._still_owner(source, txn.ranges):
+        member = self._still_owner(source, txn.ranges)
+        if member is None:
             return
         self._txn = None
-        member = source.membership()
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for (t, p), end in txn.offsets.items()}
         prod = self._producer()
         try:
