@@ -46,18 +46,6 @@ def data(n, seed=0):
     return centres[z] + rng.normal(size=(n, D))
 
 
-def toml(d):
-    out = []
-    for sec, kv in d.items():
-        out.append(f"[{sec}]")
-        for k, v in kv.items():
-            out.append(f"{k} = " + (f'"{v}"' if isinstance(v, str) else
-                                    "[" + ", ".join(f'"{x}"' for x in v) + "]" if isinstance(v, list) else
-                                    str(v).lower() if isinstance(v, bool) else repr(v)))
-        out.append("")
-    return "\n".join(out)
-
-
 #: ``scaleout`` settings of the workers (``--commit-every``)
 SCALEOUT = {}
 #: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
@@ -65,6 +53,8 @@ LAMBDA = "topic"
 
 
 def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
+    from streamsvi.service.tomlw import dump_toml
+
     cfg = {"model": {"kind": "gmm", "n_components": K, "n_features": D, "weight_concentration": 1.0,
                      "mean_precision": 0.1, "scale": 1.0},
            "inference": {"n_total": max(n, 1), "batch_size": 200, "effective_batch_size": 50,
@@ -80,7 +70,7 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
         if worker:
             cfg["scaleout"]["worker_id"] = worker
     name = work / f"{worker or ('applier' if deltas else 'single')}.toml"
-    name.write_text(toml(cfg))
+    name.write_text(dump_toml(cfg))
     return name
 
 

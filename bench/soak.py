@@ -303,26 +303,6 @@ def kind_config(kind: str, *, bootstrap: str, topic: str, group: str, directory:
     }
 
 
-def to_toml(cfg: dict) -> str:
-    """``cfg`` (sections of str, bool, int, float and lists of those) as TOML."""
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        raise TypeError(f"cannot write {v!r} as TOML")
-    out = []
-    for section, fields in cfg.items():
-        out.append(f"[{section}]")
-        out += [f"{k} = {value(v)}" for k, v in fields.items()]
-        out.append("")
-    return "\n".join(out)
-
-
 def encode(values) -> list[bytes]:
     return [json.dumps(v, separators=(",", ":")).encode() for v in values]
 
@@ -655,6 +635,7 @@ def run_soak(minutes: float, kinds: list[str], rate: float, sample_seconds: floa
 
     from streamsvi.checkpoint import load_snapshot
     from streamsvi.io import LocalBroker, create_topic
+    from streamsvi.service.tomlw import dump_toml
 
     own_dir = workdir is None
     workdir = Path(tempfile.mkdtemp(prefix="streamsvi-soak-")) if own_dir else Path(workdir)
@@ -683,7 +664,7 @@ def run_soak(minutes: float, kinds: list[str], rate: float, sample_seconds: floa
             check_records(cfg, encode(spec(kind).records(np.random.default_rng(100 + i), 200)))
             if not create_topic(bootstrap, topic, partitions=1):
                 raise RuntimeError(f"could not create topic {topic}")
-            (d / "config.toml").write_text(to_toml(cfg))
+            (d / "config.toml").write_text(dump_toml(cfg))
         for kind in kinds:
             daemons[kind] = DaemonProc(kind, workdir / kind / "config.toml", workdir / kind / "ck")
         log(f"soak: {len(kinds)} daemons started ({', '.join(f'{k}={d.pid}' for k, d in daemons.items())});"

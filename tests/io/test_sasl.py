@@ -29,6 +29,7 @@ from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import KafkaSource
 from streamsvi.service import exitcodes
 from streamsvi.service.config import client_security, validate
+from streamsvi.service.tomlw import dump_toml
 from streamsvi.service.daemon import Daemon
 
 STREAMSVI = os.path.join(os.path.dirname(sys.executable), "streamsvi")
@@ -73,11 +74,6 @@ def _config(tmp_path, bootstrap, topic, **source):
                        "dead_letter_topic": f"{topic}-dead", **source},
             "checkpoint": {"directory": str(tmp_path / "ck"), "every_batches": 1},
             "metrics": {"enabled": False, "progress_seconds": 0.0}}
-
-
-def _toml(cfg: dict) -> str:
-    from tests.service.conftest import to_toml
-    return to_toml(cfg)
 
 
 def _password_file(tmp_path, password) -> str:
@@ -162,7 +158,7 @@ def test_streamsvi_run_with_a_wrong_password_exits_with_one_line(sasl_broker, tm
     user, password = _user(sasl_broker)
     topic = f"sasl-{uuid.uuid4().hex[:10]}"
     cfg_path = tmp_path / "wrong-pw.toml"
-    cfg_path.write_text(_toml(_config(tmp_path, sasl_broker.bootstrap, topic, security_protocol="SASL_PLAINTEXT",
+    cfg_path.write_text(dump_toml(_config(tmp_path, sasl_broker.bootstrap, topic, security_protocol="SASL_PLAINTEXT",
                                       sasl_mechanism="SCRAM-SHA-256", sasl_username=user,
                                       sasl_password_env="STREAMSVI_TEST_SASL_PW")))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
@@ -224,7 +220,7 @@ def test_streamsvi_run_without_sasl_against_a_sasl_listener_says_so(sasl_broker,
     be "cannot reach Kafka ... check that the brokers are running", exit code 3."""
     topic = f"sasl-{uuid.uuid4().hex[:10]}"
     cfg_path = tmp_path / "no-sasl.toml"
-    cfg_path.write_text(_toml(_config(tmp_path, sasl_broker.bootstrap, topic)))
+    cfg_path.write_text(dump_toml(_config(tmp_path, sasl_broker.bootstrap, topic)))
     t0 = time.monotonic()
     proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
                           capture_output=True, text=True, timeout=120)

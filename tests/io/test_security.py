@@ -24,6 +24,7 @@ from streamsvi.io.deadletter import KafkaDeadLetterSink
 from streamsvi.io.produce import produce_rows
 from streamsvi.io.sources import DeadLetter, KafkaSource, Position
 from streamsvi.service.config import ConfigError, client_security, validate
+from streamsvi.service.tomlw import dump_toml
 from streamsvi.service import exitcodes
 from streamsvi.service.daemon import Daemon
 
@@ -108,7 +109,7 @@ def test_streamsvi_run_with_ssl_against_a_plaintext_listener_names_the_mismatch(
     seconds, and the exit code of a setting to fix."""
     topic = _topic()
     cfg_path = tmp_path / "ssl-to-plain.toml"
-    cfg_path.write_text(_toml(_config(tmp_path, kafka_broker.bootstrap, topic, security_protocol="SSL",
+    cfg_path.write_text(dump_toml(_config(tmp_path, kafka_broker.bootstrap, topic, security_protocol="SSL",
                                       ssl_cafile=str(pki["ca"]))))
     t0 = time.monotonic()
     proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
@@ -137,7 +138,7 @@ def test_a_wrong_ca_fails_with_a_clear_error(tls_broker, pki, tmp_path):
     assert "was not accepted" in msg and "set source.ssl_cafile" in msg and str(pki["other_ca"]) in msg
     # the daemon: a one-line error and exit code 2, not a retry loop or a traceback
     cfg_path = tmp_path / "wrong-ca.toml"
-    cfg_path.write_text(_toml(_config(tmp_path, tls_broker.bootstrap, topic, security_protocol="SSL",
+    cfg_path.write_text(dump_toml(_config(tmp_path, tls_broker.bootstrap, topic, security_protocol="SSL",
                                       ssl_cafile=str(pki["other_ca"]))))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(cfg_path), "--until-drained"],
                           capture_output=True, text=True, timeout=120)
@@ -195,18 +196,13 @@ def test_a_wrong_key_password_is_refused_at_load(pki, tmp_path, monkeypatch):
                          ssl_cafile=str(pki["client_key"])))
 
 
-def _toml(cfg: dict) -> str:
-    from tests.service.conftest import to_toml
-    return to_toml(cfg)
-
-
 def test_cli_produce_uses_the_config_security(tls_broker, pki, tmp_path):
     """``streamsvi produce --config``: the daemon config's brokers and TLS settings."""
     topic = _topic()
     cfg = _config(tmp_path, tls_broker.bootstrap, topic, security_protocol="SSL", ssl_cafile="pki/ca.pem")
     (tmp_path / "pki").mkdir()
     (tmp_path / "pki" / "ca.pem").write_bytes(pki["ca"].read_bytes())   # relative to the config file
-    (tmp_path / "c.toml").write_text(_toml(cfg))
+    (tmp_path / "c.toml").write_text(dump_toml(cfg))
     proc = subprocess.run([STREAMSVI, "produce", "--config", str(tmp_path / "c.toml"), "--topic", topic,
                            "--dataset", "blobs", "--n", "40", "--partitions", "1"],
                           capture_output=True, text=True, timeout=120)

@@ -25,6 +25,7 @@ from streamsvi.inference import SVI, Constant, RobbinsMonro, batch_vi
 from streamsvi.inference.annealing import supported_kinds
 from streamsvi.models import CONFIG_KINDS, MODELS, NatParams, PoissonMixture
 from streamsvi.models.poisson_mixture import sample_mixture
+from streamsvi.service.tomlw import dump_toml
 from tests.conftest_broker import kafka_broker, new_group, new_topic  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -253,13 +254,6 @@ def test_example_config_validates_and_builds():
                             "init": "kmeans", "n_init": 3, "init_sweeps": 5, "init_batches": 4}
 
 
-def _toml(cfg: dict) -> str:
-    def val(v):
-        return json.dumps(v) if isinstance(v, (str, list)) else ("true" if v is True else "false"
-                                                                 if v is False else repr(v))
-    return "\n".join(f"[{s}]\n" + "\n".join(f"{k} = {val(v)}" for k, v in f.items()) + "\n" for s, f in cfg.items())
-
-
 def test_example_config_runs_end_to_end_on_the_embedded_broker(kafka_broker, new_topic, new_group, tmp_path):
     """configs/poisson_mixture.toml as it is, with only the broker, topic, group, checkpoint directory
     and metrics port changed: 3,000 JSON records on a topic, ``streamsvi run --until-drained``, then
@@ -270,7 +264,7 @@ def test_example_config_runs_end_to_end_on_the_embedded_broker(kafka_broker, new
                          dead_letter_topic=f"{topic}-dead")
     cfg["checkpoint"]["directory"] = str(tmp_path / "ck")
     cfg["metrics"]["port"] = 0
-    (tmp_path / "c.toml").write_text(_toml(cfg))
+    (tmp_path / "c.toml").write_text(dump_toml(cfg))
     x, _, rates = sample_mixture(3000, seed=1)
     from kafka import KafkaProducer
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, acks="all", linger_ms=5)

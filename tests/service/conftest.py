@@ -4,8 +4,6 @@ Everything here is real: the shared tansu broker (``tests/conftest_broker.py``),
 TOML config files on disk, checkpoint directories, and ``streamsvi run`` as a
 subprocess where a test needs signals or ``kill -9``.
 """
-import json
-import math
 import os
 import signal
 import subprocess
@@ -20,6 +18,8 @@ import pytest
 # first: it imports kafka-python quietly (its import-time DeprecationWarnings)
 from tests.conftest_broker import kafka_broker, new_group, new_topic, read_topic  # noqa: F401, I001
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from streamsvi.service.tomlw import dump_toml
 
 STREAMSVI = str(Path(sys.executable).with_name("streamsvi"))
 
@@ -96,31 +96,6 @@ def snapshot_number(ck_dir: Path) -> int:
 
 
 # ---------------------------------------------------------------- configs
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, float):
-        assert math.isfinite(v)
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def to_toml(cfg: dict) -> str:
-    """A config dict of sections of scalars/lists as TOML text."""
-    lines = []
-    for section, fields in cfg.items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items() if v is not None]
-        lines.append("")
-    return "\n".join(lines)
-
-
 def gmm_config(tmp_path: Path, *, bootstrap=None, topic=None, group=None, name="ck", **sections) -> dict:
     """A raw (unvalidated) config for a 3-component 2-D GMM; ``sections`` override per section."""
     cfg = {
@@ -143,7 +118,7 @@ def gmm_config(tmp_path: Path, *, bootstrap=None, topic=None, group=None, name="
 
 
 def write_config(path: Path, cfg: dict) -> Path:
-    path.write_text(to_toml(cfg))
+    path.write_text(dump_toml(cfg))
     return path
 
 

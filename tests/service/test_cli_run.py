@@ -10,7 +10,9 @@ import pytest
 from streamsvi.checkpoint import load_snapshot
 from streamsvi.models import CONFIG_KINDS
 
-from .conftest import STREAMSVI, gmm_config, to_toml
+from streamsvi.service.tomlw import dump_toml
+
+from .conftest import STREAMSVI, gmm_config
 
 #: A valid config (relative checkpoint directory: next to the config file); each case breaks one thing.
 GOOD = gmm_config(Path("."), bootstrap="127.0.0.1:9", topic="t", group="g", checkpoint={"directory": "ck"})
@@ -23,7 +25,7 @@ def _with(section, **changes):
             cfg[section].pop(k, None)
         else:
             cfg[section][k] = v
-    return to_toml(cfg)
+    return dump_toml(cfg)
 
 
 BAD_CONFIGS = [
@@ -38,7 +40,7 @@ BAD_CONFIGS = [
     (_with("source", codec="binary").replace("n_total = 5000", 'n_total = "auto"'),
      "inference.n_total: 'auto' counts messages"),
     (_with("metrics", port=70000), "metrics.port: must be <= 65535, got 70000"),
-    (to_toml(GOOD) + "\n[modle]\nkind = 'gmm'\n", "unknown section(s) ['modle']"),
+    (dump_toml(GOOD) + "\n[modle]\nkind = 'gmm'\n", "unknown section(s) ['modle']"),
     (_with("source", group=None, grup="x"), "source: unknown setting(s) ['grup']"),
     ("[model\nkind = 'gmm'\n", "not valid TOML"),
     # keys of another model kind (issue 16): refused, naming the key and the kind
@@ -84,7 +86,7 @@ def test_bad_config_exits_2_naming_the_field(tmp_path, text, message):
 
 
 def test_a_directory_as_config_exits_2_with_a_hint(tmp_path):
-    (tmp_path / "gmm.toml").write_text(to_toml(GOOD))
+    (tmp_path / "gmm.toml").write_text(dump_toml(GOOD))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -119,7 +121,7 @@ def test_print_config_never_shows_a_secret(tmp_path):
     cfg = {s: dict(f) for s, f in GOOD.items()}
     cfg["source"].update(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512",
                          sasl_username="alice", sasl_password_env="STREAMSVI_TEST_SASL_PW")
-    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    (tmp_path / "c.toml").write_text(dump_toml(cfg))
     env = {**os.environ, "STREAMSVI_TEST_SASL_PW": secret}
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--print-config"],
                           capture_output=True, text=True, timeout=60, env=env)
@@ -128,7 +130,7 @@ def test_print_config_never_shows_a_secret(tmp_path):
     assert shown["sasl_password_env"] == "STREAMSVI_TEST_SASL_PW" and shown["sasl_username"] == "alice"
     assert secret not in proc.stdout + proc.stderr
     cfg["source"].update(sasl_password_env=None, sasl_password_file="key.pw")   # relative to the config
-    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    (tmp_path / "c.toml").write_text(dump_toml(cfg))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--print-config"],
                           capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -167,7 +169,7 @@ def test_demo_runs_end_to_end(tmp_path):
 @pytest.mark.parametrize("flag", [["--until-drained"], ["--max-batches", "3"]])
 def test_the_applier_refuses_stop_conditions_it_cannot_keep(tmp_path, flag):
     """Issue 30: the applier accepted --until-drained and ignored it (it ran until killed)."""
-    (tmp_path / "c.toml").write_text(to_toml(GOOD))
+    (tmp_path / "c.toml").write_text(dump_toml(GOOD))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", "applier", *flag],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -180,7 +182,7 @@ def test_an_unwritable_lambda_file_is_refused_at_start(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the directory should be")
     cfg = {**GOOD, "scaleout": {"deltas_topic": "d", "lambda_file": str(blocker / "lambda.npz")}}
-    (tmp_path / "c.toml").write_text(to_toml(cfg))
+    (tmp_path / "c.toml").write_text(dump_toml(cfg))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", "applier"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -103,7 +103,9 @@ def test_a_new_directory_and_a_new_group_start_fresh_without_asking(kafka_broker
 def test_streamsvi_run_refuses_with_exit_code_4_in_one_line(tmp_path):
     import subprocess
 
-    from .conftest import STREAMSVI, to_toml
+    from streamsvi.service.tomlw import dump_toml
+
+    from .conftest import STREAMSVI
     cfg = _file_cfg(tmp_path)
     Daemon(cfg, out=io.StringIO()).run(until_drained=True)
     for s in (tmp_path / "ck").glob("snap-*"):
@@ -112,7 +114,7 @@ def test_streamsvi_run_refuses_with_exit_code_4_in_one_line(tmp_path):
            if section in ("model", "inference", "source", "validation", "checkpoint", "metrics")}
     raw["source"] = {k: raw["source"][k] for k in ("kind", "path", "format")}
     config = tmp_path / "file.toml"
-    config.write_text(to_toml(raw))
+    config.write_text(dump_toml(raw))
     refused = subprocess.run([STREAMSVI, "run", "--config", str(config), "--until-drained"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 4, refused.stderr
