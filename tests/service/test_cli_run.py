@@ -107,7 +107,7 @@ def test_print_config_refuses_a_key_of_another_model_kind(tmp_path):
 def test_print_config_of_a_role_refuses_what_the_role_refuses(tmp_path, role):
     """``--print-config --role worker`` printed a config the worker then refused (no
     ``scaleout.deltas_topic``): the role's checks run first now."""
-    (tmp_path / "c.toml").write_text(to_toml(GOOD))
+    (tmp_path / "c.toml").write_text(dump_toml(GOOD))
     proc = subprocess.run([STREAMSVI, "run", "--config", str(tmp_path / "c.toml"), "--role", role,
                            "--print-config"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
