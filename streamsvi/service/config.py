@@ -329,9 +329,11 @@ def _check_security(src: dict, given: dict, base_dir: Path | None) -> None:
         if src[key] is not None and not sasl:
             raise ConfigError(f"source.{key}: only used with security_protocol = SASL_PLAINTEXT or "
                               f"SASL_SSL, got {proto!r}")
+    unset = {"ssl_check_hostname": True}          # (the others' default is None)
     for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_password_env", "ssl_password_file",
                 "ssl_check_hostname"):
-        if key in given and not tls:
+        # a resolved config (load_config's output, defaults filled in) validates again
+        if key in given and given[key] != unset.get(key) and not tls:
             raise ConfigError(f"source.{key}: only used with security_protocol = SSL or SASL_SSL, "
                               f"got {proto!r}")
     if sasl:

@@ -145,3 +145,12 @@ def test_the_example_configs_round_trip(path):
 
 def test_there_are_example_configs():
     assert len(CONFIGS) >= 10
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_a_resolved_config_saved_and_loaded_again_is_the_same_config(path, tmp_path):
+    """``load_config``'s output (every default filled in) written back and read again. It was
+    refused: the filled-in ``source.ssl_check_hostname`` counted as given on PLAINTEXT."""
+    cfg = load_config(path)
+    (tmp_path / "resolved.toml").write_text(dump_toml(cfg))
+    assert load_config(tmp_path / "resolved.toml") == cfg
