@@ -13,14 +13,15 @@ Whether the brokers answer is :attr:`Daemon.health`, a
 backoff, the idle metadata probe, ``streamsvi_broker_up`` /
 ``streamsvi_broker_retries_total`` and the log lines of an outage.
 
-The loop the quix-streams way (STYLE.md §9): signal handlers only set a flag;
-resources live in an ``ExitStack``; ``run()`` takes stop conditions so tests
-can drive it.
+The loop is :class:`~streamsvi.service.loop.StagedLoop`'s, shared with the
+worker and the applier (the stages are listed there); the daemon fills in every
+stage, its commit strategy a durable snapshot, then the offset commit. Signal
+handlers only set a flag; resources live in an ``ExitStack``; ``run()`` takes
+stop conditions so tests can drive it.
 """
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import os
@@ -37,8 +38,8 @@ from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
 from .config import build_engine, build_model, client_security
 from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S: its old home)
+from .loop import StagedLoop, _Loop
 from .metrics import DaemonMetrics
-from .signals import StopOnSignals
 
 log = logging.getLogger("streamsvi.daemon")
 
@@ -81,7 +82,7 @@ class RunResult:
     elbo_history: list = field(default_factory=list)
 
 
-class Daemon(StopOnSignals):
+class Daemon(StagedLoop):
     """One model learning from one source.
 
     Parameters
@@ -389,39 +390,19 @@ class Daemon(StopOnSignals):
             until_drained: bool = False) -> RunResult:
         """Consume, update, checkpoint until a stop condition; returns a summary.
 
-        The loop is a row of named stages, one job each: :meth:`_start`, then
-        per turn :meth:`_stop_condition`, :meth:`_poll`, :meth:`_idle` (no
-        records) or :meth:`_set_aside`, :meth:`_hold_out`, :meth:`_learn`,
-        :meth:`_advance`, :meth:`_maybe_checkpoint`, :meth:`_maybe_progress`;
-        at the end :meth:`_finish`.
+        The loop of named stages of :mod:`streamsvi.service.loop`, every stage filled in:
+        :meth:`_start`, then per turn :meth:`_stop_condition`, :meth:`_poll`, :meth:`_idle`
+        (no records) or :meth:`_set_aside`, :meth:`_hold_out`, :meth:`_learn`,
+        :meth:`_advance`, :meth:`_maybe_checkpoint`, :meth:`_maybe_progress`; at the end
+        :meth:`_finish`.
         """
-        loop = _Loop(max_batches=max_batches, timeout=timeout, until_drained=until_drained)
-        if not self._stop.is_set():      # keep the reason of a stop requested before run()
-            self._stop_reason = ""
+        loop = _Loop(RunResult(), limit=max_batches, timeout=timeout, until_drained=until_drained)
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
-        with contextlib.ExitStack() as stack:
-            opened = self._start(stack, loop)
-            if opened is None:
-                return loop.res
-            source, dead_sink = opened
-            while (reason := self._stop_condition(loop)) is None:
-                batch = self._poll(source, loop)
-                if batch is None:
-                    if self._idle(source, loop):
-                        break
-                    continue
-                self._set_aside(batch, dead_sink, loop)
-                self._learn(self._hold_out(batch.x, loop), source, loop)
-                self._advance(batch, source)
-                self._maybe_checkpoint(source, dead_sink, loop)
-                self._maybe_progress(source, loop)
-                if until_drained and self._drained(source):   # no need to wait out another empty poll
-                    loop.res.stopped_by = "drained"
-                    break
-            else:
-                loop.res.stopped_by = reason
-            self._finish(source, dead_sink, loop)
+        return self._run(loop)
+
+    def _result(self, loop) -> RunResult:
+        """The run's summary, with the ELBO history of the run's updates."""
         loop.res.elbo_history = list(self.elbo_history)
         return loop.res
 
@@ -455,16 +436,6 @@ class Daemon(StopOnSignals):
             return None
         loop.last_ck = loop.last_progress = time.monotonic()
         return source, dead_sink
-
-    def _stop_condition(self, loop) -> str | None:
-        """Why the loop should stop now (a signal, ``max_batches``, ``timeout``), or None."""
-        if self._stop.is_set():
-            return self._stop_reason
-        if loop.max_batches is not None and loop.res.batches >= loop.max_batches:
-            return "max_batches"
-        if loop.timeout is not None and time.monotonic() - loop.t_start > loop.timeout:
-            return "timeout"
-        return None
 
     def _poll(self, source, loop):
         """The next minibatch, or None. A poll that raises (brokers gone a while mid-run)
@@ -652,23 +623,6 @@ class Daemon(StopOnSignals):
             loop.res.checkpoints += 1
             print(f"checkpoint: {snap.path} (step {self.state.step}, "
                   f"{self.state.records_seen} records)", file=self.out, flush=True)
-
-
-@dataclass
-class _Loop:
-    """What one ``Daemon.run`` keeps between its stages."""
-
-    max_batches: int | None
-    timeout: float | None
-    until_drained: bool
-    res: RunResult = field(default_factory=RunResult)
-    t_start: float = field(default_factory=time.monotonic)
-    failed_poll: bool = False     # the last poll raised (and was backed off)
-    last_info: object = None      # the latest update's UpdateInfo, for the progress line
-    last_ck: float = 0.0
-    batches_since_ck: int = 0
-    last_progress: float = 0.0
-    progress_records: int = 0
 
 
 def _transient_errors() -> tuple:

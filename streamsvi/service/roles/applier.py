@@ -2,14 +2,20 @@
 
 Appliers form a consumer group (``scaleout.applier_group_id``) on the deltas
 topic, which has one partition: the member the group assigns partition 0 is
-active, the others stand by with no state. Stages of :meth:`Applier.run`:
-``_start`` (metrics, consumer), then per turn ``_stop_condition``, ``_poll``
-(read_committed, filtered on the client by :mod:`streamsvi.io.committed` as
-well: deltas of aborted or open worker transactions are never applied, on a
-broker that lists aborted transactions in its fetches or one that only writes
-the markers, as tansu 0.6.0), ``_apply`` (each delta: dedup, staleness, the storage's step: :mod:`streamsvi.inference.split`),
-``_publish`` (λ for the workers), ``_maybe_checkpoint``; ``_take_over`` when
-partition 0 is assigned, ``_hand_over`` when it is revoked, ``_finish`` at the end.
+active, the others stand by with no state. :meth:`Applier.run` is the loop of
+named stages of :mod:`streamsvi.service.loop` (the daemon's and the worker's),
+configured: ``_start`` (metrics, consumer), then per turn ``_stop_condition``
+(a signal, ``max_deltas``, ``timeout``), ``_poll`` (read_committed, filtered on
+the client by :mod:`streamsvi.io.committed` as well: deltas of aborted or open
+worker transactions are never applied, on a broker that lists aborted
+transactions in its fetches or one that only writes the markers, as tansu
+0.6.0; None while standing by, the released deltas, maybe none, while active),
+``_learn`` (``_apply`` to each delta: dedup, staleness, the storage's step:
+:mod:`streamsvi.inference.split`), ``_maybe_checkpoint`` (``_publish``: λ for
+the workers, then a checkpoint every ``checkpoint.every_batches`` deltas or
+``every_seconds``; on every turn while active, an empty poll's too);
+``_take_over`` when partition 0 is assigned, ``_hand_over`` when it is revoked,
+``_finish`` at the end (also when a stage raised). The other stages do nothing.
 
 Publishing λ. On the lambda topic (``scaleout.lambda_topic``, the default;
 :mod:`.lambda_log`): each takeover starts a new lineage with a full λ of the
@@ -61,8 +67,8 @@ from ...io import committed
 from ..config import build_engine, client_security
 from ..daemon import _transient_errors
 from ..health import BrokerHealth
+from ..loop import StagedLoop, _Loop
 from ..metrics import DaemonMetrics, ScaleoutMetrics
-from ..signals import StopOnSignals
 from ...inference import split
 from .lambda_log import LambdaLogWriter
 from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda
@@ -90,12 +96,22 @@ class ApplierResult:
     took_over_at: list = field(default_factory=list)    # monotonic times partition 0 was assigned
 
 
+@dataclass
+class _Deltas:
+    """The batch of one applier turn: the released deltas of a poll, in offset order."""
+
+    x: list
+
+
 def _key(t, p) -> str:
     return f"{t}/{int(p)}"
 
 
-class Applier(StopOnSignals):
+class Applier(StagedLoop):
     """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table."""
+
+    count_limit = ("max_deltas", "deltas")
+    finish_on_error = True      # publish and checkpoint what was applied, whatever ended the run
 
     def __init__(self, cfg: dict, registry=None, out=None):
         check_scaleout_config(cfg)
@@ -135,37 +151,18 @@ class Applier(StopOnSignals):
     # -------------------------------------------------------------- run
     def run(self, max_deltas: int | None = None, timeout: float | None = None) -> ApplierResult:
         """Apply deltas until a stop (signal, ``max_deltas`` applied, ``timeout`` seconds)."""
-        res = ApplierResult()
-        t0 = time.monotonic()
-        consumer, server = self._start(res)
-        try:
-            while True:
-                if self._stop.is_set():
-                    res.stopped_by = self._stop_reason
-                    break
-                if max_deltas is not None and res.deltas >= max_deltas:
-                    res.stopped_by = "max_deltas"
-                    break
-                if timeout is not None and time.monotonic() - t0 > timeout:
-                    res.stopped_by = "timeout"
-                    break
-                records = self._poll(consumer)
-                if self.active:
-                    for msg in records:
-                        self._apply(msg, res)
-                    self._publish()
-                    self._maybe_checkpoint(consumer, res)
-        finally:
-            self._finish(consumer, server, res)
-        return res
+        return self._run(_Loop(ApplierResult(), limit=max_deltas, timeout=timeout))
 
-    def _start(self, res):
+    def _start(self, stack, loop):
+        """Metrics server and the consumer of the deltas topic, its rebalance listener
+        taking partition 0 over and handing it over. Returns ``(consumer, None)``."""
         from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
 
-        mc = self.cfg["metrics"]
-        server = None
+        mc, res = self.cfg["metrics"], loop.res
         if mc["enabled"]:
             server, _ = self.metrics.serve(mc["port"], mc["host"])
+            stack.callback(server.server_close)     # release the port (runs last)
+            stack.callback(server.shutdown)         # stop serve_forever
             print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
         src, topic = self.cfg["source"], self.sc["deltas_topic"]
         consumer = KafkaConsumer(bootstrap_servers=src["bootstrap_servers"], group_id=self.group,
@@ -176,16 +173,12 @@ class Applier(StopOnSignals):
                                  max_partition_fetch_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  fetch_max_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  **client_security(self.cfg))
+        stack.callback(consumer.close, autocommit=False)   # after _finish (runs first)
         if not committed.install(consumer):
-            consumer.close(autocommit=False)
             raise RuntimeError("this kafka-python has no Fetcher.PartitionRecords hook: the applier "
                                "cannot tell committed deltas from aborted ones (install kafka-python 3.0)")
         parts = consumer.partitions_for_topic(topic)
         if not parts or len(parts) != 1:
-            consumer.close(autocommit=False)
-            if server is not None:
-                server.shutdown()
-                server.server_close()
             raise ValueError(f"scaleout.deltas_topic: topic {topic!r} has "
                              f"{len(parts) if parts else 'no'} partitions at {src['bootstrap_servers']}; "
                              f"create it with exactly one (deltas are applied in order)")
@@ -203,7 +196,7 @@ class Applier(StopOnSignals):
         consumer.subscribe([topic], listener=_Listener())
         print(f"applier: joined group {self.group!r} on {topic!r} (active once it holds the partition)",
               file=self.out, flush=True)
-        return consumer, server
+        return consumer, None
 
     def _take_over(self, consumer, tp, res):
         """Partition 0 is ours: resume from the latest snapshot, seek the deltas topic."""
@@ -248,8 +241,10 @@ class Applier(StopOnSignals):
         self._reset()
         log.info("applier standing by: the deltas partition went to another applier")
 
-    def _poll(self, consumer):
-        """The deltas of one poll, in offset order; none while the brokers are away.
+    def _poll(self, consumer, loop):
+        """The deltas of one poll, in offset order (:class:`_Deltas`; none while the brokers
+        are away), or None while this applier stands by (the poll may take partition 0 over
+        or hand it over: :meth:`_take_over`, :meth:`_hand_over`).
 
         A poll that raises because the brokers went away applied nothing: report it to
         :attr:`health`, wait its backoff (as the daemon's poll: ``source.connect_backoff_seconds``
@@ -261,7 +256,7 @@ class Applier(StopOnSignals):
             polled = consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
         except _transient_errors() as exc:
             self.health.wait(self._stop, self.health.failed(exc, "poll"))
-            return []
+            return _Deltas([]) if self.active else None
         self.health.answered()
         out = []
         for msgs in polled.values():
@@ -272,7 +267,12 @@ class Applier(StopOnSignals):
             # a worker's transaction that did not commit (killed, or it lost its partitions):
             # its successor reads those records again
             self.sm.skipped.labels(reason="aborted").inc(self._txn.aborted_records - aborted)
-        return released
+        return _Deltas(released) if self.active else None
+
+    def _learn(self, x, consumer, loop):
+        """Apply the deltas of the turn, in offset order (:meth:`_apply`)."""
+        for msg in x:
+            self._apply(msg, loop.res)
 
     # ------------------------------------------------------------- apply
     def _apply(self, msg, res):
@@ -490,8 +490,11 @@ class Applier(StopOnSignals):
             self._writer = None
 
     # -------------------------------------------------------- checkpoint
-    def _maybe_checkpoint(self, consumer, res):
-        ck, now = self.cfg["checkpoint"], time.monotonic()
+    def _maybe_checkpoint(self, consumer, dead_sink, loop):
+        """The applier's commit strategy, every turn while active: publish λ (:meth:`_publish`),
+        then checkpoint every ``checkpoint.every_batches`` state changes or ``every_seconds``."""
+        self._publish()
+        ck, now, res = self.cfg["checkpoint"], time.monotonic(), loop.res
         last = getattr(self, "_last_ck", None)
         if last is None:
             self._last_ck = last = now
@@ -522,7 +525,10 @@ class Applier(StopOnSignals):
                         self.next_offset, exc)
         return snap
 
-    def _finish(self, consumer, server, res):
+    def _finish(self, consumer, dead_sink, loop):
+        """The last publication and checkpoint of an active applier; the consumer and the
+        metrics server are closed after it (``_start``'s stack)."""
+        res = loop.res
         if self.active and self.state is not None:
             self._publish(force=True)
             if self._since_ck:
@@ -532,7 +538,3 @@ class Applier(StopOnSignals):
                       f"records)", file=self.out, flush=True)
         self._drop_writer()
         self.active = False
-        consumer.close(autocommit=False)
-        if server is not None:
-            server.shutdown()
-            server.server_close()
