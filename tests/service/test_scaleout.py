@@ -647,3 +647,38 @@ def test_the_local_broker_shows_aborted_transactions_to_read_committed_readers(k
         got += [r.value for recs in c.poll(timeout_ms=200).values() for r in recs]
     c.close()
     assert got == [b"c1", b"a1", b"a2", b"c2"], got
+
+
+def test_a_standby_applier_joining_leaves_the_active_one_alone(kafka_broker, new_topic, new_group, tmp_path):
+    """A standby applier joining the appliers' group made the group take partition 0 from the
+    active applier and give it back (eager rebalancing): a checkpoint, a resume and a new
+    lineage with a full λ on the lambda topic (80 MB for LDA at V = 10⁵, K = 100) each time a
+    standby (re)started. The appliers rebalance cooperatively now: nothing moves."""
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.applier import Applier
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group())
+    _produce_deltas(bootstrap, deltas, [init_delta("w", engine, state0).encode(),
+                                        _delta(engine, state0, X, 0, 50).encode()])
+    a, b = (Applier(cfg, registry=CollectorRegistry(), out=open("/dev/null", "w")) for _ in range(2))
+    out = {}
+    ta = threading.Thread(target=lambda: out.setdefault("a", a.run(timeout=240)), daemon=True)
+    ta.start()
+    _wait(lambda: a.active and a.state is not None and a.state.records_seen == 50, "the active applier", 60)
+    tb = threading.Thread(target=lambda: out.setdefault("b", b.run(timeout=240)), daemon=True)
+    tb.start()
+    # b is in the group once its consumer has a generation; then a delta more goes to a
+    _wait(b.in_group, "the standby to join", 60)
+    _produce_deltas(bootstrap, deltas, [_delta(engine, state0, X, 50, 100).encode()])
+    _wait(lambda: a.state is not None and a.state.records_seen == 100, "the next delta on the active one", 60)
+    a.request_stop("SIGTERM")
+    ta.join(60)
+    _wait(lambda: b.active and b.state is not None and b.state.records_seen == 100, "b to take over", 60)
+    b.request_stop("SIGTERM")
+    tb.join(60)
+    assert out["a"].takeovers == 1, out["a"]          # never handed over while b joined
+    assert out["b"].takeovers == 1 and out["b"].deltas == 0, out["b"]

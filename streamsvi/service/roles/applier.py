@@ -157,6 +157,7 @@ class Applier(StagedLoop):
         """Metrics server and the consumer of the deltas topic, its rebalance listener
         taking partition 0 over and handing it over. Returns ``(consumer, None)``."""
         from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+        from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
         mc, res = self.cfg["metrics"], loop.res
         if mc["enabled"]:
@@ -172,8 +173,13 @@ class Applier(StagedLoop):
                                  heartbeat_interval_ms=src["heartbeat_interval_ms"],
                                  max_partition_fetch_bytes=MAX_DELTA_BYTES + (1 << 20),
                                  fetch_max_bytes=MAX_DELTA_BYTES + (1 << 20),
+                                 # a standby joining must not take partition 0 from the active
+                                 # applier and hand it back (eager rebalancing did: a checkpoint,
+                                 # a resume and a full λ on the lambda topic every time)
+                                 partition_assignment_strategy=(CooperativeStickyAssignor,),
                                  **client_security(self.cfg))
         stack.callback(consumer.close, autocommit=False)   # after _finish (runs first)
+        self._consumer = consumer
         if not committed.install(consumer):
             raise RuntimeError("this kafka-python has no Fetcher.PartitionRecords hook: the applier "
                                "cannot tell committed deltas from aborted ones (install kafka-python 3.0)")
@@ -197,6 +203,16 @@ class Applier(StagedLoop):
         print(f"applier: joined group {self.group!r} on {topic!r} (active once it holds the partition)",
               file=self.out, flush=True)
         return consumer, None
+
+    def in_group(self) -> bool:
+        """Whether this applier is a stable member of the appliers' group (active or standing by)."""
+        from kafka.structs import MemberState
+
+        consumer = getattr(self, "_consumer", None)
+        if consumer is None:
+            return False
+        meta = consumer.group_metadata()
+        return meta.state is MemberState.STABLE and meta.generation_id >= 0 and bool(meta.member_id)
 
     def _take_over(self, consumer, tp, res):
         """Partition 0 is ours: resume from the latest snapshot, seek the deltas topic."""
