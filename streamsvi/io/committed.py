@@ -9,7 +9,7 @@ tansu 0.6.0 holds reads at the last stable offset and writes the commit and
 abort markers into the log, but its fetch responses list no aborted
 transactions, so kafka-python hands its ``read_committed`` consumer the
 records of aborted transactions as if they were committed
-(``tests/service/test_scaleout.py::test_the_local_broker_shows_aborted_transactions_to_read_committed_readers``).
+(``tests/io/test_committed.py::test_the_local_broker_shows_aborted_transactions_to_read_committed_readers``).
 For the applier that means folding in the delta of a worker killed between
 sending it and committing, whose records the worker's successor reads and
 sends again: counted twice, or, where the successor's batches straddle the

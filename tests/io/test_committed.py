@@ -26,10 +26,10 @@ def _read(bootstrap, topic, until, timeout_s=30.0):
     return got, items, f
 
 
-def test_aborted_and_fenced_transactions_are_dropped_on_the_real_broker(kafka_broker, new_topic):
+def _transactions(bootstrap, topic):
+    """A producer that wrote c1 (committed), a1 a2 (aborted), c2 (committed) to ``topic``."""
     from kafka import KafkaProducer
 
-    bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
     p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"a-{topic}")
     p.init_transactions()
     for values, commit in (([b"c1"], True), ([b"a1", b"a2"], False), ([b"c2"], True)):
@@ -38,6 +38,36 @@ def test_aborted_and_fenced_transactions_are_dropped_on_the_real_broker(kafka_br
             p.send(topic, v, partition=0)
         p.flush()
         p.commit_transaction() if commit else p.abort_transaction()
+    return p
+
+
+def test_the_local_broker_shows_aborted_transactions_to_read_committed_readers(kafka_broker, new_topic):
+    """Why the applier and the lambda-topic readers filter aborted transactions themselves
+    (docs/design.md §6.7): tansu 0.6.0 lists no aborted transactions in its fetch responses, so
+    a read_committed consumer of kafka-python returns their records, which Kafka hides. If this
+    starts to fail, the local broker filters them too."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
+    _transactions(bootstrap, topic).close()
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                      enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek(tp, 0)
+    got = []
+    deadline = time.monotonic() + 30
+    while b"c2" not in got and time.monotonic() < deadline:
+        got += [r.value for recs in c.poll(timeout_ms=200).values() for r in recs]
+    c.close()
+    assert got == [b"c1", b"a1", b"a2", b"c2"], got
+
+
+def test_aborted_and_fenced_transactions_are_dropped_on_the_real_broker(kafka_broker, new_topic):
+    from kafka import KafkaProducer
+
+    bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
+    p = _transactions(bootstrap, topic)
     p.begin_transaction()
     p.send(topic, b"killed", partition=0)        # sent, then the process dies: never ended
     p.flush()

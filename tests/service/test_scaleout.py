@@ -620,35 +620,6 @@ def test_a_delta_that_cannot_be_applied_is_set_aside_and_the_applier_goes_on(kaf
     assert snap.extra["scaleout"]["dropped_records"] == 100
 
 
-def test_the_local_broker_shows_aborted_transactions_to_read_committed_readers(kafka_broker, new_topic):
-    """Why the applier filters aborted transactions itself (streamsvi.io.committed, docs/design.md
-    §6.7): tansu 0.6.0 hands a read_committed consumer of kafka-python the records of an aborted
-    transaction, which Kafka hides. If this starts to fail, the local broker filters them too."""
-    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-
-    bootstrap, topic = kafka_broker.bootstrap, new_topic(1)
-    p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"abort-{topic}")
-    p.init_transactions()
-    for values, commit in (([b"c1"], True), ([b"a1", b"a2"], False), ([b"c2"], True)):
-        p.begin_transaction()
-        for v in values:
-            p.send(topic, v, partition=0)
-        p.flush()
-        p.commit_transaction() if commit else p.abort_transaction()
-    p.close()
-    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-                      enable_auto_commit=False)
-    tp = TopicPartition(topic, 0)
-    c.assign([tp])
-    c.seek(tp, 0)
-    got = []
-    deadline = time.monotonic() + 30
-    while b"c2" not in got and time.monotonic() < deadline:
-        got += [r.value for recs in c.poll(timeout_ms=200).values() for r in recs]
-    c.close()
-    assert got == [b"c1", b"a1", b"a2", b"c2"], got
-
-
 def test_a_standby_applier_joining_leaves_the_active_one_alone(kafka_broker, new_topic, new_group, tmp_path):
     """A standby applier joining the appliers' group made the group take partition 0 from the
     active applier and give it back (eager rebalancing): a checkpoint, a resume and a new
