@@ -1,7 +1,8 @@
 """The worker role (``streamsvi run --role worker``): local steps and statistics, no λ updates.
 
-A worker is a :class:`~streamsvi.service.daemon.Daemon` whose stages
-``_learn`` and ``_advance`` do the scale-out work and which keeps no
+A worker is a :class:`~streamsvi.service.daemon.Daemon` (the loop of named
+stages of :mod:`streamsvi.service.loop`, which the applier runs too) whose
+stages ``_learn`` and ``_advance`` do the scale-out work and which keeps no
 checkpoint of its own:
 
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
