@@ -16,10 +16,10 @@ from streamsvi.checkpoint import load_snapshot
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.service.roles import lambda_log
 from streamsvi.service.roles.lambda_log import LambdaLog, LambdaLogWriter, full_records
-from streamsvi.service.roles.transport import init_delta
+from streamsvi.service.roles.transport import encode_bundle, init_delta
 
 from .conftest import blob_rows, gmm_config, highwater_marks, write_config
-from .test_scaleout import _applier_setup, _check_exactly_once, _delta, _produce_deltas, _wait
+from .test_scaleout import _applier_setup, _apply, _check_exactly_once, _delta, _metric, _produce_deltas, _wait
 
 
 def _reader(bootstrap, lam_topic, deltas):
@@ -98,6 +98,53 @@ def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic,
     assert (late.stats["fulls_loaded"], late.stats["steps_applied"]) == (1, 3), late.stats
     assert late.lineage == early.lineage
     early.close()
+    late.close()
+
+
+def test_bundled_deltas_are_applied_in_order_and_replayed_part_by_part(kafka_broker, new_topic, new_group,
+                                                                        tmp_path):
+    """A worker's transaction of several batches is one message, a bundle of its deltas. The
+    applier applies each part in order, as if they came one message each (checked against
+    the engine's steps, bit for bit); a part that does not decode is set aside alone; the
+    lambda topic's steps name (offset, part), and a reader replays them to the applier's λ
+    bit for bit."""
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.applier import Applier
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, _ = _applier_setup(tmp_path, bootstrap, deltas, new_group(), lambda_full_every=1000,
+                                          max_staleness=1000)     # (one full λ, at λ_0: then steps only)
+    X = blob_rows(1000, seed=11)
+    ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1), worker="w0") for i in range(9)]
+    msgs = [encode_bundle([d.encode() for d in ds[:3]]), ds[3].encode(), encode_bundle([d.encode() for d in ds[4:5]]),
+            encode_bundle([ds[5].encode(), b"SSVD1\n garbage", ds[6].encode(), ds[7].encode(), ds[8].encode()])]
+    reader = _reader(bootstrap, f"{deltas}-lambda", deltas)
+    registry, out = CollectorRegistry(), {}
+    applier = Applier(cfg, registry=registry, out=open("/dev/null", "w"))
+    t = threading.Thread(target=lambda: out.update(res=applier.run(max_deltas=9, timeout=60)), daemon=True)
+    t.start()
+    _produce_deltas(bootstrap, deltas, [init_delta("w0", engine, state0).encode()])
+    _until_version(reader, 0)                   # the full λ_0; the steps after it are replayed
+    _produce_deltas(bootstrap, deltas, msgs)
+    t.join(60)
+    res = out["res"]
+    assert (res.deltas, res.records, res.skipped) == (9, 450, 1), res   # (a part that does not decode: skipped, not a delta)
+    assert _metric(registry, "streamsvi_deltas_skipped_total", reason="bad") == 1.0
+    expected = state0
+    for d in ds:
+        expected, _ = _apply(engine, expected, d)
+    snap = load_snapshot(cfg["checkpoint"]["directory"])
+    assert snap.state.step == 9 and snap.extra["scaleout"]["applied"] == {"data/0": [[0, 450]]}
+    assert snap.state.lam.array_equal(expected.lam)
+    _until_version(reader, 9)
+    _same_state(reader.state, snap.state)
+    assert (reader.stats["fulls_loaded"], reader.stats["steps_applied"]) == (1, 9), reader.stats
+    late = _reader(bootstrap, f"{deltas}-lambda", deltas)          # a reader that starts after it all
+    assert late.refresh()
+    _same_state(late.state, snap.state)
+    assert (late.stats["fulls_loaded"], late.stats["steps_applied"]) == (1, 9), late.stats
+    reader.close()
     late.close()
 
 

@@ -20,7 +20,8 @@ from streamsvi.checkpoint import load_snapshot
 from streamsvi.models import CONFIG_KINDS
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.inference import split
-from streamsvi.service.roles.transport import Delta, DeltaFormatError, LambdaFile, init_delta
+from streamsvi.service.roles.transport import (Delta, DeltaFormatError, LambdaFile, encode_bundle, init_delta,
+                                               split_parts)
 
 from .conftest import Feed, blob_rows, gmm_config, highwater_marks, write_config
 
@@ -216,6 +217,22 @@ def _produce_deltas(bootstrap, topic, payloads):
     p.close()
 
 
+def _read_values(bootstrap, topic):
+    """Every committed message value of partition 0 of ``topic``, in offset order."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    c = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
+                      max_partition_fetch_bytes=8 << 20)
+    c.assign([tp])
+    c.seek_to_beginning(tp)
+    out = []
+    _wait(lambda: (out.extend(m.value for m in c.poll(timeout_ms=200).get(tp, [])) or True)
+          and c.highwater(tp) is not None and c.position(tp) >= c.highwater(tp), f"{topic} read to its end", 60)
+    c.close()
+    return out
+
+
 def _applier_setup(tmp_path, bootstrap, deltas, group, **scaleout):
     from streamsvi.service.config import build_engine, validate
 
@@ -408,6 +425,27 @@ def test_delta_codec_round_trip_and_refusals():
             Delta.decode(bad)
 
 
+def test_a_bundle_splits_into_its_deltas_and_a_broken_frame_is_refused():
+    """A worker's transaction goes as one message (a bundle of its deltas); a plain delta is
+    a bundle of one; a frame that does not add up is refused with where it broke."""
+    from streamsvi.models import BayesianGMM
+
+    lam = BayesianGMM(3, 2).prior()
+    ds = [Delta(worker="w1", version=v, ranges=[("t", 0, 50 * v, 50 * v + 50)], records=50, stats=lam * v)
+          for v in range(1, 4)]
+    raw = encode_bundle([d.encode() for d in ds])
+    parts = split_parts(raw)
+    assert [bytes(p) for p in parts] == [d.encode() for d in ds]
+    assert [Delta.decode(p).version for p in parts] == [1, 2, 3]
+    assert Delta.decode(parts[2]).stats.array_equal(lam * 3)
+    assert split_parts(ds[0].encode()) == [ds[0].encode()]          # a plain delta: one part
+    assert split_parts(encode_bundle([])) == []
+    for bad, why in ((raw[:8], "before its count"), (raw[:-5], "runs past the end"),
+                     (raw + b"xy", "after the last part"), (raw[:6] + b"\x09\x00\x00\x00" + raw[10:], "truncated at part")):
+        with pytest.raises(DeltaFormatError, match=why):
+            split_parts(bad)
+
+
 def test_scaleout_metrics_pass_promtool():
     from prometheus_client import generate_latest
     import subprocess
@@ -581,6 +619,12 @@ def test_a_worker_commits_several_batches_in_one_transaction(kafka_broker, new_t
     # 1000 records in batches of 50 (the first ones held for the start and read again): every
     # delta after λ_0 went in transactions of at most 4, the last one closed by the drain
     assert sent >= n // 50 and txns == pytest.approx(sent / 4, abs=1.0), (sent, txns)
+    # one message per transaction (a bundle of its deltas), besides the λ_0 proposals
+    msgs = _read_values(bootstrap, deltas)
+    bundles = [m for m in msgs if m[:6] == b"SSVDN\n"]
+    assert len(bundles) == txns and sum(len(split_parts(m)) for m in bundles) == sent, \
+        (len(msgs), len(bundles), txns, sent)
+    assert max(len(split_parts(m)) for m in bundles) == 4
     _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied",
           procs=[applier])
     applier.signal(signal.SIGTERM)

@@ -71,7 +71,7 @@ from ..loop import StagedLoop, _Loop
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ...inference import split
 from .lambda_log import LambdaLogWriter
-from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda
+from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda, split_parts
 from .worker import check_scaleout_config, lambda_channel
 
 log = logging.getLogger("streamsvi.applier")
@@ -142,7 +142,7 @@ class Applier(StagedLoop):
         self.dropped_records = 0
         self._since_ck = 0
         self._dirty = False                  # λ changed since the last publication
-        self._steps: list = []               # (version, deltas offset, rho_scale) not yet on lambda_topic
+        self._steps: list = []               # (version, deltas offset, part, rho_scale) not yet on lambda_topic
         self._need_full = False              # a full λ is due on lambda_topic (takeover, λ_0, a failed write)
         self._since_full = [0, 0]            # versions and delta bytes since the last full λ
         self._full_bytes = 0                 # bytes of the last full λ written
@@ -292,14 +292,26 @@ class Applier(StagedLoop):
 
     # ------------------------------------------------------------- apply
     def _apply(self, msg, res):
-        """One delta: decode, deduplicate, weigh staleness, step."""
+        """One message of the deltas topic: a delta, or a worker transaction's bundle of them
+        (:func:`~.transport.split_parts`), each applied in order (:meth:`_apply_part`)."""
         if msg.offset < self.next_offset:          # already in the state (a seek raced a fetch)
             return
         self.next_offset = msg.offset + 1
         try:
-            d = Delta.decode(msg.value)
+            parts = split_parts(msg.value)
         except DeltaFormatError as exc:
             log.error("deltas topic offset %d: %s; skipped", msg.offset, exc)
+            self._skip("bad", res)
+            return
+        for i, data in enumerate(parts):
+            self._apply_part(msg.offset, i, data, res)
+
+    def _apply_part(self, offset, part, data, res):
+        """One delta: decode, deduplicate, weigh staleness, step."""
+        try:
+            d = Delta.decode(data)
+        except DeltaFormatError as exc:
+            log.error("deltas topic offset %d part %d: %s; skipped", offset, part, exc)
             self._skip("bad", res)
             return
         if d.kind == "init":
@@ -308,7 +320,7 @@ class Applier(StagedLoop):
                 try:
                     _, proposed = init_state(d)
                 except DeltaFormatError as exc:
-                    log.error("deltas topic offset %d: %s; skipped", msg.offset, exc)
+                    log.error("deltas topic offset %d part %d: %s; skipped", offset, part, exc)
                     self._skip("bad", res)
                     return
                 self.engine = build_engine(self.cfg, d.n_total if n == "auto" else float(n))
@@ -321,7 +333,7 @@ class Applier(StagedLoop):
             return
         if self.state is None and d.stats is not None:
             log.error("deltas topic offset %d: a delta from worker %s before any λ_0 (the checkpoint "
-                      "directory was lost?); skipped", msg.offset, d.worker)
+                      "directory was lost?); skipped", offset, d.worker)
             self._skip("no_state", res)
             return
         # (a delta without statistics, a batch whose records were all set aside, may come
@@ -363,21 +375,23 @@ class Applier(StagedLoop):
                 # the standby on the same delta after it, for ever.
                 why = "non_finite" if isinstance(exc, FloatingPointError) else "bad"
                 log.error("deltas topic offset %d: the delta of worker %s (%s) cannot be applied (%s); "
-                          "set aside, its %d records not learnt", msg.offset, d.worker, d.ranges, exc,
+                          "set aside, its %d records not learnt", offset, d.worker, d.ranges, exc,
                           d.records)
                 self._skip(why, res)
                 self.dropped_records += d.records
                 records, done = 0, None
             if done is not None:
-                self._after_step(done, c, msg, scale)
+                self._after_step(done, c, (offset, part, len(data)), scale)
         self._account(d, records, res)
 
-    def _after_step(self, done, c, msg, scale):
-        """Metrics and the lambda log's step record of one applied delta."""
+    def _after_step(self, done, c, where, scale):
+        """Metrics and the lambda log's step record of one applied delta (``where``: its offset,
+        part and bytes)."""
+        offset, part, nbytes = where
         self._observe(done, c)
-        self._steps.append((done.step, msg.offset, scale))
+        self._steps.append((done.step, offset, part, scale))
         self._since_full[0] += 1
-        self._since_full[1] += len(msg.value)
+        self._since_full[1] += nbytes
         self.metrics.rho.set(done.rho)
         self.metrics.step.set(done.step)
         if done.domain_clipped:

@@ -27,7 +27,9 @@ written before this record in this lineage, -1 if none: where a reader starts).
   ``allow_pickle=False``), cut into chunks of ``scaleout.lambda_chunk_bytes``
   so that each message stays under the broker's ``message.max.bytes`` (1 MiB by
   default on Kafka).
-* "step": ``delta`` (the deltas-topic offset of the delta applied) and
+* "step": ``delta`` (the deltas-topic offset of the delta applied), ``part``
+  (its index in that message when the message is a worker's bundle,
+  :func:`~.transport.split_parts`; 0 otherwise, and when absent) and
   ``rho_scale`` (the staleness factor the applier used). A step does not copy
   the delta: the delta is on the deltas topic already, which every worker can
   read, so the broker carries ~200 bytes per step instead of a second copy of
@@ -66,7 +68,7 @@ import numpy as np
 from ...io import committed
 from ...inference import split
 from ...inference.state import state_from_arrays, state_to_arrays
-from .transport import Delta, DeltaFormatError, read_frame
+from .transport import Delta, DeltaFormatError, read_frame, split_parts
 
 log = logging.getLogger("streamsvi.lambda_log")
 
@@ -120,9 +122,9 @@ def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chu
     return (encode({**head, "index": i}, data[i * chunk_bytes:(i + 1) * chunk_bytes]) for i in range(count))
 
 
-def step_record(lineage: str, version: int, delta: int, rho_scale: float, full: int) -> bytes:
+def step_record(lineage: str, version: int, delta: int, rho_scale: float, full: int, part: int = 0) -> bytes:
     return encode({"kind": "step", "lineage": lineage, "version": int(version), "full": int(full),
-                   "delta": int(delta), "rho_scale": float(rho_scale)})
+                   "delta": int(delta), "part": int(part), "rho_scale": float(rho_scale)})
 
 
 def _kafka_errors():
@@ -134,7 +136,7 @@ def _kafka_errors():
 class LambdaLogWriter:
     """The active applier's side: one lineage, written in transactions (module docs).
 
-    ``publish(steps, full)`` writes the pending steps (``(version, delta offset,
+    ``publish(steps, full)`` writes the pending steps (``(version, delta offset, part,
     rho_scale)``) and, if given, a full λ ``(engine, state, deltas_offset)`` after
     them, in one transaction; returns the bytes of the steps and of the full λ written.
     """
@@ -154,8 +156,8 @@ class LambdaLogWriter:
     def publish(self, steps, full=None) -> tuple[int, int]:
         p, n, nf = self.producer, 0, 0
         p.begin_transaction()
-        for version, delta, scale in steps:
-            rec = step_record(self.lineage, version, delta, scale, self.full_offset)
+        for version, delta, part, scale in steps:
+            rec = step_record(self.lineage, version, delta, scale, self.full_offset, part)
             p.send(self.topic, rec, partition=0)
             n += len(rec)
         first = None
@@ -203,6 +205,7 @@ class LambdaLog:
         self._collect = None          # the full λ whose chunks are being read
         self._txn = committed.CommittedFilter()   # the lambda topic's committed records
         self._dbuf: list = []         # deltas fetched and not yet needed (offset order)
+        self._parts = (-1, [])        # (offset, parts) of the latest deltas message read
         self._resync = True           # find the latest full λ before following
         self.stats = {"fulls_loaded": 0, "steps_applied": 0, "full_bytes_read": 0, "delta_bytes_read": 0}
 
@@ -387,7 +390,7 @@ class LambdaLog:
             self._resync = True
             return
         try:
-            msg = self._delta_at(int(h["delta"]))
+            msg = self._delta_part(int(h["delta"]), int(h.get("part", 0)))
             d = Delta.decode(msg)
             c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
             state, done = split.apply(self.engine, self.state, c, float(h["rho_scale"]))
@@ -435,6 +438,17 @@ class LambdaLog:
         self.stats["fulls_loaded"] += 1
         self.stats["full_bytes_read"] += len(data)
         return "loaded"
+
+    def _delta_part(self, offset: int, part: int):
+        """Part ``part`` of the deltas topic's message at ``offset`` (a bundle's parts are
+        replayed one after another: the message is read and split once)."""
+        if self._parts[0] != offset:
+            self._parts = (offset, split_parts(self._delta_at(offset)))
+        parts = self._parts[1]
+        if not 0 <= part < len(parts):
+            raise LambdaLogError(f"deltas topic {self.deltas_topic!r} offset {offset} has {len(parts)} "
+                                 f"part(s), not a part {part}")
+        return parts[part]
 
     def _delta_at(self, offset: int) -> bytes:
         """The deltas topic's message at ``offset`` (read forward; earlier ones dropped)."""

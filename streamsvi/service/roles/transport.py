@@ -19,6 +19,17 @@ contribution, :class:`~streamsvi.inference.split.Contribution` ``meta``),
 ``arrays`` (``[[name, shape, dtype], ...]``, dtype ``<f8``, ``<i8`` or ``|u1``;
 an entry without a dtype is ``<f8``). A message is at most :data:`MAX_DELTA_BYTES`.
 
+Bundle (a worker's transaction: the deltas of its batches in one message, so a
+transaction of many batches costs one record and one produce, not one each)::
+
+    b"SSVDN\n"  magic and format version (6 bytes)
+    uint32 LE   count C of deltas
+    C times     uint32 LE length L, then L bytes: one delta message as above
+
+A delta inside a bundle is addressed by (offset of the bundle, its index, the
+``part``); a plain delta message is part 0 of its offset. :func:`decode_parts`
+reads both.
+
 The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
 for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for
 LDA's scaled columns, :mod:`streamsvi.inference.split_columns`, the batch's column ids
@@ -49,6 +60,8 @@ from ...inference.state import state_from_arrays, state_to_arrays
 from ...models.base import NatParams
 
 MAGIC = b"SSVD1\n"
+#: A bundle of delta messages (module docs).
+BUNDLE_MAGIC = b"SSVDN\n"
 #: Largest delta message (bytes): the worker's producer sends, and the applier's consumer
 #: fetches, messages up to this size. A dense λ̂ − η is K·V·8 bytes for LDA's shape, a
 #: columns delta K·|cols|·8, an "init" the whole λ_0; Kafka brokers refuse messages over
@@ -163,6 +176,42 @@ class Delta:
             if isinstance(exc, DeltaFormatError):
                 raise
             raise DeltaFormatError(f"bad delta header: {type(exc).__name__}: {exc}") from None
+
+
+def encode_bundle(payloads: list) -> bytes:
+    """One message holding the delta messages ``payloads`` (module docs)."""
+    out = [BUNDLE_MAGIC, struct.pack("<I", len(payloads))]
+    for p in payloads:
+        out += [struct.pack("<I", len(p)), p]
+    return b"".join(out)
+
+
+def bundle_size(payloads: list) -> int:
+    """Bytes of :func:`encode_bundle` of ``payloads``, without encoding it."""
+    return len(BUNDLE_MAGIC) + 4 + sum(4 + len(p) for p in payloads)
+
+
+def split_parts(data) -> list:
+    """The delta messages of one deltas-topic message: its parts if it is a bundle, else
+    ``[data]``; ``DeltaFormatError`` if a bundle's framing does not add up."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or bytes(data[:6]) != BUNDLE_MAGIC:
+        return [data]
+    data = memoryview(data)
+    if len(data) < 10:
+        raise DeltaFormatError("delta bundle truncated before its count")
+    (count,) = struct.unpack("<I", data[6:10])
+    parts, pos = [], 10
+    for i in range(count):
+        if pos + 4 > len(data):
+            raise DeltaFormatError(f"delta bundle truncated at part {i} of {count}")
+        (n,) = struct.unpack("<I", data[pos:pos + 4])
+        if pos + 4 + n > len(data):
+            raise DeltaFormatError(f"delta bundle part {i} of {count} runs past the end of the message")
+        parts.append(data[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    if pos != len(data):
+        raise DeltaFormatError(f"{len(data) - pos} bytes after the last part of a delta bundle")
+    return parts
 
 
 def init_delta(worker: str, engine, state) -> Delta:

@@ -20,7 +20,11 @@ checkpoint of its own:
   and the batch's data offsets (``send_offsets_to_transaction`` with the
   consumer's group metadata). Either both are committed or neither: a record
   is consumed by the group exactly when its contribution is on the deltas
-  topic for read_committed readers.
+  topic for read_committed readers. A transaction of several batches
+  (``scaleout.commit_every_batches``) sends their deltas as one message, a
+  bundle (:func:`~.transport.encode_bundle`), when it commits: one record and
+  one produce request per transaction, not one per batch (each ``send`` woke
+  kafka-python's sender thread, which then competed with the model for the GIL).
 
 The group's committed offsets are the worker's whole state: a restarted
 worker (or the member the group hands its partitions to) starts where the last
@@ -62,7 +66,8 @@ from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .lambda_log import LambdaLog
-from .transport import MAX_DELTA_BYTES, Delta, LambdaFile, check_delta_size, init_delta
+from .transport import (MAX_DELTA_BYTES, Delta, LambdaFile, bundle_size, check_delta_size, encode_bundle,
+                        init_delta)
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -226,6 +231,7 @@ class _Transaction:
     batches: int = 0
     ranges: list = field(default_factory=list)      # [(topic, partition, first, end)]
     offsets: dict = field(default_factory=dict)     # (topic, partition) -> next offset
+    payloads: list = field(default_factory=list)    # encoded deltas not sent yet (one bundle)
 
 
 class Worker(Daemon):
@@ -600,16 +606,24 @@ class Worker(Daemon):
         for t, p, _, end in ranges:
             txn.offsets[(t, p)] = end
         txn.batches += 1
-        try:
-            prod.send(self.sc["deltas_topic"], payload, key=self.worker_id.encode(), partition=0)
-        except Exception as exc:  # noqa: BLE001 - the transaction is settled, whatever it was
-            self._txn = None
-            if not self._settle(source, txn.ranges, exc):
-                self._give_back(source, txn.ranges)
-            return
+        if txn.payloads and bundle_size(txn.payloads + [payload]) > MAX_DELTA_BYTES:
+            try:                            # a full bundle goes now; the transaction stays open
+                self._send_bundle(txn)
+            except Exception as exc:  # noqa: BLE001 - the transaction is settled, whatever it was
+                self._txn = None
+                if not self._settle(source, txn.ranges, exc):
+                    self._give_back(source, txn.ranges)
+                return
+        txn.payloads.append(payload)
         if txn.batches >= self.sc["commit_every_batches"] or \
                 time.monotonic() - txn.started >= self.sc["commit_seconds"]:
             self._commit(source)
+
+    def _send_bundle(self, txn) -> None:
+        """Send the transaction's unsent deltas as one message (a bundle)."""
+        payloads, txn.payloads = txn.payloads, []
+        self.producer.send(self.sc["deltas_topic"], encode_bundle(payloads), key=self.worker_id.encode(),
+                           partition=0)
 
     def _still_owner(self, source, ranges):
         """This worker's group membership if it is a stable member owning every partition of
@@ -667,6 +681,8 @@ class Worker(Daemon):
         offsets = {TopicPartition(t, p): offset_and_metadata(end) for (t, p), end in txn.offsets.items()}
         prod = self._producer()
         try:
+            if txn.payloads:
+                self._send_bundle(txn)
             self._dead_sink_flush()
             # the membership, not the bare group id: a broker with KIP-447 refuses the
             # offsets (and so the transaction) of a generation the group has left behind
