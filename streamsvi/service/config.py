@@ -189,10 +189,12 @@ SCHEMA: dict[str, dict[str, Field]] = {
                               choices=("downweight", "drop")),
         "transaction_timeout_ms": Field("int", 60000, "worker transaction timeout (Kafka aborts a dead "
                                         "worker's open transaction after it)", min=1),
-        "commit_every_batches": Field("int", 1, "a worker commits the deltas and offsets of this many "
-                                      "batches in one Kafka transaction (more: less broker work per "
-                                      "record; deltas reach the applier later, so their staleness "
-                                      "grows with it)", min=1),
+        "commit_every_batches": Field("int", None, "a worker commits the deltas and offsets of this "
+                                      "many batches in one Kafka transaction (more: less worker and "
+                                      "broker work per record; the k-th delta of a transaction is at "
+                                      "least k - 1 versions stale); unset: the default staleness bound, "
+                                      "16 for statistic deltas, 4 for gradients, so a worker's own "
+                                      "deltas are never down-weighted", min=1),
         "commit_seconds": Field("float", 0.5, "... or once its open transaction is this old (and at "
                                 "every empty poll and stop)", min=0),
         "publish_seconds": Field("float", 0.0, "the applier publishes lambda at most this often "

@@ -615,9 +615,25 @@ class Worker(Daemon):
                     self._give_back(source, txn.ranges)
                 return
         txn.payloads.append(payload)
-        if txn.batches >= self.sc["commit_every_batches"] or \
+        if txn.batches >= self._commit_every() or \
                 time.monotonic() - txn.started >= self.sc["commit_seconds"]:
             self._commit(source)
+
+    def _commit_every(self) -> int:
+        """Batches per transaction: ``scaleout.commit_every_batches``, else the default staleness
+        bound of the model's storage (16; 4 for gradients): the k-th delta of a transaction is
+        computed at the λ the transaction began with, k − 1 versions behind the applier when it
+        is applied, so a worker's own deltas stay within the bound. One transaction per batch
+        cost a worker 4× one process's CPU per record and the broker 25× (4 ms of tansu's CPU
+        per transaction: ``bench/scaleout.py``)."""
+        n = self.sc["commit_every_batches"]
+        if n is None:
+            from ...inference import split
+            from .applier import MAX_STALENESS
+
+            n = getattr(split.splitter_for(self.engine), "max_staleness", MAX_STALENESS) \
+                if self.engine is not None else 1
+        return int(n)
 
     def _send_bundle(self, txn) -> None:
         """Send the transaction's unsent deltas as one message (a bundle)."""
