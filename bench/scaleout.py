@@ -1,6 +1,6 @@
 """Scale-out on a local broker: records/s with 1, 2, 4 workers, the applier's ceiling, quality.
 
-    python bench/scaleout.py [--records 60000] [--rounds 2]
+    python bench/scaleout.py [--records 60000] [--rounds 2] [--batch-size 1000] [--commit-every K]
 
 Runs, on one local tansu broker (memory storage), the real CLI as subprocesses:
 one single-process daemon (``streamsvi run --until-drained``) and the
@@ -48,6 +48,8 @@ def data(n, seed=0):
     return centres[z] + rng.normal(size=(n, D))
 
 
+#: |S| (``--batch-size``; M = |S| / 4): the product's default, 1000
+BATCH = 1000
 #: ``scaleout`` settings of the workers (``--commit-every``)
 SCALEOUT = {}
 #: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
@@ -59,7 +61,7 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None):
 
     cfg = {"model": {"kind": "gmm", "n_components": K, "n_features": D, "weight_concentration": 1.0,
                      "mean_precision": 0.1, "scale": 1.0},
-           "inference": {"n_total": max(n, 1), "batch_size": 200, "effective_batch_size": 50,
+           "inference": {"n_total": max(n, 1), "batch_size": BATCH, "effective_batch_size": BATCH // 4,
                          "max_wait_seconds": 1.0, "seed": 1},
            "source": {"bootstrap_servers": bootstrap, "topics": [topic], "group_id": group,
                       "codec": "json"},
@@ -193,14 +195,14 @@ def applier_ceiling(root, bootstrap, n_deltas):
     work.mkdir()
     import tomllib
     cfg = validate(tomllib.loads(config(work, bootstrap, "data", f"g-{uuid.uuid4().hex[:8]}",
-                                        n_deltas * 200, deltas).read_text()))
-    engine = build_engine(cfg, n_deltas * 200.0)
-    X = data(200 * 50, seed=9)
+                                        n_deltas * BATCH, deltas).read_text()))
+    engine = build_engine(cfg, n_deltas * float(BATCH))
+    X = data(BATCH * 50, seed=9)
     st = engine.init(X, seed=1)
     ds = []                        # 50 different minibatches' deltas, cycled
     for j in range(50):
-        tg = engine.stochastic_target(st, X[200 * j:200 * (j + 1)])
-        ds.append(Delta(worker="w", version=0, ranges=[], records=200,
+        tg = engine.stochastic_target(st, X[BATCH * j:BATCH * (j + 1)])
+        ds.append(Delta(worker="w", version=0, ranges=[], records=BATCH,
                         stats=tg.target - engine.model.prior(), min_weight=float(tg.weights.min()),
                         n_total=engine.n_total))
     prod = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"bench-{uuid.uuid4().hex[:6]}",
@@ -210,7 +212,7 @@ def applier_ceiling(root, bootstrap, n_deltas):
     prod.send(deltas, init_delta("w", engine, st).encode(), partition=0)
     for i in range(n_deltas):
         d = ds[i % len(ds)]
-        d.ranges = [("data", 0, 200 * i, 200 * (i + 1))]
+        d.ranges = [("data", 0, BATCH * i, BATCH * (i + 1))]
         prod.send(deltas, d.encode(), partition=0)
     prod.commit_transaction()
     prod.close()
@@ -231,6 +233,7 @@ def applier_ceiling(root, bootstrap, n_deltas):
 
 
 def main():
+    global LAMBDA, BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--records", type=int, default=60000)
     ap.add_argument("--rounds", type=int, default=2)
@@ -240,9 +243,10 @@ def main():
                     help="how λ reaches the workers: the lambda topic (default) or a shared file")
     ap.add_argument("--commit-every", type=int, default=None,
                     help="scaleout.commit_every_batches of the workers (default: the config's)")
+    ap.add_argument("--batch-size", type=int, default=BATCH,
+                    help=f"|S| of every run (M = |S| / 4; default {BATCH}, the product's default)")
     args = ap.parse_args()
-    global LAMBDA
-    LAMBDA = args.lam
+    LAMBDA, BATCH = args.lam, args.batch_size
     if args.commit_every is not None:
         SCALEOUT["commit_every_batches"] = args.commit_every
     from streamsvi.io import JsonCodec, produce_rows
@@ -259,7 +263,7 @@ def main():
         topic = f"points-{uuid.uuid4().hex[:6]}"
         create_topic(bs, topic, partitions=P)
         produce_rows(bs, topic, X, JsonCodec(D), partitions=P)
-        print(f"{n} JSON records of a {K}-component {D}-D mixture on {P} partitions; batch 200, M 50\n")
+        print(f"{n} JSON records of a {K}-component {D}-D mixture on {P} partitions; batch {BATCH}, M {BATCH // 4}\n")
         # start-up CPU (imports, group join, shutdown) of each role on an empty topic, subtracted
         # below so that "CPU per record" is what each record costs
         empty = f"empty-{uuid.uuid4().hex[:6]}"
@@ -311,8 +315,8 @@ def main():
         dps, pure, el = applier_ceiling(root, bs, args.ceiling_deltas)
         print(f"\napplier ceiling: {dps:.0f} deltas/s end to end ({args.ceiling_deltas} deltas read "
               f"read_committed, decoded, applied, published, checkpointed in {el:.1f} s) = "
-              f"{dps * 200:.0f} records/s at 200 records per delta; the step alone (decode + apply): "
-              f"{pure:.0f} deltas/s = {pure * 200:.0f} records/s")
+              f"{dps * BATCH:.0f} records/s at {BATCH} records per delta; the step alone (decode + apply): "
+              f"{pure:.0f} deltas/s = {pure * BATCH:.0f} records/s")
 
         print("\nquality: mean held-out log predictive density (2000 records not trained on, nats/record):")
         rows = []
