@@ -20,8 +20,8 @@ from streamsvi.checkpoint import load_snapshot
 from streamsvi.models import CONFIG_KINDS
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.inference import split
-from streamsvi.service.roles.transport import (Delta, DeltaFormatError, LambdaFile, encode_bundle, init_delta,
-                                               split_parts)
+from streamsvi.service.roles.transport import (ChunkAssembler, Delta, DeltaFormatError, LambdaFile, chunk_message,
+                                               encode_bundle, init_delta, is_chunk, split_parts)
 
 from .conftest import Feed, blob_rows, gmm_config, highwater_marks, write_config
 
@@ -444,6 +444,41 @@ def test_a_bundle_splits_into_its_deltas_and_a_broken_frame_is_refused():
                      (raw + b"xy", "after the last part"), (raw[:6] + b"\x09\x00\x00\x00" + raw[10:], "truncated at part")):
         with pytest.raises(DeltaFormatError, match=why):
             split_parts(bad)
+
+
+def test_chunked_messages_are_joined_whatever_comes_between_them():
+    """A λ_0 proposal over ``lambda_chunk_bytes`` travels in chunks (LDA at V = 10⁶ is 800 MB,
+    over any broker's message limit). Two proposals whose chunks interleave are joined
+    each whole; a chunk out of order, a torn whole and a bad header are refused."""
+    rng = np.random.default_rng(0)
+    a, b = rng.bytes(10_000), rng.bytes(2_501)
+    ca, cb = chunk_message(a, 1000), chunk_message(b, 1000)
+    assert len(ca) == 10 and len(cb) == 3 and all(is_chunk(c) for c in ca + cb)
+    assert not is_chunk(a) and chunk_message(b"", 10) and len(chunk_message(b"x", 10)) == 1
+    asm, got = ChunkAssembler(), []
+    order = [("a", i) for i in range(10)] + [("b", i) for i in range(3)]
+    # each message's chunks in order, interleaved with the other's (key: 10 × index + noise < 1)
+    mixed = sorted(order, key=lambda t: 10 * t[1] + rng.random())
+    assert mixed[:2] != [("a", 0), ("a", 1)]
+    for name, i in mixed:
+        whole = asm.feed((ca if name == "a" else cb)[i])
+        if whole is not None:
+            got.append(whole)
+    assert sorted(got, key=len) == [b, a]
+    with pytest.raises(DeltaFormatError, match="out of order"):
+        ChunkAssembler().feed(ca[1])
+    torn = chunk_message(a, 1000)
+    bad = torn[-1][:-1] + bytes([torn[-1][-1] ^ 1])
+    asm = ChunkAssembler()
+    for c in torn[:-1]:
+        assert asm.feed(c) is None
+    with pytest.raises(DeltaFormatError, match="sha256"):
+        asm.feed(bad)
+    with pytest.raises(DeltaFormatError, match="magic"):
+        asm.feed(a[:100])
+    raw = ca[0]
+    with pytest.raises(DeltaFormatError, match="header"):
+        asm.feed(raw[:10] + b"{" * (len(raw) - 10))
 
 
 def test_scaleout_metrics_pass_promtool():

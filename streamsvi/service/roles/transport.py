@@ -27,8 +27,20 @@ transaction of many batches costs one record and one produce, not one each)::
     C times     uint32 LE length L, then L bytes: one delta message as above
 
 A delta inside a bundle is addressed by (offset of the bundle, its index, the
-``part``); a plain delta message is part 0 of its offset. :func:`decode_parts`
+``part``); a plain delta message is part 0 of its offset. :func:`split_parts`
 reads both.
+
+Chunk (a λ_0 proposal larger than ``scaleout.lambda_chunk_bytes``, e.g. LDA's
+K × V at V = 10⁶: 800 MB, over any broker's message limit, in one transaction)::
+
+    b"SSVDK\n"  magic and format version (6 bytes)
+    uint32 LE   length H of the JSON header: ``id`` (one per proposal),
+                ``index``, ``count``, ``size`` and ``sha256`` of the whole
+    H bytes     UTF-8 JSON header
+    raw         bytes ``index`` of the proposal's "init" message
+
+:class:`ChunkAssembler` joins a proposal's chunks (other messages may come
+between them) and checks its size and digest.
 
 The arrays of a "delta" are a worker's contribution (:mod:`streamsvi.inference.split`:
 for a dense λ the scaled weighted statistics (N/|S|) Σ_n w_n E_q[t(θ_n)] = λ̂ − η; for
@@ -62,6 +74,8 @@ from ...models.base import NatParams
 MAGIC = b"SSVD1\n"
 #: A bundle of delta messages (module docs).
 BUNDLE_MAGIC = b"SSVDN\n"
+#: One chunk of a large λ_0 proposal (module docs).
+CHUNK_MAGIC = b"SSVDK\n"
 #: Largest delta message (bytes): the worker's producer sends, and the applier's consumer
 #: fetches, messages up to this size. A dense λ̂ − η is K·V·8 bytes for LDA's shape, a
 #: columns delta K·|cols|·8, an "init" the whole λ_0; Kafka brokers refuse messages over
@@ -214,10 +228,90 @@ def split_parts(data) -> list:
     return parts
 
 
+def is_chunk(data) -> bool:
+    """Whether a deltas-topic message is a chunk of a larger one (:func:`chunk_message`)."""
+    return isinstance(data, (bytes, bytearray, memoryview)) and bytes(data[:6]) == CHUNK_MAGIC
+
+
+def chunk_message(payload: bytes, chunk_bytes: int) -> list:
+    """``payload`` (an "init" message) as chunk messages of at most ``chunk_bytes`` payload
+    bytes each (module docs); they must be sent in order, in one transaction."""
+    import hashlib
+    import uuid
+
+    chunk_bytes = max(1, int(chunk_bytes))
+    count = max(1, -(-len(payload) // chunk_bytes))
+    head = {"id": uuid.uuid4().hex, "count": count, "size": len(payload),
+            "sha256": hashlib.sha256(payload).hexdigest()}
+    out = []
+    for i in range(count):
+        h = json.dumps({**head, "index": i}, separators=(",", ":")).encode()
+        out.append(CHUNK_MAGIC + struct.pack("<I", len(h)) + h + payload[i * chunk_bytes:(i + 1) * chunk_bytes])
+    return out
+
+
+class ChunkAssembler:
+    """Joins the chunks of large messages (:func:`chunk_message`), whatever comes between them.
+
+    ``feed(data)`` takes one chunk message and returns the whole message once its last
+    chunk arrives (size and sha256 checked), else None; ``DeltaFormatError`` for a chunk
+    that does not parse or a whole that does not check out (its chunks are dropped). A
+    chunk that starts over (index 0 of an id in progress) restarts it; at most
+    :attr:`max_open` messages are collected at once (the oldest is dropped), so chunks
+    whose message never completes (a worker killed mid-write: its transaction is
+    aborted, and read_committed readers never see the chunks at all) cannot pile up.
+    """
+
+    max_open = 8
+
+    def __init__(self):
+        self._open: dict = {}           # id -> {"head": header, "parts": [bytes]}
+
+    def feed(self, data):
+        import hashlib
+
+        data, hlen = read_frame(data, CHUNK_MAGIC, "delta chunk", DeltaFormatError, _MAX_HEADER)
+        try:
+            h = json.loads(bytes(data[10:10 + hlen]).decode())
+            cid, i, count, size = str(h["id"]), int(h["index"]), int(h["count"]), int(h["size"])
+            digest = str(h["sha256"])
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise DeltaFormatError(f"bad delta chunk header: {type(exc).__name__}: {exc}") from None
+        if not 0 <= i < count or size < 0:
+            raise DeltaFormatError(f"delta chunk {i} of {count} ({size} bytes) does not add up")
+        cur = self._open.get(cid)
+        if i == 0:
+            cur = self._open[cid] = {"count": count, "size": size, "sha256": digest, "parts": []}
+            while len(self._open) > self.max_open:
+                self._open.pop(next(iter(self._open)))
+        elif cur is None or len(cur["parts"]) != i or (cur["count"], cur["size"], cur["sha256"]) != \
+                (count, size, digest):
+            self._open.pop(cid, None)
+            raise DeltaFormatError(f"delta chunk {i} of {count} of message {cid[:8]} out of order "
+                                   f"(its earlier chunks were not read)")
+        cur["parts"].append(bytes(data[10 + hlen:]))
+        if len(cur["parts"]) < count:
+            return None
+        del self._open[cid]
+        whole = b"".join(cur["parts"])
+        if len(whole) != size or hashlib.sha256(whole).hexdigest() != digest:
+            raise DeltaFormatError(f"chunked message {cid[:8]}: {len(whole)} bytes, sha256 does not match "
+                                   f"the {size} bytes announced")
+        return whole
+
+
 def init_delta(worker: str, engine, state) -> Delta:
     """The "init" message proposing ``state`` (λ_0 with its aux) as the start."""
     return Delta(worker=worker, version=-1, ranges=[], records=0, stats=state_to_arrays(engine, state),
                  n_total=float(engine.n_total), kind="init")
+
+
+def init_messages(worker: str, engine, state, chunk_bytes: int) -> list:
+    """The deltas-topic messages of a λ_0 proposal: the "init" message (:func:`init_delta`),
+    in chunks of ``chunk_bytes`` (:func:`chunk_message`) when it is larger; sent in order
+    in one transaction."""
+    payload = init_delta(worker, engine, state).encode()
+    return [payload] if len(payload) <= chunk_bytes else chunk_message(payload, chunk_bytes)
 
 
 def init_state(d: Delta):
