@@ -136,6 +136,33 @@ def test_a_worker_beyond_the_partition_count_is_a_spare(kafka_broker, new_topic,
     _check_exactly_once(ck, topic, highwater_marks(bootstrap, topic, 1), len(rows), partitions=1)
 
 
+def test_a_large_start_proposal_travels_in_chunks(kafka_broker, new_topic, new_group, tmp_path, daemons):
+    """A worker's λ_0 proposal was one message of at most 64 MiB: LDA at V = 10⁶ (800 MB) could
+    not start scaled out, and anything over the broker's message limit (1 MB on Kafka) was
+    refused. A proposal over ``scaleout.lambda_chunk_bytes`` now goes in chunks in one
+    transaction; the applier joins them (other workers' messages between them) and adopts
+    the λ_0, and every record is applied once."""
+    bootstrap, n = kafka_broker.bootstrap, 1500
+    topic, deltas = new_topic(P), new_topic(1, prefix="deltas")
+    produce_rows(bootstrap, topic, blob_rows(n, seed=8), JsonCodec(2), partitions=P)
+    hw = highwater_marks(bootstrap, topic, P)
+    cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 2, n, model={"n_components": 24},
+                        scaleout={"lambda_chunk_bytes": 1024})
+    applier = daemons(cfgs["applier"], "--role", "applier", tag="a")
+    ws = [daemons(cfgs[f"w{i}"], "--role", "worker", "--until-drained", tag=f"w{i}") for i in range(2)]
+    _wait(lambda: (s := _lambda(ck)) is not None and s.records_seen >= n, "every record applied", 180,
+          procs=[applier, *ws])
+    for w in ws:
+        assert w.wait(120) == 0, w.stderr()[-3000:]
+    applier.signal(signal.SIGTERM)
+    assert applier.wait(60) == 0, applier.stderr()[-3000:]
+    assert "λ_0 proposed by worker" in applier.stderr()
+    chunks = [m for m in _read_values(bootstrap, deltas) if is_chunk(m)]
+    assert len(chunks) >= 3, len(chunks)                  # the proposal was chunked (at least one)
+    assert all(len(m) <= 1024 + 300 for m in chunks)      # payload + frame and header
+    _check_exactly_once(ck, topic, hw, n)
+
+
 def kill_9_worker_and_active_applier(daemons, cfgs, ck, feed, rng, workers=3):
     """Two appliers and ``workers`` workers (real ``streamsvi run --role`` processes) on the
     records ``feed`` produces; kill -9 a worker at a random instant (and start it again once

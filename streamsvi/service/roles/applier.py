@@ -71,7 +71,8 @@ from ..loop import StagedLoop, _Loop
 from ..metrics import DaemonMetrics, ScaleoutMetrics
 from ...inference import split
 from .lambda_log import LambdaLogWriter
-from .transport import MAX_DELTA_BYTES, Delta, DeltaFormatError, init_state, publish_lambda, split_parts
+from .transport import (MAX_DELTA_BYTES, ChunkAssembler, Delta, DeltaFormatError, init_state, is_chunk,
+                        publish_lambda, split_parts)
 from .worker import check_scaleout_config, lambda_channel
 
 log = logging.getLogger("streamsvi.applier")
@@ -132,6 +133,7 @@ class Applier(StagedLoop):
         self._init_stop()
         self.active = False
         self._txn = committed.CommittedFilter()   # the deltas of committed transactions only
+        self._chunks = ChunkAssembler()           # a large λ_0 proposal's chunks, until its last
         self._reset()
 
     def _reset(self):
@@ -298,13 +300,31 @@ class Applier(StagedLoop):
             return
         self.next_offset = msg.offset + 1
         try:
-            parts = split_parts(msg.value)
+            if is_chunk(msg.value):
+                parts = self._join(msg)
+            else:
+                parts = split_parts(msg.value)
         except DeltaFormatError as exc:
             log.error("deltas topic offset %d: %s; skipped", msg.offset, exc)
             self._skip("bad", res)
             return
         for i, data in enumerate(parts):
             self._apply_part(msg.offset, i, data, res)
+
+    def _join(self, msg) -> list:
+        """A chunk of a λ_0 proposal too large for one message (:class:`~.transport.ChunkAssembler`):
+        ``[the proposal]`` once its last chunk is read, else ``[]``. Once λ_0 is adopted,
+        chunks are skipped unread: later proposals are ignored anyway, and joining them would
+        hold whole λs in memory (800 MB each for LDA at V = 10⁶). Before λ_0 the applier
+        writes no checkpoint, so a restart reads every chunk again."""
+        if self.state is not None:
+            return []
+        whole = self._chunks.feed(msg.value)
+        if whole is None:
+            return []
+        if Delta.peek_kind(whole) != "init":
+            raise DeltaFormatError("a chunked message that is not a λ_0 proposal (only those are chunked)")
+        return [whole]
 
     def _apply_part(self, offset, part, data, res):
         """One delta: decode, deduplicate, weigh staleness, step."""

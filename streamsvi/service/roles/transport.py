@@ -160,6 +160,15 @@ class Delta:
         body = b"".join(v.tobytes() for _, v in arrays)
         return MAGIC + struct.pack("<I", len(h)) + h + body
 
+    @staticmethod
+    def peek_kind(data) -> str:
+        """The ``kind`` of a delta message, from its header alone (its arrays not read)."""
+        data, hlen = read_frame(data, MAGIC, "delta", DeltaFormatError, _MAX_HEADER)
+        try:
+            return str(json.loads(bytes(data[10:10 + hlen]).decode())["kind"])
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            raise DeltaFormatError(f"bad delta header: {type(exc).__name__}: {exc}") from None
+
     @classmethod
     def decode(cls, data: bytes) -> "Delta":
         data, hlen = read_frame(data, MAGIC, "delta", DeltaFormatError, _MAX_HEADER)

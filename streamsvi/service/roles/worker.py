@@ -67,7 +67,7 @@ from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .lambda_log import LambdaLog
 from .transport import (MAX_DELTA_BYTES, Delta, LambdaFile, bundle_size, check_delta_size, encode_bundle,
-                        init_delta)
+                        init_messages)
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -568,10 +568,12 @@ class Worker(Daemon):
         start = self._start_records(batches)
         n = self.kind.n_records(start)
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
-        payload = check_delta_size(init_delta(self.worker_id, self.engine, st).encode(), "the λ_0 proposal")
+        # in chunks of lambda_chunk_bytes when larger (LDA at V = 10⁶: 800 MB), one transaction
+        msgs = init_messages(self.worker_id, self.engine, st, self.sc["lambda_chunk_bytes"])
         prod = self._producer()
         prod.begin_transaction()
-        prod.send(self.sc["deltas_topic"], payload, partition=0)
+        for m in msgs:
+            prod.send(self.sc["deltas_topic"], m, partition=0)
         prod.commit_transaction()
         self._proposals += 1
         self._next_proposal = time.monotonic() + min(LAMBDA_WAIT_MAX_S * 2 ** self._proposals,
