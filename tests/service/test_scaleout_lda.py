@@ -17,7 +17,7 @@ import pytest
 from streamsvi.datasets import make_lda_corpus
 from streamsvi.models import LDA
 
-from streamsvi.service.roles.transport import MAX_DELTA_BYTES, Delta, check_delta_size
+from streamsvi.service.roles.transport import MAX_DELTA_BYTES, Delta, check_delta_size, split_parts
 
 from .conftest import Feed, highwater_marks, produce_raw, read_topic
 from .test_scaleout import P, _check_exactly_once, _configs, _lambda, _wait, kill_9_worker_and_active_applier
@@ -87,8 +87,9 @@ def test_lda_deltas_over_a_megabyte_travel(kafka_broker, new_topic, new_group, t
     _check_exactly_once(ck, topic, hw, n, partitions=1)
     sizes = {}
     for _, _, value in read_topic(bootstrap, deltas):
-        d = Delta.decode(value)
-        sizes.setdefault(d.kind, []).append(len(value))
+        for part in split_parts(value):           # a transaction's deltas: one bundle
+            d = Delta.decode(part)
+            sizes.setdefault(d.kind, []).append(len(part))
     assert min(sizes["delta"]) > 2 << 20 and min(sizes["init"]) > 8 << 20, sizes
 
 

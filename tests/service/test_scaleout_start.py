@@ -15,7 +15,7 @@ import pytest
 
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.service.config import build_engine, load_config
-from streamsvi.service.roles.transport import Delta, init_state
+from streamsvi.service.roles.transport import Delta, init_state, split_parts
 
 from .conftest import blob_rows, highwater_marks, produce_raw, read_topic
 from .test_scaleout import _check_exactly_once, _configs, _lambda, _wait
@@ -41,8 +41,9 @@ def _run(tmp_path, daemons, bootstrap, topic, deltas, group, n, n_total):
 
 
 def _proposals(bootstrap, deltas) -> list:
-    """Every λ_0 proposal ("init" message) on the deltas topic, in order."""
-    found = [Delta.decode(v) for _, _, v in read_topic(bootstrap, deltas)]
+    """Every λ_0 proposal ("init" message) on the deltas topic, in order (a worker's transaction
+    sends its deltas as one bundle: each of its parts is a message here)."""
+    found = [Delta.decode(part) for _, _, v in read_topic(bootstrap, deltas) for part in split_parts(v)]
     return [init_state(d)[1].lam for d in found if d.kind == "init"]
 
 
