@@ -17,7 +17,8 @@ import pytest
 from streamsvi.datasets import make_lda_corpus
 from streamsvi.models import LDA
 
-from streamsvi.service.roles.transport import MAX_DELTA_BYTES, Delta, check_delta_size, split_parts
+from streamsvi.service.roles.transport import (MAX_DELTA_BYTES, ChunkAssembler, Delta, check_delta_size, is_chunk,
+                                               split_parts)
 
 from .conftest import Feed, highwater_marks, produce_raw, read_topic
 from .test_scaleout import P, _check_exactly_once, _configs, _lambda, _wait, kill_9_worker_and_active_applier
@@ -64,7 +65,8 @@ def test_lda_deltas_over_a_megabyte_travel(kafka_broker, new_topic, new_group, t
     distinct words: each columns delta is ~3 MB and the λ_0 proposal ~10 MB, over the 1 MiB
     a Kafka producer sends by default (before: the worker's λ_0 proposal ended it with
     ``MessageSizeTooLargeError``, refused by its own producer); the worker's producer and the
-    applier's fetches take messages up to ``MAX_DELTA_BYTES``."""
+    applier's fetches take messages up to ``MAX_DELTA_BYTES``, and the proposal travels in
+    chunks of ``scaleout.lambda_chunk_bytes``."""
     bootstrap, n, V2, K2 = kafka_broker.bootstrap, 300, 20000, 64
     topic, deltas = new_topic(1), new_topic(1, prefix="deltas")
     rng = np.random.default_rng(6)
@@ -85,12 +87,18 @@ def test_lda_deltas_over_a_megabyte_travel(kafka_broker, new_topic, new_group, t
     applier.signal(signal.SIGTERM)
     assert applier.wait(60) == 0, applier.stderr()[-3000:]
     _check_exactly_once(ck, topic, hw, n, partitions=1)
-    sizes = {}
+    sizes, chunks, asm = {}, 0, ChunkAssembler()
     for _, _, value in read_topic(bootstrap, deltas):
+        if is_chunk(value):                       # the λ_0 proposal, in chunks of lambda_chunk_bytes
+            chunks += 1
+            value = asm.feed(value)
+            if value is None:
+                continue
         for part in split_parts(value):           # a transaction's deltas: one bundle
             d = Delta.decode(part)
             sizes.setdefault(d.kind, []).append(len(part))
     assert min(sizes["delta"]) > 2 << 20 and min(sizes["init"]) > 8 << 20, sizes
+    assert chunks >= 8, chunks
 
 
 def test_a_delta_over_the_limit_stops_the_worker_with_what_to_shrink():
