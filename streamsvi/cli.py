@@ -639,7 +639,8 @@ def main(argv=None) -> int:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return exitcodes.NOT_ASSIGNED
     except RuntimeError as exc:
-        from .service.daemon import CheckpointFailed, FreshStartRefused
+        from .service.commit import CheckpointFailed
+        from .service.daemon import FreshStartRefused
         if isinstance(exc, CheckpointFailed):
             print(f"streamsvi: error: {exc}", file=sys.stderr)
             return exitcodes.STORAGE

@@ -15,9 +15,10 @@ backoff, the idle metadata probe, ``streamsvi_broker_up`` /
 
 The loop is :class:`~streamsvi.service.loop.StagedLoop`'s, shared with the
 worker and the applier (the stages are listed there); the daemon fills in every
-stage, its commit strategy a durable snapshot, then the offset commit. Signal
-handlers only set a flag; resources live in an ``ExitStack``; ``run()`` takes
-stop conditions so tests can drive it.
+stage, and its commit strategy is :class:`~streamsvi.service.commit.SnapshotCommit`:
+a durable snapshot, then the offset commit. Signal handlers only set a flag;
+resources live in an ``ExitStack``; ``run()`` takes stop conditions so tests can
+drive it.
 """
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint import CheckpointStore, check_compatible, pointer_number
+from ..checkpoint import CheckpointStore, check_compatible
 from ..io.records import record_kind
 from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
+from .commit import SnapshotCommit
 from .config import build_engine, build_model, client_security
 from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S: its old home)
 from .loop import StagedLoop, _Loop
@@ -60,15 +62,6 @@ class FreshStartRefused(RuntimeError):
     """No valid snapshot, but traces of an earlier run: starting fresh would lose records silently."""
 
 
-class CheckpointFailed(RuntimeError):
-    """The checkpoint storage failed mid-run (disk full, directory removed, unwritable).
-
-    Nothing after the last durable snapshot was committed, so a restart once the
-    storage is fixed reads those records again: nothing is lost. The CLI prints
-    the message on one line and exits with ``exitcodes.STORAGE``.
-    """
-
-
 @dataclass
 class RunResult:
     """What one ``Daemon.run`` did."""
@@ -83,7 +76,8 @@ class RunResult:
 
 
 class Daemon(StagedLoop):
-    """One model learning from one source.
+    """One model learning from one source, committed by a snapshot, then the offset commit
+    (:class:`~streamsvi.service.commit.SnapshotCommit`).
 
     Parameters
     ----------
@@ -100,6 +94,8 @@ class Daemon(StagedLoop):
         the checkpoint directory or the consumer group shows an earlier run
         (default False: :class:`FreshStartRefused`; see :meth:`_refuse_fresh_start`).
     """
+
+    commit_strategy = SnapshotCommit
 
     def __init__(self, cfg: dict, registry=None, source_factory=None, dead_sink_factory=None,
                  out=None, allow_fresh_start: bool = False):
@@ -123,6 +119,8 @@ class Daemon(StagedLoop):
         #: whether the brokers answer: state, backoff, probe cadence, broker_up/retries, log lines
         self.health = BrokerHealth(self.metrics, src["bootstrap_servers"], src["connect_backoff_seconds"],
                                    role="the daemon", log=log, errors=_transient_errors())
+        #: the commit strategy (:mod:`streamsvi.service.commit`), called by the loop's stages
+        self.commit = self.commit_strategy(self)
 
     # ------------------------------------------------------------ resume
     def _resume(self):
@@ -292,61 +290,14 @@ class Daemon(StagedLoop):
               file=self.out, flush=True)
 
     # -------------------------------------------------------- checkpoint
-    def checkpoint(self, source, dead_sink):
-        """Flush dead letters, snapshot (durable when it returns), then commit offsets.
-
-        Dead letters go first: a restart seeks past every record the snapshot
-        covers, bad ones included, so a dead letter still buffered when the
-        snapshot is durable would be lost by a crash. (A crash between the
-        flush and the snapshot writes those dead letters again on restart:
-        at least once, never lost.)
-        """
-        if self.state is None:
-            return None
-        offsets = [{"source": s, "partition": p, "offset": o} for (s, p), o in sorted(self.offsets.items())]
-        extra = {"elbo_history": list(self.elbo_history)}
-        if self.heldout is not None:
-            extra["heldout"] = self.kind.to_json(self.heldout)
-        try:
-            dead_sink.flush()
-            snap = self.store.save(self.engine, self.state, offsets, config=self.cfg, extra=extra)
-            self._write_history()
-        except OSError as exc:
-            raise self._checkpoint_failed(exc) from None
-        self.metrics.checkpoint_ts.set(time.time())
-        self.metrics.checkpoints.inc()
-        try:
-            source.commit(dict(self.offsets))   # only after the snapshot is durable
-            self.health.answered()
-        except _transient_errors() as exc:
-            # not fatal: a restart seeks to the snapshot's offsets, not the committed ones,
-            # and the next checkpoint commits newer offsets
-            self.health.failed(exc, "offset commit")
-            log.warning("offset commit failed (%s: %s); snapshot %s is durable, the next checkpoint "
-                        "commits again", type(exc).__name__, exc, snap.path.name)
-        return snap
-
     @staticmethod
     def _close_sink(dead_sink) -> None:
         """Close the dead-letter sink; a failure is logged, never chained onto the error that
         is already on its way out (a full disk failed the checkpoint, then the close)."""
         try:
             dead_sink.close()
-        except Exception as exc:  # noqa: BLE001 - everything durable was flushed by checkpoint()
+        except Exception as exc:  # noqa: BLE001 - everything durable was flushed by the last checkpoint
             log.error("closing the dead-letter sink failed (%s: %s)", type(exc).__name__, exc)
-
-    def _checkpoint_failed(self, exc: OSError) -> CheckpointFailed:
-        """One line for a storage failure: what failed, where, and that nothing is lost."""
-        directory = self.cfg["checkpoint"]["directory"]
-        gone = not os.path.isdir(directory)
-        what = f"{exc.strerror or type(exc).__name__}" + (f" ({exc.filename})" if exc.filename else "")
-        last = None if gone else pointer_number(directory)
-        where = "the checkpoint directory was removed" if gone else f"writing to it failed: {what}"
-        kept = f"snapshot {last} is the last durable one" if last else "no snapshot is durable"
-        return CheckpointFailed(
-            f"checkpoint in {directory} failed at step {self.state.step}: {where}. Nothing after the "
-            f"last durable checkpoint was committed ({kept}), so a restart reads those records again "
-            f"and nothing is lost: fix the storage, then restart")
 
     def _write_history(self):
         """Append the compact metric history of the checkpointed steps to history.jsonl.
@@ -394,7 +345,8 @@ class Daemon(StagedLoop):
         :meth:`_start`, then per turn :meth:`_stop_condition`, :meth:`_poll`, :meth:`_idle`
         (no records) or :meth:`_set_aside`, :meth:`_hold_out`, :meth:`_learn`,
         :meth:`_advance`, :meth:`_maybe_checkpoint`, :meth:`_maybe_progress`; at the end
-        :meth:`_finish`.
+        :meth:`_finish`. The stages ``_advance``, ``_maybe_checkpoint`` and ``_finish`` hand
+        the commit to :attr:`commit` (:class:`~streamsvi.service.commit.SnapshotCommit`).
         """
         loop = _Loop(RunResult(), limit=max_batches, timeout=timeout, until_drained=until_drained)
         self.elbo_history = collections.deque(maxlen=1000)
@@ -458,10 +410,12 @@ class Daemon(StagedLoop):
         return batch
 
     def _idle(self, source, loop) -> bool:
-        """No records came: probe the brokers; start from the batches held back for the start
-        (a quiet stream does not keep it waiting); True to stop when ``until_drained`` and drained."""
+        """No records came: the commit strategy's ``on_idle``; probe the brokers; start from the
+        batches held back for the start (a quiet stream does not keep it waiting); True to stop
+        when ``until_drained`` and drained."""
         if loop.failed_poll:
             return False
+        self.commit.on_idle(source, loop)
         check = getattr(source, "check_brokers", None)   # Kafka sources only
         if check is not None:
             self.health.probe(check)
@@ -590,20 +544,6 @@ class Daemon(StagedLoop):
         self.metrics.heldout_log_loss.set(float(-np.mean(np.log(p_y))))
         self.metrics.heldout_accuracy.set(float(np.mean(p.argmax(axis=1) == y)))
 
-    def _advance(self, batch, source) -> None:
-        """The batch's records (applied, held out or dead-lettered) are consumed."""
-        self.offsets.update(batch.next_offsets)
-        self.metrics.set_lag(source.lag())
-
-    def _maybe_checkpoint(self, source, dead_sink, loop) -> None:
-        """Checkpoint (then commit) every ``checkpoint.every_batches`` updates or ``every_seconds``."""
-        ck, now = self.cfg["checkpoint"], time.monotonic()
-        if loop.batches_since_ck >= ck["every_batches"] or now - loop.last_ck >= ck["every_seconds"]:
-            if self.state is not None:
-                self.checkpoint(source, dead_sink)
-                loop.res.checkpoints += 1
-            loop.last_ck, loop.batches_since_ck = now, 0
-
     def _maybe_progress(self, source, loop) -> None:
         """The console progress line every ``metrics.progress_seconds``."""
         every, now = self.cfg["metrics"]["progress_seconds"], time.monotonic()
@@ -613,16 +553,13 @@ class Daemon(StagedLoop):
 
     def _finish(self, source, dead_sink, loop) -> None:
         """Clean shutdown: start from any batches still held back and learn them, a last
-        progress line, then checkpoint and commit what was applied."""
+        progress line, then the commit strategy's ``finish`` (checkpoint and commit what was
+        applied)."""
         self._flush_start(loop)
         if self.cfg["metrics"]["progress_seconds"] and loop.progress_records and loop.last_info is not None:
             self._print_progress(source, loop.last_info,             # where the run ended
                                  loop.progress_records / max(time.monotonic() - loop.last_progress, 1e-9))
-        if self.state is not None:
-            snap = self.checkpoint(source, dead_sink)
-            loop.res.checkpoints += 1
-            print(f"checkpoint: {snap.path} (step {self.state.step}, "
-                  f"{self.state.records_seen} records)", file=self.out, flush=True)
+        super()._finish(source, dead_sink, loop)
 
 
 def _transient_errors() -> tuple:

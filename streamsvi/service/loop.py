@@ -1,33 +1,41 @@
 """One loop of named stages: the single daemon, the worker and the applier configure it.
 
-:class:`StagedLoop` runs the loop; a role is a subclass that fills in its stages
-(quix-streams' ``Application`` the same way: one loop, the commit strategy
-plugged in). The stages, in order:
+:class:`StagedLoop` runs the loop; a role is a subclass that fills in its stages and
+plugs in its commit strategy (quix-streams' ``Application`` the same way: one loop,
+the guarantee a setting). The strategy (:mod:`streamsvi.service.commit`) is the
+role's ``commit``, bound in its ``__init__`` from ``commit_strategy``; the stages
+``_advance``, ``_maybe_checkpoint``, ``_idle`` and ``_finish`` call it. The stages,
+in order:
 
 * ``_start(stack, loop)``: open what the run needs (metrics server, source or
   consumer, sinks), registering their closing on ``stack`` (an ``ExitStack``);
   returns ``(source, dead_sink)``, or None when a stop came first;
 * per turn: ``_stop_condition(loop)`` (shared: a signal, the count limit, the
   timeout), then ``_poll(source, loop)``, the next batch or None;
-* a turn with no batch: ``_idle(source, loop)``, True to end the run;
+* a turn with no batch: ``_idle(source, loop)``, True to end the run (the
+  strategy's ``on_idle`` when the poll did not fail);
 * a turn with a batch: ``_set_aside(batch, dead_sink, loop)`` (rejected
   records), ``_hold_out(batch.x, loop)`` (what is kept back from learning),
-  ``_learn(x, source, loop)``, ``_advance(batch, source)`` (positions),
-  ``_maybe_checkpoint(source, dead_sink, loop)`` (the commit strategy),
-  ``_maybe_progress(source, loop)``; with ``until_drained``, ``_drained(source)``
-  ends the run;
-* at the end ``_finish(source, dead_sink, loop)`` (the last commit), then
-  ``_result(loop)``, what ``run()`` returns.
+  ``_learn(x, source, loop)``, ``_advance(batch, source)`` (the strategy's
+  ``after_batch``: positions, or the batch's delta), ``_maybe_checkpoint(source,
+  dead_sink, loop)`` (the strategy's ``maybe_commit``), ``_maybe_progress(source,
+  loop)``; with ``until_drained``, ``_drained(source)`` ends the run;
+* at the end ``_finish(source, dead_sink, loop)`` (the strategy's ``finish``, the
+  last commit), then ``_result(loop)``, what ``run()`` returns.
 
 The configurations: :class:`~streamsvi.service.daemon.Daemon` fills in every
-stage (minibatches → SVI+ → snapshot, then offset commit);
-:class:`~streamsvi.service.roles.worker.Worker` is a daemon whose ``_learn``,
-``_advance`` (a Kafka transaction of the delta and the offsets) and
-``_maybe_checkpoint`` (none) differ; :class:`~streamsvi.service.roles.applier.Applier`
+stage (minibatches → SVI+) and commits with
+:class:`~streamsvi.service.commit.SnapshotCommit` (a snapshot, then the offset
+commit); :class:`~streamsvi.service.roles.worker.Worker` is a daemon whose
+``_learn`` computes a delta instead of an update, committed with
+:class:`~streamsvi.service.commit.TransactionCommit` (the deltas and the offsets
+in one Kafka transaction); :class:`~streamsvi.service.roles.applier.Applier`
 polls the deltas topic (``_poll``: the released deltas, or None while it stands
-by), applies them in ``_learn`` and publishes λ and checkpoints in
-``_maybe_checkpoint``, which runs on turns with an empty poll too (its ``_poll``
-returns an empty batch while active); the stages it leaves alone do nothing.
+by), applies them in ``_learn`` and commits with
+:class:`~streamsvi.service.commit.PublishCommit` (λ published, then a
+checkpoint), whose ``maybe_commit`` runs on turns with an empty poll too (its
+``_poll`` returns an empty batch while active); the stages it leaves alone do
+nothing.
 
 The loop the quix-streams way: signal handlers only set a flag
 (:class:`~streamsvi.service.signals.StopOnSignals`); resources live in an
@@ -39,6 +47,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 
+from .commit import CommitStrategy
 from .signals import StopOnSignals
 
 
@@ -62,9 +71,15 @@ class _Loop:
 class StagedLoop(StopOnSignals):
     """The loop of named stages (module docs); subclasses fill the stages in.
 
-    A subclass calls :meth:`_init_stop` in ``__init__`` and its ``run()`` builds a
+    A subclass calls :meth:`_init_stop` in ``__init__``, binds its commit strategy
+    (``self.commit = self.commit_strategy(self)``), and its ``run()`` builds a
     :class:`_Loop` and hands it to :meth:`_run`.
     """
+
+    #: The class of the role's commit strategy (:mod:`streamsvi.service.commit`).
+    commit_strategy = CommitStrategy
+    #: The role's commit strategy, bound in ``__init__``; this default commits nothing.
+    commit: CommitStrategy = CommitStrategy()
 
     #: The count limit of ``run()``: its keyword (``stopped_by`` when it is reached)
     #: and the field of the result it counts.
@@ -131,7 +146,10 @@ class StagedLoop(StopOnSignals):
         raise NotImplementedError
 
     def _idle(self, source, loop: _Loop) -> bool:
-        """A turn without a batch; True to end the run. Nothing by default."""
+        """A turn without a batch; True to end the run. By default the commit strategy's
+        ``on_idle`` (unless the poll failed), and the run goes on."""
+        if not loop.failed_poll:
+            self.commit.on_idle(source, loop)
         return False
 
     def _set_aside(self, batch, dead_sink, loop: _Loop) -> None:
@@ -146,10 +164,12 @@ class StagedLoop(StopOnSignals):
         raise NotImplementedError
 
     def _advance(self, batch, source) -> None:
-        """The batch is consumed. Nothing by default."""
+        """The batch is consumed: the commit strategy's ``after_batch``."""
+        self.commit.after_batch(batch, source)
 
     def _maybe_checkpoint(self, source, dead_sink, loop: _Loop) -> None:
-        """The commit strategy, once a turn with a batch. Nothing by default."""
+        """Once a turn with a batch: the commit strategy's ``maybe_commit``."""
+        self.commit.maybe_commit(source, dead_sink, loop)
 
     def _maybe_progress(self, source, loop: _Loop) -> None:
         """Progress output. Nothing by default."""
@@ -159,7 +179,8 @@ class StagedLoop(StopOnSignals):
         return False
 
     def _finish(self, source, dead_sink, loop: _Loop) -> None:
-        """The last commit of a run that ends. Nothing by default."""
+        """The last commit of a run that ends: the commit strategy's ``finish``."""
+        self.commit.finish(source, dead_sink, loop)
 
     def _result(self, loop: _Loop):
         """What ``run()`` returns after :meth:`_finish`: the loop's result."""

@@ -250,7 +250,7 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
     from prometheus_client import CollectorRegistry
 
     from streamsvi.io import produce_rows
-    from streamsvi.service.roles import worker as worker_mod
+    from streamsvi.service import commit as commit_mod
     from streamsvi.service.roles.worker import Worker, worker_source
 
     from .conftest import committed_offsets
@@ -264,11 +264,11 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
                      inference={"n_total": 100, "batch_size": 50, "max_wait_seconds": 1.0})
     raw["scaleout"] = {"deltas_topic": "deltas", "worker_id": "w-silent"}
     cfg = validate(raw)
-    monkeypatch.setattr(worker_mod, "TRANSACTION_WAIT_S", 2.0)
+    monkeypatch.setattr(commit_mod, "TRANSACTION_WAIT_S", 2.0)
     worker = Worker(cfg, registry=CollectorRegistry(), out=open("/dev/null", "w"))
     source = worker_source(cfg, worker.metrics)
     try:
-        worker._producer()
+        worker.commit.open_producer()
         source.wait_for_assignment(timeout_s=30)
         batch = _wait_for(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and
                           b.next_offsets and b, "a batch", 30)
@@ -277,7 +277,7 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
         proxy.pause()                                       # the broker goes silent mid-transaction
         done = threading.Event()
         with caplog.at_level("WARNING", logger="streamsvi.worker"):
-            t = threading.Thread(target=lambda: (worker._advance(batch, source), worker._commit(source),
+            t = threading.Thread(target=lambda: (worker._advance(batch, source), worker.commit.commit_open(source),
                                                  done.set()), daemon=True)
             t.start()
             _wait(lambda: "did not complete" in caplog.text, 30, "the worker to give up waiting")
@@ -297,4 +297,4 @@ def test_a_worker_transaction_held_up_by_a_silent_broker_is_settled_consistently
     finally:
         proxy.heal()
         source.close()
-        worker._close_producer()
+        worker.commit.close_producer()

@@ -1,7 +1,9 @@
 """One loop of named stages (``streamsvi.service.loop``): the daemon, the worker and the applier.
 
 The base loop is checked with a toy configuration (no broker): the count limit, the
-timeout, a stop request, what ends a run, and ``_finish`` on an error. The applier is
+timeout, a stop request, what ends a run, ``_finish`` on an error, and the order in
+which it calls a commit strategy's hooks (``streamsvi.service.commit``); each role
+holds the strategy of its guarantee. The applier is
 checked on the real broker: it stops on its timeout and on SIGTERM with the signal's
 name, checkpoints on turns with an empty poll, and applies deltas through the loop.
 Waits are on conditions, never on sleeps.
@@ -15,12 +17,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamsvi.checkpoint import load_snapshot
+from streamsvi.service.commit import CommitStrategy, PublishCommit, SnapshotCommit, TransactionCommit
+from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 from streamsvi.service.loop import StagedLoop, _Loop
 from streamsvi.service.roles.applier import Applier
 from streamsvi.service.roles.transport import init_delta
 from streamsvi.service.roles.worker import Worker
 
+from .conftest import gmm_config
 from .test_scaleout import _applier_setup, _delta, _produce_deltas
 
 
@@ -34,6 +39,36 @@ def test_the_daemon_worker_and_applier_are_configurations_of_one_loop():
     assert not Daemon.finish_on_error and Applier.finish_on_error
     import streamsvi.service.daemon as daemon
     assert daemon._Loop is _Loop
+    # the commit is plugged in, not inherited: no role fills in the commit stages itself
+    for cls in (Daemon, Worker, Applier):
+        for name in ("_advance", "_maybe_checkpoint"):
+            assert getattr(cls, name) is getattr(StagedLoop, name), (cls.__name__, name)
+
+
+def test_each_role_holds_the_commit_strategy_of_its_guarantee(tmp_path):
+    """Snapshot then commit for one process, one transaction of deltas and offsets for a
+    worker, λ publication and checkpoints for the applier: each an object bound to its role."""
+    def cfg(scaleout=None):
+        raw = gmm_config(tmp_path, bootstrap="127.0.0.1:9", topic="data", group="g-roles")
+        if scaleout:
+            raw["scaleout"] = scaleout
+        return validate(raw)
+
+    out = open("/dev/null", "w")
+    scaleout = {"deltas_topic": "deltas", "worker_id": "w-roles", "lambda_file": str(tmp_path / "lam.npz")}
+    daemon = Daemon(cfg(), registry=CollectorRegistry(), out=out)
+    worker = Worker(cfg(scaleout), registry=CollectorRegistry(), out=out)
+    applier = Applier(cfg(scaleout), registry=CollectorRegistry(), out=out)
+    try:
+        for role, kind in ((daemon, SnapshotCommit), (worker, TransactionCommit), (applier, PublishCommit)):
+            assert type(role.commit) is kind and type(role).commit_strategy is kind, type(role).__name__
+            assert role.commit.role is role
+        assert worker.commit.producer is None and worker.commit.txn is None and worker.deltas_sent == 0
+        worker.commit.deltas_sent = 3                  # the worker's count is its strategy's
+        assert worker.deltas_sent == 3
+    finally:
+        worker._id_lock.close()
+        out.close()
 
 
 @dataclass
@@ -107,6 +142,65 @@ def test_finish_runs_on_an_error_only_where_the_configuration_asks(finish_on_err
     with pytest.raises(RuntimeError, match="a stage failed"):
         toy._run(_Loop(_Res()))
     assert toy.stages == ["commit"] + ["finish"] * finish_on_error + ["closed"]
+
+
+class _Recording(CommitStrategy):
+    """A commit strategy that records the hooks the loop calls, in order."""
+
+    def __init__(self, role=None):
+        super().__init__(role)
+        self.calls = []
+
+    def after_batch(self, batch, source):
+        self.calls.append(("after_batch", batch.x))
+
+    def maybe_commit(self, source, dead_sink, loop):
+        self.calls.append(("maybe_commit", dead_sink))
+
+    def on_idle(self, source, loop):
+        self.calls.append("on_idle")
+
+    def finish(self, source, dead_sink, loop):
+        self.calls.append(("finish", dead_sink))
+
+
+class _Committing(_Toy):
+    """The toy loop with the base commit stages, committing through :class:`_Recording`;
+    the polls in ``failed_polls`` fail (``loop.failed_poll``) and return nothing."""
+
+    commit_strategy = _Recording
+    _maybe_checkpoint = StagedLoop._maybe_checkpoint
+    _finish = StagedLoop._finish
+
+    def __init__(self, feed, failed_polls=(), **kw):
+        super().__init__(feed, **kw)
+        self.failed_polls = set(failed_polls)
+        self.commit = self.commit_strategy(self)
+
+    def _poll(self, source, loop):
+        batch = super()._poll(source, loop)
+        loop.failed_poll = self.polls in self.failed_polls
+        return batch
+
+
+def test_the_loop_calls_its_commit_strategy_in_the_documented_order():
+    """after_batch then maybe_commit on a turn with a batch (after _learn), on_idle on a turn
+    without one whose poll did not fail, finish once at the end, with the run's dead sink."""
+    toy = _Committing([[1], None, None, [2, 3], [4]], failed_polls={3})
+    res = toy._run(_Loop(_Res(), limit=2))
+    assert (res.stopped_by, res.batches, toy.seen) == ("max_batches", 2, [1, 2, 3])
+    assert toy.commit.calls == [("after_batch", [1]), ("maybe_commit", "sink"), "on_idle",
+                                ("after_batch", [2, 3]), ("maybe_commit", "sink"), ("finish", "sink")]
+    # a stage that raises: no commit of that batch, and no finish where the role does not ask
+    toy = _Committing([[1], [2]], fail_at=2)
+    with pytest.raises(RuntimeError, match="a stage failed"):
+        toy._run(_Loop(_Res()))
+    assert toy.commit.calls == [("after_batch", [1]), ("maybe_commit", "sink")]
+    # a role without a strategy of its own commits nothing, and the loop runs all the same
+    assert type(StagedLoop.commit) is CommitStrategy
+    plain = _Committing([[1], None])
+    del plain.commit
+    assert plain._run(_Loop(_Res(), limit=1)).batches == 1
 
 
 def _wait(cond, what, timeout_s=60.0):

@@ -630,7 +630,7 @@ def test_a_worker_dropped_by_the_group_reads_its_batch_again_instead_of_committi
     worker = Worker(cfg, registry=registry, out=open("/dev/null", "w"))
     source = worker_source(cfg, worker.metrics)
     try:
-        worker._producer()
+        worker.commit.open_producer()
         source.wait_for_assignment(timeout_s=30)
         batch = _wait(lambda: (b := source.poll_batch(50, max_wait_s=1.0)) is not None and b.next_offsets and b,
                       "a batch", 30)

@@ -11,11 +11,13 @@ worker transactions are never applied, on a broker that lists aborted
 transactions in its fetches or one that only writes the markers, as tansu
 0.6.0; None while standing by, the released deltas, maybe none, while active),
 ``_learn`` (``_apply`` to each delta: dedup, staleness, the storage's step:
-:mod:`streamsvi.inference.split`), ``_maybe_checkpoint`` (``_publish``: λ for
-the workers, then a checkpoint every ``checkpoint.every_batches`` deltas or
+:mod:`streamsvi.inference.split`), ``_maybe_checkpoint`` (its commit strategy,
+:class:`~streamsvi.service.commit.PublishCommit`: ``_publish``, λ for the
+workers, then a checkpoint every ``checkpoint.every_batches`` deltas or
 ``every_seconds``; on every turn while active, an empty poll's too);
 ``_take_over`` when partition 0 is assigned, ``_hand_over`` when it is revoked,
-``_finish`` at the end (also when a stage raised). The other stages do nothing.
+``_finish`` at the end (also when a stage raised: the strategy's last
+publication and checkpoint). The other stages do nothing.
 
 Publishing λ. On the lambda topic (``scaleout.lambda_topic``, the default;
 :mod:`.lambda_log`): each takeover starts a new lineage with a full λ of the
@@ -64,6 +66,7 @@ import numpy as np
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
 from ...io import committed
+from ..commit import PublishCommit
 from ..config import build_engine, client_security
 from ..daemon import _transient_errors
 from ..health import BrokerHealth
@@ -109,10 +112,15 @@ def _key(t, p) -> str:
 
 
 class Applier(StagedLoop):
-    """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table."""
+    """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table.
+
+    The loop configured with its own stages and commit strategy
+    (:class:`~streamsvi.service.commit.PublishCommit`: λ published, then a checkpoint).
+    """
 
     count_limit = ("max_deltas", "deltas")
     finish_on_error = True      # publish and checkpoint what was applied, whatever ended the run
+    commit_strategy = PublishCommit
 
     def __init__(self, cfg: dict, registry=None, out=None):
         check_scaleout_config(cfg)
@@ -134,6 +142,8 @@ class Applier(StagedLoop):
         self.active = False
         self._txn = committed.CommittedFilter()   # the deltas of committed transactions only
         self._chunks = ChunkAssembler()           # a large λ_0 proposal's chunks, until its last
+        #: the commit strategy (:mod:`streamsvi.service.commit`), called by the loop's stages
+        self.commit = self.commit_strategy(self)
         self._reset()
 
     def _reset(self):
@@ -250,7 +260,7 @@ class Applier(StagedLoop):
     def _hand_over(self, consumer, res):
         """Partition 0 is revoked (a clean rebalance): checkpoint, then stand by without state."""
         if self.state is not None and self._since_ck:
-            self.checkpoint(consumer)
+            self.commit.checkpoint(consumer)
             res.checkpoints += 1
         self._publish(force=True)
         self._drop_writer()
@@ -539,52 +549,11 @@ class Applier(StagedLoop):
             self._writer.close()
             self._writer = None
 
-    # -------------------------------------------------------- checkpoint
-    def _maybe_checkpoint(self, consumer, dead_sink, loop):
-        """The applier's commit strategy, every turn while active: publish λ (:meth:`_publish`),
-        then checkpoint every ``checkpoint.every_batches`` state changes or ``every_seconds``."""
-        self._publish()
-        ck, now, res = self.cfg["checkpoint"], time.monotonic(), loop.res
-        last = getattr(self, "_last_ck", None)
-        if last is None:
-            self._last_ck = last = now
-        if self.state is not None and self._since_ck and (
-                self._since_ck >= ck["every_batches"] or now - last >= ck["every_seconds"]):
-            self.checkpoint(consumer)
-            res.checkpoints += 1
-
-    def checkpoint(self, consumer):
-        """Snapshot λ, the deltas offset and the applied ranges (durable), then commit the offset."""
-        from kafka import TopicPartition
-
-        from ...io._kafka import offset_and_metadata
-
-        topic = self.sc["deltas_topic"]
-        extra = {"scaleout": {"applied_end": self.applied_end, "applied": self.applied,
-                              "dropped_records": self.dropped_records}}
-        snap = self.store.save(self.engine, self.state,
-                               [{"source": topic, "partition": 0, "offset": self.next_offset}],
-                               config=self.cfg, extra=extra)
-        self.metrics.checkpoints.inc()
-        self.metrics.checkpoint_ts.set(time.time())
-        self._since_ck, self._last_ck = 0, time.monotonic()
-        try:      # for lag monitoring only: a takeover seeks to the snapshot's offset
-            consumer.commit({TopicPartition(topic, 0): offset_and_metadata(self.next_offset)})
-        except Exception as exc:     # noqa: BLE001 - the snapshot is what counts
-            log.warning("committing deltas offset %d failed (%s); the snapshot holds it",
-                        self.next_offset, exc)
-        return snap
-
+    # ------------------------------------------------------------- finish
     def _finish(self, consumer, dead_sink, loop):
-        """The last publication and checkpoint of an active applier; the consumer and the
-        metrics server are closed after it (``_start``'s stack)."""
-        res = loop.res
-        if self.active and self.state is not None:
-            self._publish(force=True)
-            if self._since_ck:
-                snap = self.checkpoint(consumer)
-                res.checkpoints += 1
-                print(f"checkpoint: {snap.path} (step {self.state.step}, {self.state.records_seen} "
-                      f"records)", file=self.out, flush=True)
+        """The commit strategy's last publication and checkpoint of an active applier, then
+        the λ writer is closed; the consumer and the metrics server are closed after it
+        (``_start``'s stack)."""
+        super()._finish(consumer, dead_sink, loop)
         self._drop_writer()
         self.active = False

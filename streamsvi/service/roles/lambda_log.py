@@ -168,7 +168,7 @@ class LambdaLogWriter:
                 fut = p.send(self.topic, rec, partition=0)
                 first = fut if i == 0 else first
                 nf += len(rec)
-        from .worker import _bounded
+        from ..commit import _bounded
 
         _bounded(p, "commit_transaction")      # flushes; every future is done (at most 30 s)
         if first is not None:

@@ -1,9 +1,10 @@
 """The worker role (``streamsvi run --role worker``): local steps and statistics, no λ updates.
 
 A worker is a :class:`~streamsvi.service.daemon.Daemon` (the loop of named
-stages of :mod:`streamsvi.service.loop`, which the applier runs too) whose
-stages ``_learn`` and ``_advance`` do the scale-out work and which keeps no
-checkpoint of its own:
+stages of :mod:`streamsvi.service.loop`, which the applier runs too) configured
+with another learner stage, ``_learn``, and another commit strategy,
+:class:`~streamsvi.service.commit.TransactionCommit`, in place of the daemon's
+snapshots (it keeps no checkpoint of its own):
 
 * source → batch → (no hold-out) as in one process (the same ``_poll``,
   ``_set_aside`` stages, the same consumer group settings);
@@ -16,9 +17,10 @@ checkpoint of its own:
   column ids and K × |cols| statistics for LDA's scaled columns, the touched rows'
   ids and statistics for row blocks (PMF, Poisson factorisation), the minibatch's
   ELBO gradient ĝ for the gradient path (logistic, softmax);
-* ``_advance``: one Kafka transaction holds the delta (on the deltas topic)
-  and the batch's data offsets (``send_offsets_to_transaction`` with the
-  consumer's group metadata). Either both are committed or neither: a record
+* the commit (:class:`~streamsvi.service.commit.TransactionCommit`, called by
+  the stages ``_advance``, ``_idle`` and ``_finish``): one Kafka transaction
+  holds the delta (on the deltas topic) and the batch's data offsets
+  (``send_offsets_to_transaction`` with the consumer's group metadata). Either both are committed or neither: a record
   is consumed by the group exactly when its contribution is on the deltas
   topic for read_committed readers. A transaction of several batches
   (``scaleout.commit_every_batches``) sends their deltas as one message, a
@@ -36,7 +38,8 @@ the deltas topic wait until then).
 
 Broker health is the daemon's (:attr:`Daemon.health`, :mod:`streamsvi.service.health`),
 named after the worker in its log lines; a producer that cannot be started while a
-transaction is settled (:meth:`Worker._settle`) is one more failed call there.
+transaction is settled (:meth:`TransactionCommit._settle
+<streamsvi.service.commit.TransactionCommit._settle>`) is one more failed call there.
 
 SVI+ weights are drawn from a stream seeded by (seed, topic, partition, first
 offset) of the batch, so a batch processed again after a crash gets the
@@ -59,15 +62,14 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass, field
 
 from ...inference.engine import EngineState
+from ..commit import TransactionCommit
 from ..config import ConfigError, client_security
 from ..daemon import Daemon
 from ..metrics import ScaleoutMetrics
 from .lambda_log import LambdaLog
-from .transport import (MAX_DELTA_BYTES, Delta, LambdaFile, bundle_size, check_delta_size, encode_bundle,
-                        init_messages)
+from .transport import LambdaFile, init_messages
 
 log = logging.getLogger("streamsvi.worker")
 
@@ -151,30 +153,6 @@ def lambda_channel(cfg) -> tuple[str, str]:
     return "topic", sc["lambda_topic"] or f"{sc['deltas_topic']}-lambda"
 
 
-#: Longest a worker waits for one transactional request (the offsets, the commit) before it
-#: settles the transaction with a new producer (:meth:`Worker._settle`). kafka-python 3.0.12
-#: waits for them without a bound: a worker hung in ``send_offsets_to_transaction`` for good
-#: after a 25 s broker outage (seen 1 run in 2 with two workers behind the fault proxy).
-TRANSACTION_WAIT_S = 30.0
-
-
-def _bounded(producer, method: str, *args) -> None:
-    """``producer.<method>(*args)`` for a transactional request, waiting at most
-    :data:`TRANSACTION_WAIT_S` (``KafkaTimeoutError`` after that)."""
-    from kafka.errors import KafkaTimeoutError
-
-    tm, sender = getattr(producer, "_transaction_manager", None), getattr(producer, "_sender", None)
-    start = {"send_offsets_to_transaction": getattr(tm, "send_offsets_to_transaction", None),
-             "commit_transaction": getattr(tm, "begin_commit", None)}[method]
-    if start is None or sender is None:     # another kafka-python: its own (unbounded) call
-        getattr(producer, method)(*args)
-        return
-    result = start(*args)
-    sender.wakeup()
-    if not result.wait(timeout_ms=TRANSACTION_WAIT_S * 1000):
-        raise KafkaTimeoutError(f"{method}: no answer within {TRANSACTION_WAIT_S:g} s")
-
-
 def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
     """The :class:`~streamsvi.inference.split.Contribution` of the minibatch ``x`` at the λ
     version ``lam_state`` (:func:`streamsvi.inference.split.contribution`: the engine's own
@@ -223,19 +201,15 @@ def worker_source(cfg, metrics):
                                         "request_timeout_ms": MAX_POLL_INTERVAL_MS})
 
 
-@dataclass
-class _Transaction:
-    """The worker's open transaction: its batches' offset ranges and next offsets."""
-
-    started: float
-    batches: int = 0
-    ranges: list = field(default_factory=list)      # [(topic, partition, first, end)]
-    offsets: dict = field(default_factory=dict)     # (topic, partition) -> next offset
-    payloads: list = field(default_factory=list)    # encoded deltas not sent yet (one bundle)
-
-
 class Worker(Daemon):
-    """One scale-out worker (module docs). Same constructor as :class:`Daemon`."""
+    """One scale-out worker (module docs). Same constructor as :class:`Daemon`.
+
+    A daemon configured with its own learner stage (``_learn``: a delta at the published λ,
+    not an update) and commit strategy (:class:`~streamsvi.service.commit.TransactionCommit`:
+    the deltas and the offsets in one Kafka transaction).
+    """
+
+    commit_strategy = TransactionCommit
 
     def __init__(self, cfg, registry=None, source_factory=None, dead_sink_factory=None, out=None,
                  allow_fresh_start: bool = False):
@@ -253,19 +227,21 @@ class Worker(Daemon):
         else:
             self.lam = LambdaLog(cfg["source"]["bootstrap_servers"], where, self.sc["deltas_topic"],
                                  security=client_security(cfg), client_id=f"streamsvi-worker-{self.worker_id}")
-        self.producer = None
         self._proposals = 0                 # λ_0 proposals sent while no λ was published
         self._next_proposal = 0.0           # monotonic time of the next one (backoff)
         self._warned_no_applier = False
         self._pending = None        # (contribution or None, λ version) of the batch in hand
-        self._txn = None            # the open transaction (_Transaction), if any
         self._refreshed = 0.0       # monotonic time of the last λ refresh in _learn
         self._holding = False       # the batch in hand is held for the start (_gather)
         self._held_ranges: list = []    # offset ranges of every batch held for the start
         self._unassigned_since = None   # monotonic time this worker was first seen without partitions
         self._last_commit_check = 0.0   # monotonic time of the last _committed_drained while unassigned
         self._until_drained = False     # run(until_drained=...) of the current run
-        self.deltas_sent = 0
+
+    @property
+    def deltas_sent(self) -> int:
+        """Batches whose deltas this worker committed (counted by its :attr:`commit`)."""
+        return self.commit.deltas_sent
 
     # ------------------------------------------------------- start / stop
     def run(self, max_batches: int | None = None, timeout: float | None = None,
@@ -290,7 +266,7 @@ class Worker(Daemon):
         from ...io.sources import NotAssigned, SourceError
         from ..daemon import ASSIGNMENT_TIMEOUT_S
 
-        self._producer()
+        self.commit.open_producer()
         # the first λ before the first group poll: loading a large full λ from the lambda topic
         # takes longer than a member may go without polling (MAX_POLL_INTERVAL_MS); later
         # refreshes read at most one fetch each
@@ -306,7 +282,7 @@ class Worker(Daemon):
                 return True
             except SourceError as exc:
                 if self._until_drained and self._unassigned_and_drained(source):
-                    self._close_producer()
+                    self.commit.close_producer()
                     self.request_stop("drained")
                     return False
                 if isinstance(exc, NotAssigned) and exc.joined:
@@ -375,9 +351,10 @@ class Worker(Daemon):
         they are read again (:meth:`_gather`) before anything of them is committed."""
         if self._held_ranges:
             return False
-        if self._txn is not None:           # read to the end? then commit what is open, and see
+        txn = self.commit.txn
+        if txn is not None:                 # read to the end? then commit what is open, and see
             ahead = dict(self.offsets)
-            ahead.update(self._txn.offsets)
+            ahead.update(txn.offsets)
             from ..daemon import _transient_errors
 
             try:
@@ -386,7 +363,7 @@ class Worker(Daemon):
                 read_all = False
             if not read_all:
                 return False
-            self._commit(source)
+            self.commit.commit_open(source)
         if super()._drained(source):
             return True
         if source.assignment():
@@ -394,54 +371,22 @@ class Worker(Daemon):
             return False
         return self._unassigned_and_drained(source)
 
-    def _close_producer(self):
-        if self.producer is not None:
-            self.producer.close(timeout=5)
-            self.producer = None
-
     def _resume(self):
         """A worker holds no state: the group's committed offsets say where to start."""
 
     def _refuse_fresh_start(self, source):
         """Nothing to refuse: the applier owns the checkpoint."""
 
-    def _producer(self):
-        if self.producer is None:
-            from kafka import KafkaProducer
-
-            from ..config import client_security
-
-            src = self.cfg["source"]
-            self.producer = KafkaProducer(
-                bootstrap_servers=src["bootstrap_servers"],
-                transactional_id=f"streamsvi-{src['group_id']}-{self.worker_id}",
-                transaction_timeout_ms=self.sc["transaction_timeout_ms"],
-                max_request_size=MAX_DELTA_BYTES + (1 << 20),    # (a delta and the batch's framing)
-                # a transaction's deltas go out together when it commits (the commit flushes),
-                # not one produce request each
-                linger_ms=int(self.sc["commit_seconds"] * 1000), batch_size=1 << 20,
-                client_id=f"streamsvi-worker-{self.worker_id}", **client_security(self.cfg))
-            self.producer.init_transactions()   # fences an older instance, aborts its open transaction
-        return self.producer
-
     def _finish(self, source, dead_sink, loop):
-        """Commit the open transaction (if this worker still owns its partitions); nothing to
-        checkpoint: the transactions are the worker's commits."""
-        if self._txn is not None:
-            try:
-                self._commit(source)
-            except Exception as exc:  # noqa: BLE001 - uncommitted batches are read again by the group
-                log.warning("worker %s: the last transaction was not committed (%s: %s); its batches "
-                            "will be read again", self.worker_id, type(exc).__name__, exc)
-        dead_sink.flush()
-        self._close_producer()
+        """The commit strategy's ``finish`` (the open transaction committed if this worker still
+        owns its partitions, the dead letters flushed, the producer closed; nothing to
+        checkpoint: the transactions are the worker's commits), then the λ reader and the
+        worker id are let go. Not the daemon's: no last progress line, no start to flush."""
+        self.commit.finish(source, dead_sink, loop)
         if isinstance(self.lam, LambdaLog):
             self.lam.close()
         if self._id_lock is not None:
             self._id_lock.close()               # the id is free for the next worker on this host
-
-    def _maybe_checkpoint(self, source, dead_sink, loop):
-        """No snapshots: the transaction in :meth:`_advance` is the worker's commit."""
 
     def _hold_out(self, x, loop):
         """No held-out reservoir in a worker (records_seen must count every record)."""
@@ -552,11 +497,10 @@ class Worker(Daemon):
 
     def _idle(self, source, loop) -> bool:
         """As in one process; a quiet stream or its end does not keep the start waiting: start
-        from the batches held (:meth:`_gather` with ``flush``), and commit the open transaction."""
+        from the batches held (:meth:`_gather` with ``flush``); then the daemon's idle turn,
+        whose commit strategy's ``on_idle`` commits the open transaction."""
         if self._held_ranges and not loop.failed_poll:
             self._gather(None, source, flush=True)
-        if self._txn is not None and not loop.failed_poll:
-            self._commit(source)
         return super()._idle(source, loop)
 
     def _flush_start(self, loop) -> None:
@@ -570,7 +514,7 @@ class Worker(Daemon):
         st = self.engine.init(start, seed=self.cfg["inference"]["seed"])
         # in chunks of lambda_chunk_bytes when larger (LDA at V = 10⁶: 800 MB), one transaction
         msgs = init_messages(self.worker_id, self.engine, st, self.sc["lambda_chunk_bytes"])
-        prod = self._producer()
+        prod = self.commit.open_producer()
         prod.begin_transaction()
         for m in msgs:
             prod.send(self.sc["deltas_topic"], m, partition=0)
@@ -583,189 +527,12 @@ class Worker(Daemon):
                 "worker %s: no λ published yet; proposed λ_0 from %s (%d records; proposal %d)",
                 self.worker_id, what, n, self._proposals)
 
-    def _advance(self, batch, source) -> None:
-        """The batch's delta joins the open transaction (begun if none is); the transaction is
-        committed once it holds ``scaleout.commit_every_batches`` batches or is
-        ``scaleout.commit_seconds`` old (:meth:`_commit`), and at every empty poll and stop."""
-        if self._pending is None:           # held for the start (or given back): nothing to commit
-            return
-        c, version = self._pending
-        self._pending = None
-        ranges = self._batch_ranges
-        if self._still_owner(source, ranges) is None:
-            return
-        delta = Delta(worker=self.worker_id, version=version, ranges=ranges,
-                      records=0 if c is None else c.records, stats=None if c is None else c.arrays,
-                      min_weight=1.0 if c is None else c.min_weight, extra={} if c is None else c.meta,
-                      n_total=float(self.engine.n_total) if self.engine is not None else 0.0)
-        payload = check_delta_size(delta.encode(), f"the delta of {delta.records} records")
-        prod = self._producer()
-        txn = self._txn
-        if txn is None:
-            prod.begin_transaction()
-            txn = self._txn = _Transaction(started=time.monotonic())
-        txn.ranges += ranges
-        for t, p, _, end in ranges:
-            txn.offsets[(t, p)] = end
-        txn.batches += 1
-        if txn.payloads and bundle_size(txn.payloads + [payload]) > MAX_DELTA_BYTES:
-            try:                            # a full bundle goes now; the transaction stays open
-                self._send_bundle(txn)
-            except Exception as exc:  # noqa: BLE001 - the transaction is settled, whatever it was
-                self._txn = None
-                if not self._settle(source, txn.ranges, exc):
-                    self._give_back(source, txn.ranges)
-                return
-        txn.payloads.append(payload)
-        if txn.batches >= self._commit_every() or \
-                time.monotonic() - txn.started >= self.sc["commit_seconds"]:
-            self._commit(source)
-
-    def _commit_every(self) -> int:
-        """Batches per transaction: ``scaleout.commit_every_batches``, else the default staleness
-        bound of the model's storage (16; 4 for gradients): the k-th delta of a transaction is
-        computed at the λ the transaction began with, k − 1 versions behind the applier when it
-        is applied, so a worker's own deltas stay within the bound. One transaction per batch
-        cost a worker 4× one process's CPU per record and the broker 25× (4 ms of tansu's CPU
-        per transaction: ``bench/scaleout.py``)."""
-        n = self.sc["commit_every_batches"]
-        if n is None:
-            from ...inference import split
-            from .applier import MAX_STALENESS
-
-            n = getattr(split.splitter_for(self.engine), "max_staleness", MAX_STALENESS) \
-                if self.engine is not None else 1
-        return int(n)
-
-    def _send_bundle(self, txn) -> None:
-        """Send the transaction's unsent deltas as one message (a bundle)."""
-        payloads, txn.payloads = txn.payloads, []
-        self.producer.send(self.sc["deltas_topic"], encode_bundle(payloads), key=self.worker_id.encode(),
-                           partition=0)
-
-    def _still_owner(self, source, ranges):
-        """This worker's group membership if it is a stable member owning every partition of
-        ``ranges`` (what the commit sends with the offsets: the one checked); else None, the
-        open transaction aborted and its batches and ``ranges`` read again (by this worker or
-        the partitions' new owners)."""
-        member = source.membership()
-        owned = source.assignment()
-        if member is not None and all((t, p) in owned for t, p, _, _ in ranges):
-            return member
-        # The group has moved on (the broker dropped this member during an outage, or a
-        # rebalance took the partition): the partition's new owner reads these records
-        # from the group's committed offsets, so committing them here would hand the
-        # applier an overlapping delta (seen after a 25 s outage: a member the broker
-        # no longer knew went on committing for 4 s).
-        txn, self._txn = self._txn, None
-        back = (txn.ranges if txn is not None else []) + list(ranges)
-        log.info("worker %s: not a stable member owning %s any more; %d batch(es) read again, "
-                 "not committed", self.worker_id, sorted({(t, p) for t, p, _, _ in back}),
-                 1 + (txn.batches if txn is not None else 0))
-        self.scaleout_metrics.withheld.inc(1 + (txn.batches if txn is not None else 0))
-        if txn is not None:
-            self._abort()
-        self._give_back(source, back)
-        return None
-
-    def _abort(self) -> None:
-        """Abort the open transaction; a producer that cannot is replaced (its successor's
-        ``init_transactions`` aborts it)."""
-        try:
-            self.producer.abort_transaction()
-        except Exception as exc:  # noqa: BLE001 - the new producer settles it
-            log.info("worker %s: abort failed (%s: %s); a new producer aborts it", self.worker_id,
-                     type(exc).__name__, exc)
-            old, self.producer = self.producer, None
-            try:
-                old.close(timeout=0)
-            except Exception:  # noqa: BLE001
-                pass
-
-    def _commit(self, source) -> None:
-        """Commit the open transaction: its deltas, the dead letters flushed, its batches' offsets,
-        all or nothing. Nothing to do without one."""
-        from kafka import TopicPartition
-
-        from ...io._kafka import offset_and_metadata
-
-        txn = self._txn
-        if txn is None:
-            return
-        member = self._still_owner(source, txn.ranges)
-        if member is None:
-            return
-        self._txn = None
-        offsets = {TopicPartition(t, p): offset_and_metadata(end) for (t, p), end in txn.offsets.items()}
-        prod = self._producer()
-        try:
-            if txn.payloads:
-                self._send_bundle(txn)
-            self._dead_sink_flush()
-            # the membership, not the bare group id: a broker with KIP-447 refuses the
-            # offsets (and so the transaction) of a generation the group has left behind
-            _bounded(prod, "send_offsets_to_transaction", offsets, member)
-            _bounded(prod, "commit_transaction")
-        except Exception as exc:  # noqa: BLE001 - settled below, whatever it was
-            if not self._settle(source, txn.ranges, exc):
-                self._give_back(source, txn.ranges)
-                return
-        self.deltas_sent += txn.batches
-        self.scaleout_metrics.deltas_sent.inc(txn.batches)
-        self.scaleout_metrics.transactions.inc()
-        self.offsets.update(txn.offsets)
-        self.metrics.set_lag(source.lag())
-
-    def _settle(self, source, ranges, exc) -> bool:
-        """After a transaction that failed or did not finish: was it committed? (True: it was.)
-
-        The producer is dropped and a new one with the same transactional id initialised:
-        its ``init_transactions`` completes the old transaction if its commit had begun and
-        aborts it otherwise. Then the group's committed offsets say which it was. A batch
-        not committed is read again; one committed is done (reading it again would send a
-        second delta, which the applier skips only if its ranges come out the same).
-        """
-        log.warning("worker %s: transaction for %s did not complete (%s: %s); settling it with a new "
-                    "producer", self.worker_id, ranges, type(exc).__name__, exc)
-        old, self.producer = self.producer, None
-        if old is not None:
-            try:
-                old.close(timeout=0)
-            except Exception:  # noqa: BLE001 - it is being replaced
-                pass
-        from ..daemon import _transient_errors
-
-        while not self._stop.is_set():
-            try:
-                self._producer()            # init_transactions settles the old transaction
-                self.health.answered()
-                break
-            except _transient_errors() as e:
-                log.info("worker %s: cannot start a producer yet (%s: %s)", self.worker_id,
-                         type(e).__name__, e)
-                self.health.wait(self._stop, self.health.failed(e, "starting a producer"))
-        else:
-            return False                    # a stop: the group's offsets tell the next start
-        try:
-            committed = source.committed({(t, p) for t, p, _, _ in ranges})
-        except _transient_errors():
-            return False
-        done = all(committed.get((t, p), -1) >= end for t, p, _, end in ranges)
-        log.warning("worker %s: the transaction for %s was %s", self.worker_id, ranges,
-                    "committed after all" if done else "not committed; reading the batch again")
-        return done
-
-    def _dead_sink_flush(self):
-        sink = getattr(self, "_dead_sink", None)
-        if sink is not None:
-            sink.flush()
-
     def _set_aside(self, batch, dead_sink, loop):
         """As in one process; also notes the batch's offset ranges (for the seed and the delta)
         and whether it is held for the start: while no λ is published and it has records, or
         while batches are held already (a later batch must not commit past them). A held
         batch's dead letters are set aside when it is read again, with its transaction."""
-        self._dead_sink = dead_sink
+        self.commit.dead_sink = dead_sink       # flushed by each commit of a transaction
         self._batch_ranges = self._ranges(batch)
         if self.lam.state is None:
             self.lam.refresh()
