@@ -69,6 +69,9 @@ def test_readers_replay_the_appliers_lambda_bit_for_bit(kafka_broker, new_topic,
     t, out = _start_applier(cfg, max_deltas=12)
     _produce_deltas(bootstrap, deltas, [init_delta("w0", engine, state0).encode()] + [d.encode() for d in ds[:4]])
     _until_version(early, 4)
+    # following the steps, its fetches wait long at the broker (cheap for it, answered when
+    # records come); finding the full λ, short
+    assert early._lc._fetcher.config["fetch_max_wait_ms"] == lambda_log.FOLLOW_WAIT_MS
     for part in (ds[4:8], ds[8:12]):
         _produce_deltas(bootstrap, deltas, [d.encode() for d in part])
         _until_version(early, early.version + len(part))

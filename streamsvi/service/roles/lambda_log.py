@@ -78,6 +78,9 @@ _MAX_HEADER = 1 << 20
 TAIL = 4
 #: longest a reader waits for one fetch it needs (a chunk, a delta) before it gives up on a λ
 FETCH_WAIT_S = 30.0
+#: How long a lambda-topic fetch that finds nothing waits at the broker while a reader finds
+#: and loads a full λ, and while it follows the steps after it (``LambdaLog._wait_at_broker``).
+CATCH_UP_WAIT_MS, FOLLOW_WAIT_MS = 100, 500
 
 
 class LambdaLogError(ValueError):
@@ -216,12 +219,7 @@ class LambdaLog:
         return KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
                              isolation_level="read_committed", auto_offset_reset="earliest",
                              client_id=self.client_id, max_partition_fetch_bytes=16 << 20,
-                             # a fetch that finds nothing waits at the broker for new records
-                             # and is answered as soon as they come (on tansu within ~10 ms,
-                             # measured), so a long wait costs no freshness; a short one costs
-                             # the local broker CPU (15 ms a second per waiting reader at 100 ms,
-                             # 5-7 at 500 ms: each worker holds one all the time)
-                             fetch_max_wait_ms=500, request_timeout_ms=10000,
+                             fetch_max_wait_ms=CATCH_UP_WAIT_MS, request_timeout_ms=10000,
                              fetch_max_bytes=64 << 20, **self.security)
 
     def _open(self):
@@ -297,8 +295,24 @@ class LambdaLog:
                      type(exc).__name__, exc)
         return (self.lineage, self.version) != before
 
+    def _wait_at_broker(self, ms: int) -> None:
+        """How long the lambda topic's fetches that find nothing wait at the broker.
+
+        Finding and loading a full λ reads to the topic's end, where only a fetch's answer
+        says it is the end: a short wait (:data:`CATCH_UP_WAIT_MS`), or each look at an empty
+        topic took 0.6 s and a worker's start, which looks many times, 3 s longer. Following
+        the steps, a long one (:data:`FOLLOW_WAIT_MS`): the broker answers a waiting fetch as
+        soon as records come (on tansu within ~10 ms, measured), so it costs no freshness,
+        and the short one cost the local broker 15 ms of CPU a second per worker (5-7 at
+        500 ms). kafka-python reads the setting from its fetcher's config at each request;
+        another kafka-python keeps the short wait."""
+        config = getattr(getattr(self._lc, "_fetcher", None), "config", None)
+        if isinstance(config, dict) and "fetch_max_wait_ms" in config:
+            config["fetch_max_wait_ms"] = int(ms)
+
     def _bootstrap(self) -> bool:
         """Find and load the latest complete full λ; False if there is none yet."""
+        self._wait_at_broker(CATCH_UP_WAIT_MS)
         lc, tp = self._lc, self._ltp
         begin = lc.beginning_offsets([tp])[tp]
         self._seek(None)
@@ -321,6 +335,7 @@ class LambdaLog:
         for off in cands:
             if self._load_at(off):
                 self._resync = False
+                self._wait_at_broker(FOLLOW_WAIT_MS)
                 return True
         log.warning("lambda topic %r: no complete full λ found; waiting for the applier's next one",
                     self.topic)
