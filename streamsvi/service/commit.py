@@ -296,7 +296,7 @@ class TransactionCommit(CommitStrategy):
         bound of the model's storage (16; 4 for gradients): the k-th delta of a transaction is
         computed at the λ the transaction began with, k − 1 versions behind the applier when it
         is applied, so a worker's own deltas stay within the bound. One transaction per batch
-        cost a worker 4× one process's CPU per record and the broker 25× (4 ms of tansu's CPU
+        cost a worker 3× one process's CPU per record and the broker 19× (3.5 ms of tansu's CPU
         per transaction: ``bench/scaleout.py``)."""
         w = self.role
         n = w.sc["commit_every_batches"]
