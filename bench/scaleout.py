@@ -57,14 +57,6 @@ SCALEOUT = {}
 LAMBDA = "topic"
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def applied_records(port) -> float:
     """The applier's ``streamsvi_records_seen`` from its metrics endpoint (-1 before it serves):
     how the bench sees that λ holds every record without loading the broker."""
@@ -154,6 +146,8 @@ def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
     work.mkdir()
     group, deltas = f"g-{uuid.uuid4().hex[:8]}", f"deltas-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, deltas, partitions=1)
+    from streamsvi.io.broker import free_port
+
     port = free_port()
     acfg = config(work, bootstrap, topic, group, n, deltas, metrics_port=port)
     wcfgs = [config(work, bootstrap, topic, group, n, deltas, f"w{i}") for i in range(workers)]
