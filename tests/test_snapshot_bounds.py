@@ -73,8 +73,10 @@ def _load_limited(directory, what="snapshot", timeout=120):
                 print("watching", w.current().number)
         except CorruptSnapshotError as e:
             print("refused:", e)
-        ru = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print("maxrss_kb", ru)
+        # VmHWM is this process's own peak; ru_maxrss would carry the parent's (pytest's) peak
+        # over fork and exec on Linux, so a long test session would read as this load's memory
+        with open("/proc/self/status") as f:
+            print("maxrss_kb", next(l.split()[1] for l in f if l.startswith("VmHWM:")))
     """)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     p = subprocess.run([sys.executable, "-c", code, str(directory)], capture_output=True, text=True,
