@@ -72,6 +72,36 @@ def applied_records(port) -> float:
     return -1.0
 
 
+#: the steady-state window: from the first look at which this share of the records is folded
+#: into λ to the first look at which STEADY[1] is (start-up, group joins, the λ_0 proposal and
+#: the drain are outside it)
+STEADY = (0.2, 0.8)
+
+
+class Steady:
+    """CPU of the given pids (and the broker's) at the first looks past each STEADY share."""
+
+    def __init__(self, n, pids):
+        self.n, self.pids, self.marks = n, pids, []
+
+    def look(self, seen):
+        if self.n and len(self.marks) < 2 and seen >= STEADY[len(self.marks)] * self.n:
+            cpu = []
+            for p in self.pids:
+                try:
+                    cpu.append(proc_cpu(p))
+                except OSError:                  # ended: its CPU is no longer readable here
+                    cpu.append(float("nan"))
+            self.marks.append((time.perf_counter(), seen, cpu))
+
+    def result(self):
+        """(records in the window, seconds, [CPU seconds of each pid]) or None."""
+        if len(self.marks) < 2:
+            return None
+        (t0, r0, c0), (t1, r1, c1) = self.marks
+        return r1 - r0, t1 - t0, [b - a for a, b in zip(c0, c1)]
+
+
 def config(work, bootstrap, topic, group, n, deltas=None, worker=None, metrics_port=None):
     from streamsvi.service.tomlw import dump_toml
 
@@ -118,22 +148,42 @@ def run_single(root, bootstrap, topic, n, broker_pid):
     """(seconds, engine, state, {process: CPU seconds}) of one daemon draining the topic."""
     work = root / f"single-{uuid.uuid4().hex[:6]}"
     work.mkdir()
-    cfg = config(work, bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", n)
+    from streamsvi.io.broker import free_port
+
+    port = free_port()                          # its progress, for the steady-state window
+    cfg = config(work, bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", n, metrics_port=port)
     b0 = proc_cpu(broker_pid)
     t0 = time.perf_counter()
     with open(work / "log", "wb") as logs:
         p = subprocess.Popen([STREAMSVI, "run", "--config", str(cfg), "--until-drained"], stdout=logs,
                              stderr=logs)
-        cpu = reap(p)
+        steady, cpu = Steady(n, [p.pid, broker_pid]), None
+        while cpu is None:                      # the same 20 looks a second as at the applier
+            steady.look(applied_records(port))
+            cpu = reap(p, block=False)
+            time.sleep(0.05)
     el = time.perf_counter() - t0
     broker = proc_cpu(broker_pid) - b0
     assert p.returncode == 0, (work / "log").read_text()[-2000:]
+    c = {"daemon": cpu, "broker": broker, "steady": _steady(steady, ["daemon", "broker"])}
     if n == 0:                                  # the start-up baseline: nothing to load
-        return el, None, None, {"daemon": cpu, "broker": broker}
+        return el, None, None, c
     from streamsvi.checkpoint import load_snapshot
     snap = load_snapshot(work / "ck")
     assert snap.state.records_seen == n, snap.state.records_seen
-    return el, snap.engine, snap.state, {"daemon": cpu, "broker": broker}
+    return el, snap.engine, snap.state, c
+
+
+def _steady(steady, names):
+    """{name: µs of CPU per record, "rate": records/s} over the steady window, or None."""
+    r = steady.result()
+    if r is None:
+        return None
+    records, secs, cpus = r
+    out = {"rate": records / secs}
+    for name, c in zip(names, cpus):
+        out[name] = out.get(name, 0.0) + 1e6 * c / records
+    return out
 
 
 def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
@@ -167,11 +217,14 @@ def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
     lam = LambdaFile(work / "ck" / "lambda.npz") if LAMBDA == "file" else \
         LambdaLog(bootstrap, f"{deltas}-lambda", deltas)
     cpus = [None] * len(procs)
+    steady = Steady(n, [p.pid for p in procs] + [broker_pid])
     try:
         def done():
             if n == 0:                          # the start-up baseline: the workers found nothing
                 return all(c is not None for c in cpus[1:])
-            return applied_records(port) >= n
+            seen = applied_records(port)
+            steady.look(seen)
+            return seen >= n
 
         while not done():
             for i, p in enumerate(procs):
@@ -202,7 +255,9 @@ def run_scaleout(root, bootstrap, topic, n, workers, broker_pid):
         if hasattr(lam, "close"):
             lam.close()
     assert n == 0 or lam.state.records_seen == n, lam.state.records_seen
-    return el, lam.engine, lam.state, {"applier": cpus[0], "workers": sum(cpus[1:]), "broker": broker}
+    return el, lam.engine, lam.state, {"applier": cpus[0], "workers": sum(cpus[1:]), "broker": broker,
+                                       "steady": _steady(steady, ["applier"] + ["workers"] * workers
+                                                         + ["broker"])}
 
 
 def applier_ceiling(root, bootstrap, n_deltas):
@@ -337,6 +392,23 @@ def main():
                          f"{b_us:.2f}", f"{w_us / d_us:.2f}", f"{b_us / db_us:.2f}"])
         print(fmt_table(["run", "daemon", "workers (all)", "applier", "broker", "workers/daemon",
                          "broker/broker(single)"], rows))
+
+        print(f"\nsteady state (µs of CPU per record and records/s, median of rounds, from the look at "
+              f"which {STEADY[0]:.0%} of the records were folded into λ to the one at {STEADY[1]:.0%}: "
+              f"no start-up, group join or drain):")
+
+        def st(what, key):
+            v = [c["steady"][key] for c in cpu[what] if c.get("steady")]
+            return float(np.median(v)) if v else float("nan")
+        d_us, db_us, d_rate = st("single", "daemon"), st("single", "broker"), st("single", "rate")
+        rows = [["single process", f"{d_rate:.0f}", "1.00", f"{d_us:.1f}", "", "", f"{db_us:.2f}", "1.00",
+                 "1.00"]]
+        for w in counts:
+            w_us, b_us, rate = st(w, "workers"), st(w, "broker"), st(w, "rate")
+            rows.append([f"{w} worker(s) + applier", f"{rate:.0f}", f"{rate / d_rate:.2f}", "", f"{w_us:.1f}",
+                         f"{st(w, 'applier'):.1f}", f"{b_us:.2f}", f"{w_us / d_us:.2f}", f"{b_us / db_us:.2f}"])
+        print(fmt_table(["run", "records/s", "vs single", "daemon", "workers (all)", "applier", "broker",
+                         "workers/daemon", "broker/broker(single)"], rows))
 
         dps, pure, el = applier_ceiling(root, bs, args.ceiling_deltas)
         print(f"\napplier ceiling: {dps:.0f} deltas/s end to end ({args.ceiling_deltas} deltas read "
