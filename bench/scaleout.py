@@ -114,7 +114,10 @@ def config(work, bootstrap, topic, group, n, deltas=None, worker=None, metrics_p
            "checkpoint": {"directory": str(work / "ck"), "every_batches": 50, "every_seconds": 5.0},
            "metrics": {"enabled": False, "heldout_size": 0, "progress_seconds": 0.0}}
     if deltas:
-        cfg["scaleout"] = {"deltas_topic": deltas, "max_staleness": 64, **SCALEOUT}
+        # the product's staleness bound (16 versions): a worker's delta waits up to a transaction
+        # (16 batches) and the other workers' transactions land in between, so with two or more
+        # workers some deltas take a shortened step, as they would for a user
+        cfg["scaleout"] = {"deltas_topic": deltas, **SCALEOUT}
         if LAMBDA == "file":
             cfg["scaleout"]["lambda_file"] = str(work / "ck" / "lambda.npz")
         if worker:
