@@ -168,8 +168,8 @@ def load_pima(path) -> tuple[np.ndarray, np.ndarray]:
               open(p, encoding="utf-8", errors="replace")) as f:
             data, meta = arff.loadarff(f)
     except (ValueError, NotImplementedError, OSError, StopIteration, arff.ArffError) as exc:
-        raise ValueError(f"{p}: not a readable ARFF file ({exc or 'it ends before @data'}); expected Weka's diabetes.arff "
-                         f"or the UCI CSV") from None
+        raise ValueError(f"{p}: not a readable ARFF file ({exc or 'it ends before @data'}); "
+                         f"expected Weka's diabetes.arff or the UCI CSV") from None
     names, types = meta.names(), meta.types()
     numeric = [n for n, t in zip(names, types) if t == "numeric"]
     if len(numeric) != 8 or types[-1] != "nominal":

@@ -22,7 +22,8 @@ ARFF = """% comment
 def test_load_pima_reads_arff_with_scipy(tmp_path):
     full = ARFF.replace("@attribute 'plas' real", "\n".join(
         f"@attribute '{n}' real" for n in datasets.PIMA_FEATURES[1:]))
-    full = full.replace("6,148,", "6,148,72,35,0,33.6,0.627,50,").replace("1,85,", "1,85,66,29,0,26.6,0.351,31,")
+    full = full.replace("6,148,", "6,148,72,35,0,33.6,0.627,50,")
+    full = full.replace("1,85,", "1,85,66,29,0,26.6,0.351,31,")
     (tmp_path / "d.arff").write_text(full)
     X, y = datasets.load_pima(tmp_path / "d.arff")
     np.testing.assert_array_equal(X[0], [6, 148, 72, 35, 0, 33.6, 0.627, 50])
