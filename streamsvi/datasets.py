@@ -190,7 +190,7 @@ def gmm_demo_data(path=None) -> tuple[np.ndarray, str]:
     if path is None:
         X, _, _ = load_image_segments()
         what = "image segments"
-        src = "river's copy of UCI Statlog"
+        src = "UCI Statlog, bundled in river"
     else:
         X, _ = load_pima(path)
         what = "Pima Indians diabetes"

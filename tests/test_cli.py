@@ -15,7 +15,8 @@ def test_demo_prints_the_table(capsys, data, low, high):
     rc = main(["compare", "--inits", "1", "--epochs", "2", "--m", "50", *data])
     out = capsys.readouterr().out
     assert rc == 0
-    assert ("on Pima Indians diabetes (" if data else "on image segments (river's copy") in out
+    assert ("on Pima Indians diabetes (diabetes.arff; 768 x 8, standardised)" if data else
+            "on image segments (UCI Statlog, bundled in river; 2310 x 14, standardised)") in out
     for row in ("batch VI (CAVI)", "SVI |S|=200 ", "SVI+ |S|=200 M=50"):
         assert row in out
     line = next(ln for ln in out.splitlines() if ln.startswith("SVI+ |S|=200 M=50"))
