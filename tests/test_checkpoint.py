@@ -410,13 +410,16 @@ def test_a_format_version_that_is_not_an_integer_is_corrupt(tmp_path, run):
     assert store.latest().number == 1       # skipped as damaged, the older one is used
 
 
-def test_the_command_line_refuses_a_newer_format_in_one_line(tmp_path, run, capsys):
-    from streamsvi.cli import main
+def test_the_command_line_refuses_a_newer_format_in_one_line(tmp_path, run):
+    import subprocess
+    import sys
 
     filled_store(tmp_path, run, steps=(1,))
     rewrite_meta(tmp_path / "snap-00000001", format_version=ckpt.FORMAT_VERSION + 1, library_version="9.0")
-    assert main(["inspect", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
+    proc = subprocess.run([sys.executable, "-m", "streamsvi", "inspect", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    err = proc.stderr
+    assert proc.returncode == 2
     assert err.startswith("streamsvi: error: snapshot ") and err.count("\n") == 1, err
     assert f"format version {ckpt.FORMAT_VERSION + 1} (written by streamsvi 9.0)" in err
     assert f"this streamsvi {__version__} reads format versions 1 to {ckpt.FORMAT_VERSION}" in err
