@@ -47,3 +47,23 @@ def fmt_table(header, rows, left: int = 1) -> str:
                          for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
                      + [line(r) for r in rows])
+
+
+def load_pima():
+    """Pima Indians diabetes, X (768, 8) and y (768,), from Debian's ``weka`` package.
+
+    streamsvi neither ships nor downloads it; the benchmarks use Weka's
+    ``examples/diabetes.arff``: the cached copy, an installed weka, else
+    ``apt-get download weka`` once into streamsvi's cache (as ``tests/_pima.py``).
+    """
+    from pathlib import Path
+
+    from streamsvi import datasets
+
+    member = "usr/share/doc/weka/examples/diabetes.arff"
+    path = datasets.cache_dir() / "diabetes.arff"
+    if not path.exists():
+        installed = [p for p in (Path("/") / member, Path("/") / (member + ".gz")) if p.exists()]
+        path = installed[0] if installed else datasets._apt_fetch_member(
+            "weka", member, path, "Pima Indians diabetes")
+    return datasets.load_pima(path)

@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cpu_model, fmt_table  # noqa: E402
+from _common import cpu_model, fmt_table, load_pima  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("gmm", "gauss1d", "hmm", "poisson_mixture", "lda", "pmf", "hpf", "logistic", "softmax")
@@ -82,7 +82,7 @@ def model_data(kind: str, tiny: bool):
             X, _ = datasets.make_blobs(400, seed=11)
             return X, {"n_components": 3, "n_features": 2}, {"batch_size": 50, "effective_batch_size": 20}, \
                 "synthetic blobs", "K=3 D=2"
-        X, _ = datasets.load_pima()
+        X, _ = load_pima()
         return _standardize(X), {}, {}, "Pima (real)", "K=10 D=8 M=250"
     if kind == "gauss1d":
         n = 300 if tiny else 30000
@@ -123,7 +123,7 @@ def model_data(kind: str, tiny: bool):
             Z = rng.normal(size=(300, 3))
             y = (Z @ [1.0, -1.0, 0.5] + rng.normal(size=300) > 0).astype(float)
             return np.column_stack([Z, y]), {"n_features": 3}, {"batch_size": 30}, "synthetic", "D=3"
-        X, y = datasets.load_pima()
+        X, y = load_pima()
         return np.column_stack([_standardize(X), y]), {}, {}, "Pima (real)", "D=8 legrad, diag, natural"
     if kind == "softmax":
         if tiny:

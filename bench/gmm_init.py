@@ -99,9 +99,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _common import cpu_model, fmt_table  # noqa: E402  (bench/ sibling)
+from _common import cpu_model, fmt_table, load_pima  # noqa: E402  (bench/ sibling)
 from streamsvi import SVI, BayesianGMM, RobbinsMonro, batch_vi  # noqa: E402
-from streamsvi.datasets import cache_dir, load_fashion_mnist, load_pima, make_blobs  # noqa: E402
+from streamsvi.datasets import cache_dir, load_fashion_mnist, make_blobs  # noqa: E402
 from streamsvi.models.gmm import INITS  # noqa: E402
 
 T0 = time.time()

@@ -55,9 +55,9 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from _common import fmt_table  # noqa: E402  (bench/ sibling)
+from _common import fmt_table, load_pima  # noqa: E402  (bench/ sibling)
 from streamsvi import SVI, BayesianGMM, RobbinsMonro, batch_vi  # noqa: E402
-from streamsvi.datasets import load_pima, make_blobs, standardize  # noqa: E402
+from streamsvi.datasets import make_blobs, standardize  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 TIE = 1.0          # nats: |ELBO_a − ELBO_b| ≤ TIE counts as a tie

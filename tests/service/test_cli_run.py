@@ -162,7 +162,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert Path(m.group(1)) == (tmp_path / "demo" / "checkpoints").resolve()
     snap = load_snapshot(Path(m.group(1)) / m.group(2))
     assert snap.state.records_seen == int(done.group(1)) > 0
-    assert int(done.group(1)) + int(done.group(2)) == 2 * 768          # two passes of Pima
+    assert int(done.group(1)) + int(done.group(2)) == 2 * 2310   # two passes of the image segments
     assert snap.config["model"]["kind"] == "gmm"
 
 
