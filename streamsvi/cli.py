@@ -164,7 +164,7 @@ def run(args) -> int:
 
     from .service import exitcodes
     from .service.config import load_config
-    from .service.console import setup_logging
+    from .service.console import plural, setup_logging
 
     cfg = load_config(args.config)     # a directory, a missing file: one line, exit 2
     if args.role == "applier" and (args.until_drained or args.max_batches is not None):
@@ -186,8 +186,9 @@ def run(args) -> int:
         if applier.stop_reason:
             return exitcodes.OK
         res = applier.run(timeout=args.timeout)
-        print(f"stopped ({res.stopped_by}): {res.deltas} deltas, {res.records} records applied, "
-              f"{res.skipped} skipped, {res.checkpoints} checkpoints", file=sys.stderr)
+        print(f"stopped ({res.stopped_by}): {plural(res.deltas, 'delta')}, "
+              f"{plural(res.records, 'record')} applied, {res.skipped} skipped, "
+              f"{plural(res.checkpoints, 'checkpoint')}", file=sys.stderr)
         return exitcodes.OK
     if args.role == "worker":
         from .service.roles.worker import Worker as Daemon
@@ -200,9 +201,7 @@ def run(args) -> int:
               f"checkpoint", file=sys.stderr)
         return exitcodes.OK
     res = daemon.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
-    print(f"stopped ({res.stopped_by}): {res.batches} batches, {res.records} records applied, "
-          f"{res.dead} dead-lettered, {res.heldout} held out, {res.checkpoints} checkpoints",
-          file=sys.stderr)
+    print(res.summary(), file=sys.stderr)
     return exitcodes.OK
 
 
@@ -218,7 +217,7 @@ def demo(args) -> int:
     from .service import signals
     from .models import CONFIG_KINDS, BayesianGMM
     from .service.config import validate
-    from .service.console import setup_logging
+    from .service.console import plural, setup_logging
     from .service.daemon import Daemon
 
     setup_logging(args.log_level, default_own="WARNING")
@@ -293,8 +292,8 @@ def demo(args) -> int:
     for ln in lines:
         print("  " + ln)
     print(f"\nsnapshots in {ck_dir}; latest -> {(ck_dir / 'latest').read_text().strip()}")
-    print(f"stopped ({res.stopped_by}): {res.records} records applied, {res.heldout} held out, "
-          f"{res.dead} dead-lettered, {res.checkpoints} checkpoints")
+    print(f"stopped ({res.stopped_by}): {plural(res.records, 'record')} applied, "
+          f"{res.heldout_total} held out, {res.dead} dead-lettered, {plural(res.checkpoints, 'checkpoint')}")
     return 0
 
 
@@ -326,6 +325,7 @@ def score(args) -> int:
     import os
 
     from .scoring import LineScorer, load
+    from .service.console import plural
 
     fitted = load(args.snapshot)
     fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
@@ -380,8 +380,8 @@ def score(args) -> int:
             src.close()
         if dst is not sys.stdout:
             dst.close()
-    print(f"scored {n_ok} records with snapshot {fitted.number} (step {fitted.step}); "
-          f"{n_bad} lines had errors", file=sys.stderr)
+    print(f"scored {plural(n_ok, 'record')} with snapshot {fitted.number} (step {fitted.step}); "
+          f"{plural(n_bad, 'line had an error', 'lines had errors')}", file=sys.stderr)
     if n_bad == 0:
         return 0
     return 1 if n_ok else 3
@@ -391,6 +391,7 @@ def inspect(args) -> int:
     """``streamsvi inspect``: a readable summary of a snapshot."""
     from .models.base import Mixture
     from .scoring import load
+    from .service.console import plural
 
     f = load(args.snapshot)
     print(f"snapshot   {f.path} (number {f.number}, written by streamsvi {f.version})")
@@ -405,14 +406,14 @@ def inspect(args) -> int:
               f"M fraction={eng['effective_fraction']}")
         if eng.get("annealer") is not None:
             print("annealing  " + ", ".join(f"{k}={v}" for k, v in eng["annealer"].items()))
-    print(f"progress   step {f.step}, {f.records_seen} records folded in")
+    print(f"progress   step {f.step}, {plural(f.records_seen, 'record')} folded in")
     offs = f.offsets or []
     print("offsets    " + (", ".join(f"{o['source']}[{o['partition']}]={o['offset']}" for o in offs)
                            if offs else "(none)"))
     hist = f.extra.get("elbo_history") or []
     if hist:
         vals = [h[1] for h in hist]
-        print(f"ELBO/rec   {len(hist)} steps stored: first {vals[0]:.4f}, last {vals[-1]:.4f}, "
+        print(f"ELBO/rec   {plural(len(hist), 'step')} stored: first {vals[0]:.4f}, last {vals[-1]:.4f}, "
               f"best {max(vals):.4f} (steps {hist[0][0]}..{hist[-1][0]})")
     else:
         print("ELBO/rec   (no history stored)")
