@@ -481,19 +481,28 @@ def produce(args) -> int:
 
 def report(args) -> int:
     """``streamsvi report``: PNG plots from runs' stored metric history."""
-    from .service.history import plot_report, read_history
+    from .service.console import plural
+    from .service.history import is_classifier, plot_report, read_history
 
     labels = args.labels or [Path(d).resolve().name for d in args.runs]
     if len(labels) != len(args.runs):
         raise ValueError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two runs have the same label ({', '.join(labels)}); give --labels, one "
+                         f"distinct name per run")
     runs = {lab: read_history(d) for lab, d in zip(labels, args.runs)}
     out = plot_report(runs, args.output)
     for lab, rows in runs.items():
         last = rows[-1] if rows else {}
-        ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
-        print(f"{lab}: {len(rows)} history rows, last step {last.get('step')}, "
-              f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}"
-              + (f", last held-out {ho[-1]:.4f}" if ho else ""))
+        if is_classifier(rows):
+            ho = [(r["heldout_log_loss"], r["heldout_accuracy"]) for r in rows
+                  if r.get("heldout_log_loss") is not None]
+            held = f", last held-out log-loss {ho[-1][0]:.4f}, accuracy {ho[-1][1]:.3f}" if ho else ""
+        else:
+            ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
+            held = f", last held-out log p(x) {ho[-1]:.4f}" if ho else ""
+        print(f"{lab}: {plural(len(rows), 'history row')}, last step {last.get('step')}, "
+              f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}" + held)
     print(f"report: {out}")
     return 0
 

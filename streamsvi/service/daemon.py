@@ -353,9 +353,11 @@ class Daemon(StagedLoop):
         self._history_written_step = self._history_rows[-1]["step"]
         self._history_rows = []
 
-    def _record_history(self, info, heldout):
+    def _record_history(self, info, heldout, classified=None):
         """Keep a row every ``history_every`` updates, on held-out updates, and (via
-        ``_write_history``) the last update before each checkpoint."""
+        ``_write_history``) the last update before each checkpoint. A classifier's held-out
+        updates also keep ``classified`` = (log-loss, accuracy) as ``heldout_log_loss`` and
+        ``heldout_accuracy``."""
         row = {
             "time": round(time.time(), 3), "step": info.step, "records": self.state.records_seen,
             "elbo": info.elbo, "elbo_per_record": info.elbo_per_record, "heldout_loglik": heldout,
@@ -364,6 +366,8 @@ class Daemon(StagedLoop):
             "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
             "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
             "domain_clipped": info.domain_clipped, "annealing_level": info.annealing_level}
+        if classified is not None:
+            row["heldout_log_loss"], row["heldout_accuracy"] = classified
         self._last_history_row = row
         every = self.cfg["metrics"]["history_every"]
         if info.step % every == 0 or info.step == 1 or heldout is not None:
@@ -560,19 +564,20 @@ class Daemon(StagedLoop):
         loop.res.batches += 1
         loop.batches_since_ck += 1
         loop.progress_records += n_x
-        heldout_ll = None
+        heldout_ll, classified = None, None
         if self.heldout is not None and (info.step % mc["heldout_every"] == 0 or info.step == 1):
             lp = self.engine.predictive_logpdf(self.state, self.heldout)
             heldout_ll = self.heldout_ll = float(np.mean(lp))
             self.metrics.heldout_loglik.set(heldout_ll)
-            self._classifier_metrics()
+            classified = self._classifier_metrics()
             self.elbo_history[-1].append(heldout_ll)
-        self._record_history(info, heldout_ll)
+        self._record_history(info, heldout_ll, classified)
 
-    def _classifier_metrics(self) -> None:
-        """Held-out log-loss and accuracy, for models that predict class probabilities."""
+    def _classifier_metrics(self) -> tuple[float, float] | None:
+        """Held-out log-loss and accuracy, for models that predict class probabilities (None
+        for the others); set on their gauges and returned for the history row."""
         if not isinstance(self.engine.model, Classifier):
-            return
+            return None
         proba = self.engine.model.predict_proba
         ho = np.asarray(self.heldout)
         p = proba(self.state.lam, ho[:, :-1])
@@ -580,8 +585,10 @@ class Daemon(StagedLoop):
         if p.ndim == 1:                                  # binary: p(y = 1)
             p = np.column_stack([1.0 - p, p])
         p_y = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
-        self.metrics.heldout_log_loss.set(float(-np.mean(np.log(p_y))))
-        self.metrics.heldout_accuracy.set(float(np.mean(p.argmax(axis=1) == y)))
+        log_loss, accuracy = float(-np.mean(np.log(p_y))), float(np.mean(p.argmax(axis=1) == y))
+        self.metrics.heldout_log_loss.set(log_loss)
+        self.metrics.heldout_accuracy.set(accuracy)
+        return log_loss, accuracy
 
     def _maybe_progress(self, source, loop) -> None:
         """The console progress line every ``metrics.progress_seconds``."""
