@@ -67,6 +67,8 @@ def _annealer_methods(args, model, N, sched, S, steps):
 
 
 def compare(args) -> int:
+    from .service.console import plural
+
     X, _ = load_pima(args.data)
     X = standardize(X)
     rng = np.random.default_rng(args.seed)
@@ -87,7 +89,7 @@ def compare(args) -> int:
             methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
     print(f"streamsvi {__version__} compare: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
           f"c=10, alpha=0.5) on Pima Indians diabetes, {N} train / {n_test} held-out records, "
-          f"{args.inits} random initialisations, {args.epochs} epochs each; "
+          f"{plural(args.inits, 'random initialisation')}, {plural(args.epochs, 'epoch')} each; "
           f"SVI schedule rho_t=({args.tau0:g}+t)^-{args.kappa:g}")
     rows = []
     for name, engine, batch, n_steps in methods:

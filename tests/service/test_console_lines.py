@@ -159,3 +159,25 @@ def test_said_on_console_lowers_info_only_inside_the_block():
         lg.removeHandler(h)
         lg.setLevel(logging.NOTSET)
     assert seen == [("WARNING", "disk slow"), ("DEBUG", "saved again"), ("INFO", "after")]
+
+
+def test_score_and_inspect_count_in_the_right_number(tmp_path, capsys):
+    from streamsvi.cli import main
+
+    data = tmp_path / "rows.jsonl"
+    data.write_bytes(b"".join(JsonCodec(2).encode(r) + b"\n" for r in blob_rows(300, seed=4)))
+    cfg = validate(gmm_config(tmp_path, source={"kind": "file", "path": str(data)},
+                              metrics={"heldout_size": 0}))
+    Daemon(cfg, out=io.StringIO()).run(until_drained=True)
+    lines = tmp_path / "score.jsonl"
+    lines.write_text("[0.5, 1.0]\n[1.0]\n")             # one record, one line with an error
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(lines),
+                 "--output", str(tmp_path / "out.jsonl")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"^scored 1 record with snapshot \d+ \(step \d+\); 1 line had an error$", err, re.M), err
+    lines.write_text("[0.5, 1.0]\n[1.0, 2.0]\n")
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(lines),
+                 "--output", str(tmp_path / "out.jsonl")]) == 0
+    assert "scored 2 records with snapshot" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "ck")]) == 0
+    assert re.search(r"^progress   step 6, 300 records folded in$", capsys.readouterr().out, re.M)
