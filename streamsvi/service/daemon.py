@@ -314,7 +314,8 @@ class Daemon(StagedLoop):
         since the previous progress line over the time since it. A window opens at the
         previous line, or, while it has no records yet, at the latest empty poll
         (:meth:`_idle`): the first window leaves out the group join and the wait for the
-        first records, and a window after a quiet spell leaves out the spell. The
+        first records (it holds the model's start: a GMM's k-means and CAVI sweeps on
+        its first batches), and a window after a quiet spell leaves out the spell. The
         run's average is in its last line (:meth:`RunResult.summary`).
         """
         print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
