@@ -70,6 +70,7 @@ def _annealer_methods(args, model, N, sched, S, steps):
 
 def compare(args) -> int:
     from .datasets import gmm_demo_data
+    from .service.console import plural
 
     X, what = gmm_demo_data(args.data)
     rng = np.random.default_rng(args.seed)
@@ -90,7 +91,7 @@ def compare(args) -> int:
             methods.append((f"SVI+ |S|={S} M={M}", SVI(model, N, sched, effective_batch_size=M), S, steps))
     print(f"streamsvi {__version__} compare: Bayesian GMM (K={args.components}, seed-000 prior a=D, B=I, "
           f"c=10, alpha=0.5) on {what}, {N} train / {n_test} held-out records, "
-          f"{args.inits} random initialisations, {args.epochs} epochs each; "
+          f"{plural(args.inits, 'random initialisation')}, {plural(args.epochs, 'epoch')} each; "
           f"SVI schedule rho_t=({args.tau0:g}+t)^-{args.kappa:g}")
     rows = []
     for name, engine, batch, n_steps in methods:
@@ -167,7 +168,7 @@ def run(args) -> int:
 
     from .service import exitcodes
     from .service.config import load_config
-    from .service.console import setup_logging
+    from .service.console import plural, setup_logging
 
     cfg = load_config(args.config)     # a directory, a missing file: one line, exit 2
     if args.role == "applier" and (args.until_drained or args.max_batches is not None):
@@ -189,8 +190,9 @@ def run(args) -> int:
         if applier.stop_reason:
             return exitcodes.OK
         res = applier.run(timeout=args.timeout)
-        print(f"stopped ({res.stopped_by}): {res.deltas} deltas, {res.records} records applied, "
-              f"{res.skipped} skipped, {res.checkpoints} checkpoints", file=sys.stderr)
+        print(f"stopped ({res.stopped_by}): {plural(res.deltas, 'delta')}, "
+              f"{plural(res.records, 'record')} applied, {res.skipped} skipped, "
+              f"{plural(res.checkpoints, 'checkpoint')}", file=sys.stderr)
         return exitcodes.OK
     if args.role == "worker":
         from .service.roles.worker import Worker as Daemon
@@ -203,9 +205,7 @@ def run(args) -> int:
               f"checkpoint", file=sys.stderr)
         return exitcodes.OK
     res = daemon.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
-    print(f"stopped ({res.stopped_by}): {res.batches} batches, {res.records} records applied, "
-          f"{res.dead} dead-lettered, {res.heldout} held out, {res.checkpoints} checkpoints",
-          file=sys.stderr)
+    print(res.summary(), file=sys.stderr)
     return exitcodes.OK
 
 
@@ -222,7 +222,7 @@ def demo(args) -> int:
     from .service import signals
     from .models import CONFIG_KINDS, BayesianGMM
     from .service.config import validate
-    from .service.console import setup_logging
+    from .service.console import plural, setup_logging
     from .service.daemon import Daemon
 
     setup_logging(args.log_level, default_own="WARNING")
@@ -300,8 +300,8 @@ def demo(args) -> int:
     for ln in lines:
         print("  " + ln)
     print(f"\nsnapshots in {ck_dir}; latest -> {(ck_dir / 'latest').read_text().strip()}")
-    print(f"stopped ({res.stopped_by}): {res.records} records applied, {res.heldout} held out, "
-          f"{res.dead} dead-lettered, {res.checkpoints} checkpoints")
+    print(f"stopped ({res.stopped_by}): {plural(res.records, 'record')} applied, "
+          f"{res.heldout_total} held out, {res.dead} dead-lettered, {plural(res.checkpoints, 'checkpoint')}")
     return 0
 
 
@@ -333,6 +333,7 @@ def score(args) -> int:
     import os
 
     from .scoring import LineScorer, load
+    from .service.console import plural
 
     fitted = load(args.snapshot)
     fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
@@ -387,8 +388,8 @@ def score(args) -> int:
             src.close()
         if dst is not sys.stdout:
             dst.close()
-    print(f"scored {n_ok} records with snapshot {fitted.number} (step {fitted.step}); "
-          f"{n_bad} lines had errors", file=sys.stderr)
+    print(f"scored {plural(n_ok, 'record')} with snapshot {fitted.number} (step {fitted.step}); "
+          f"{plural(n_bad, 'line had an error', 'lines had errors')}", file=sys.stderr)
     if n_bad == 0:
         return 0
     return 1 if n_ok else 3
@@ -398,6 +399,7 @@ def inspect(args) -> int:
     """``streamsvi inspect``: a readable summary of a snapshot."""
     from .models.base import Mixture
     from .scoring import load
+    from .service.console import plural
 
     f = load(args.snapshot)
     print(f"snapshot   {f.path} (number {f.number}, written by streamsvi {f.version})")
@@ -412,14 +414,14 @@ def inspect(args) -> int:
               f"M fraction={eng['effective_fraction']}")
         if eng.get("annealer") is not None:
             print("annealing  " + ", ".join(f"{k}={v}" for k, v in eng["annealer"].items()))
-    print(f"progress   step {f.step}, {f.records_seen} records folded in")
+    print(f"progress   step {f.step}, {plural(f.records_seen, 'record')} folded in")
     offs = f.offsets or []
     print("offsets    " + (", ".join(f"{o['source']}[{o['partition']}]={o['offset']}" for o in offs)
                            if offs else "(none)"))
     hist = f.extra.get("elbo_history") or []
     if hist:
         vals = [h[1] for h in hist]
-        print(f"ELBO/rec   {len(hist)} steps stored: first {vals[0]:.4f}, last {vals[-1]:.4f}, "
+        print(f"ELBO/rec   {plural(len(hist), 'step')} stored: first {vals[0]:.4f}, last {vals[-1]:.4f}, "
               f"best {max(vals):.4f} (steps {hist[0][0]}..{hist[-1][0]})")
     else:
         print("ELBO/rec   (no history stored)")
@@ -490,19 +492,28 @@ def produce(args) -> int:
 
 def report(args) -> int:
     """``streamsvi report``: PNG plots from runs' stored metric history."""
-    from .service.history import plot_report, read_history
+    from .service.console import plural
+    from .service.history import is_classifier, plot_report, read_history
 
     labels = args.labels or [Path(d).resolve().name for d in args.runs]
     if len(labels) != len(args.runs):
         raise ValueError(f"--labels has {len(labels)} names for {len(args.runs)} runs")
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"two runs have the same label ({', '.join(labels)}); give --labels, one "
+                         f"distinct name per run")
     runs = {lab: read_history(d) for lab, d in zip(labels, args.runs)}
     out = plot_report(runs, args.output)
     for lab, rows in runs.items():
         last = rows[-1] if rows else {}
-        ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
-        print(f"{lab}: {len(rows)} history rows, last step {last.get('step')}, "
-              f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}"
-              + (f", last held-out {ho[-1]:.4f}" if ho else ""))
+        if is_classifier(rows):
+            ho = [(r["heldout_log_loss"], r["heldout_accuracy"]) for r in rows
+                  if r.get("heldout_log_loss") is not None]
+            held = f", last held-out log-loss {ho[-1][0]:.4f}, accuracy {ho[-1][1]:.3f}" if ho else ""
+        else:
+            ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
+            held = f", last held-out log p(x) {ho[-1]:.4f}" if ho else ""
+        print(f"{lab}: {plural(len(rows), 'history row')}, last step {last.get('step')}, "
+              f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}" + held)
     print(f"report: {out}")
     return 0
 

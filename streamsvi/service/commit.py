@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 from ..checkpoint import pointer_number
 from .config import client_security
+from .console import plural, said_on_console
 from .roles.transport import MAX_DELTA_BYTES, Delta, bundle_size, check_delta_size, encode_bundle
 
 daemon_log = logging.getLogger("streamsvi.daemon")
@@ -110,10 +111,11 @@ class SnapshotCommit(CommitStrategy):
         """Clean shutdown: checkpoint and commit what was applied."""
         d = self.role
         if d.state is not None:
-            snap = self.checkpoint(source, dead_sink)
+            with said_on_console("streamsvi.checkpoint"):     # the line below says it
+                snap = self.checkpoint(source, dead_sink)
             loop.res.checkpoints += 1
             print(f"checkpoint: {snap.path} (step {d.state.step}, "
-                  f"{d.state.records_seen} records)", file=d.out, flush=True)
+                  f"{plural(d.state.records_seen, 'record')})", file=d.out, flush=True)
 
     def checkpoint(self, source, dead_sink):
         """Flush dead letters, snapshot (durable when it returns), then commit offsets.
@@ -352,9 +354,9 @@ class TransactionCommit(CommitStrategy):
         # no longer knew went on committing for 4 s).
         txn, self.txn = self.txn, None
         back = (txn.ranges if txn is not None else []) + list(ranges)
-        worker_log.info("worker %s: not a stable member owning %s any more; %d batch(es) read again, "
+        worker_log.info("worker %s: not a stable member owning %s any more; %s read again, "
                         "not committed", w.worker_id, sorted({(t, p) for t, p, _, _ in back}),
-                        1 + (txn.batches if txn is not None else 0))
+                        plural(1 + (txn.batches if txn is not None else 0), "batch", "batches"))
         w.scaleout_metrics.withheld.inc(1 + (txn.batches if txn is not None else 0))
         if txn is not None:
             self._abort()
@@ -490,10 +492,11 @@ class PublishCommit(CommitStrategy):
         if a.active and a.state is not None:
             a._publish(force=True)
             if a._since_ck:
-                snap = self.checkpoint(consumer)
+                with said_on_console("streamsvi.checkpoint"):     # the line below says it
+                    snap = self.checkpoint(consumer)
                 res.checkpoints += 1
-                print(f"checkpoint: {snap.path} (step {a.state.step}, {a.state.records_seen} "
-                      f"records)", file=a.out, flush=True)
+                print(f"checkpoint: {snap.path} (step {a.state.step}, "
+                      f"{plural(a.state.records_seen, 'record')})", file=a.out, flush=True)
 
     def checkpoint(self, consumer):
         """Snapshot λ, the deltas offset and the applied ranges (durable), then commit the offset."""

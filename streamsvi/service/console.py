@@ -1,4 +1,8 @@
-"""What the ``streamsvi`` commands log on stderr: one logging set-up, quiet by default.
+"""What the ``streamsvi`` commands say on the console: one logging set-up, quiet by default.
+
+Each event is said once. An event the console prints itself (a resume, the
+last checkpoint of a run) is logged at DEBUG, not INFO (:func:`said_on_console`),
+and counts are printed in the right number (:func:`plural`).
 
 By default streamsvi's own log is shown from INFO up (``demo``: WARNING) and
 kafka-python's from WARNING up, so a clean run prints streamsvi's lines only;
@@ -198,6 +202,56 @@ class _Problems(logging.Handler):
                 if level >= want and not (besides and (msg in besides or besides in msg)):
                     return msg
         return None
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``n`` and ``word`` in the number ``n`` asks for: "1 checkpoint", "0 checkpoints".
+
+    Parameters
+    ----------
+    n : int
+        The count.
+    word : str
+        The singular form.
+    many : str, optional
+        The plural form, where it is not ``word + "s"`` ("batches", "had errors").
+
+    Examples
+    --------
+    >>> plural(1, "checkpoint"), plural(3, "checkpoint"), plural(0, "batch", "batches")
+    ('1 checkpoint', '3 checkpoints', '0 batches')
+    """
+    return f"{n} {word if n == 1 else (many if many is not None else word + 's')}"
+
+
+class _SaidOnConsole(logging.Filter):
+    """Logger filter: an INFO record becomes DEBUG (dropped unless the logger shows DEBUG)."""
+
+    def filter(self, record):
+        if record.levelno != logging.INFO:
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+@contextlib.contextmanager
+def said_on_console(logger: str):
+    """Inside the block, ``logger``'s INFO records are logged at DEBUG: the console prints
+    the same event itself (e.g. ``checkpoint: PATH (step S, N records)`` at the end of a run,
+    which ``streamsvi.checkpoint`` also logs), and an event is said once.
+
+    Only records logged on ``logger`` itself are lowered (a logger filter), from any
+    thread while the block runs; warnings and errors are untouched.
+    """
+    lg = logging.getLogger(logger)
+    f = _SaidOnConsole()
+    lg.addFilter(f)
+    try:
+        yield
+    finally:
+        lg.removeFilter(f)
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
 from .commit import SnapshotCommit
 from .config import build_engine, build_model, client_security
+from .console import plural
 from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S: its old home)
 from .loop import StagedLoop, _Loop
 from .metrics import DaemonMetrics
@@ -64,7 +65,14 @@ class FreshStartRefused(RuntimeError):
 
 @dataclass
 class RunResult:
-    """What one ``Daemon.run`` did."""
+    """What one ``Daemon.run`` did.
+
+    ``heldout`` counts the records this run diverted into the held-out reservoir;
+    ``heldout_total`` is the reservoir's size at the end (a resumed run restores the
+    snapshot's reservoir and usually adds none). ``seconds`` is the time from the
+    opening of the first rate window (:meth:`Daemon._print_progress`) to the end of the
+    run, 0 if no record was applied.
+    """
 
     batches: int = 0
     records: int = 0
@@ -73,6 +81,22 @@ class RunResult:
     checkpoints: int = 0
     stopped_by: str = ""
     elbo_history: list = field(default_factory=list)
+    heldout_total: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        """The run's last console line, e.g. ``stopped (drained): 8 batches, 7500 records
+        applied in 1.8 s (4167 rec/s), 0 dead-lettered, 500 held out, 1 checkpoint``.
+
+        The rate is over :attr:`seconds` (the group join and the wait for the first
+        records left out); "held out" is the reservoir's size (:attr:`heldout_total`).
+        """
+        applied = plural(self.records, "record") + " applied"
+        if self.records and self.seconds > 0:
+            applied += f" in {self.seconds:.1f} s ({self.records / self.seconds:.0f} rec/s)"
+        return (f"stopped ({self.stopped_by}): {plural(self.batches, 'batch', 'batches')}, {applied}, "
+                f"{self.dead} dead-lettered, {self.heldout_total} held out, "
+                f"{plural(self.checkpoints, 'checkpoint')}")
 
 
 class Daemon(StagedLoop):
@@ -148,10 +172,11 @@ class Daemon(StagedLoop):
         self.metrics.checkpoint_ts.set(snap.created.timestamp())
         if self.heldout is not None:
             self.metrics.heldout_records.set(self.kind.n_records(self.heldout))
-        log.info("resumed from %s: step %d, %d records, offsets %s", snap.path, snap.state.step,
-                 snap.state.records_seen, self.offsets)
+        # one line for the event: the console's (the log's details at DEBUG)
+        log.debug("resumed from %s: step %d, %d records, offsets %s", snap.path, snap.state.step,
+                  snap.state.records_seen, self.offsets)
         print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
-              f"{snap.state.records_seen} records)", file=self.out, flush=True)
+              f"{plural(snap.state.records_seen, 'record')})", file=self.out, flush=True)
 
     def _refuse_fresh_start(self, source) -> None:
         """With no valid snapshot, refuse to start fresh where an earlier run left traces.
@@ -283,7 +308,16 @@ class Daemon(StagedLoop):
             return False
 
     def _print_progress(self, source, info, rate):
-        """The console progress line (every ``metrics.progress_seconds``, and once at a clean stop)."""
+        """The console progress line (every ``metrics.progress_seconds``, and once at a clean stop).
+
+        ``rate`` (rec/s) is a recent rate, not a lifetime average: the records applied
+        since the previous progress line over the time since it. A window opens at the
+        previous line, or, while it has no records yet, at the latest empty poll
+        (:meth:`_idle`): the first window leaves out the group join and the wait for the
+        first records (it holds the model's start: a GMM's k-means and CAVI sweeps on
+        its first batches), and a window after a quiet spell leaves out the spell. The
+        run's average is in its last line (:meth:`RunResult.summary`).
+        """
         print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
               f"{rate:10.0f} rec/s  ELBO/rec {info.elbo_per_record:10.4f}  "
               f"rho {info.rho:.4f}  lag {sum(source.lag().values())}",
@@ -320,9 +354,11 @@ class Daemon(StagedLoop):
         self._history_written_step = self._history_rows[-1]["step"]
         self._history_rows = []
 
-    def _record_history(self, info, heldout):
+    def _record_history(self, info, heldout, classified=None):
         """Keep a row every ``history_every`` updates, on held-out updates, and (via
-        ``_write_history``) the last update before each checkpoint."""
+        ``_write_history``) the last update before each checkpoint. A classifier's held-out
+        updates also keep ``classified`` = (log-loss, accuracy) as ``heldout_log_loss`` and
+        ``heldout_accuracy``."""
         row = {
             "time": round(time.time(), 3), "step": info.step, "records": self.state.records_seen,
             "elbo": info.elbo, "elbo_per_record": info.elbo_per_record, "heldout_loglik": heldout,
@@ -331,6 +367,8 @@ class Daemon(StagedLoop):
             "grad_norm": info.grad_norm, "rho": info.rho, "noise_std": info.noise_std,
             "effective_batch_size": info.effective_batch_size, "batch_size": info.batch_size,
             "domain_clipped": info.domain_clipped, "annealing_level": info.annealing_level}
+        if classified is not None:
+            row["heldout_log_loss"], row["heldout_accuracy"] = classified
         self._last_history_row = row
         every = self.cfg["metrics"]["history_every"]
         if info.step % every == 0 or info.step == 1 or heldout is not None:
@@ -351,11 +389,14 @@ class Daemon(StagedLoop):
         loop = _Loop(RunResult(), limit=max_batches, timeout=timeout, until_drained=until_drained)
         self.elbo_history = collections.deque(maxlen=1000)
         self._history_rows, self._last_history_row, self._history_written_step = [], None, 0
+        self._rate_since = None
         return self._run(loop)
 
     def _result(self, loop) -> RunResult:
-        """The run's summary, with the ELBO history of the run's updates."""
+        """The run's summary, with the ELBO history of the run's updates and the held-out
+        reservoir's size."""
         loop.res.elbo_history = list(self.elbo_history)
+        loop.res.heldout_total = 0 if self.heldout is None else int(self.kind.n_records(self.heldout))
         return loop.res
 
     def _start(self, stack, loop):
@@ -412,7 +453,10 @@ class Daemon(StagedLoop):
     def _idle(self, source, loop) -> bool:
         """No records came: the commit strategy's ``on_idle``; probe the brokers; start from the
         batches held back for the start (a quiet stream does not keep it waiting); True to stop
-        when ``until_drained`` and drained."""
+        when ``until_drained`` and drained. A progress window with no records yet opens now
+        (:meth:`_print_progress`)."""
+        if not loop.progress_records:
+            loop.last_progress = time.monotonic()
         if loop.failed_poll:
             return False
         self.commit.on_idle(source, loop)
@@ -521,19 +565,20 @@ class Daemon(StagedLoop):
         loop.res.batches += 1
         loop.batches_since_ck += 1
         loop.progress_records += n_x
-        heldout_ll = None
+        heldout_ll, classified = None, None
         if self.heldout is not None and (info.step % mc["heldout_every"] == 0 or info.step == 1):
             lp = self.engine.predictive_logpdf(self.state, self.heldout)
             heldout_ll = self.heldout_ll = float(np.mean(lp))
             self.metrics.heldout_loglik.set(heldout_ll)
-            self._classifier_metrics()
+            classified = self._classifier_metrics()
             self.elbo_history[-1].append(heldout_ll)
-        self._record_history(info, heldout_ll)
+        self._record_history(info, heldout_ll, classified)
 
-    def _classifier_metrics(self) -> None:
-        """Held-out log-loss and accuracy, for models that predict class probabilities."""
+    def _classifier_metrics(self) -> tuple[float, float] | None:
+        """Held-out log-loss and accuracy, for models that predict class probabilities (None
+        for the others); set on their gauges and returned for the history row."""
         if not isinstance(self.engine.model, Classifier):
-            return
+            return None
         proba = self.engine.model.predict_proba
         ho = np.asarray(self.heldout)
         p = proba(self.state.lam, ho[:, :-1])
@@ -541,11 +586,14 @@ class Daemon(StagedLoop):
         if p.ndim == 1:                                  # binary: p(y = 1)
             p = np.column_stack([1.0 - p, p])
         p_y = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
-        self.metrics.heldout_log_loss.set(float(-np.mean(np.log(p_y))))
-        self.metrics.heldout_accuracy.set(float(np.mean(p.argmax(axis=1) == y)))
+        log_loss, accuracy = float(-np.mean(np.log(p_y))), float(np.mean(p.argmax(axis=1) == y))
+        self.metrics.heldout_log_loss.set(log_loss)
+        self.metrics.heldout_accuracy.set(accuracy)
+        return log_loss, accuracy
 
     def _maybe_progress(self, source, loop) -> None:
         """The console progress line every ``metrics.progress_seconds``."""
+        self._note_first_window(loop)
         every, now = self.cfg["metrics"]["progress_seconds"], time.monotonic()
         if every and now - loop.last_progress >= every and loop.last_info is not None:
             self._print_progress(source, loop.last_info, loop.progress_records / (now - loop.last_progress))
@@ -556,10 +604,20 @@ class Daemon(StagedLoop):
         progress line, then the commit strategy's ``finish`` (checkpoint and commit what was
         applied)."""
         self._flush_start(loop)
+        self._note_first_window(loop)
+        now = time.monotonic()
+        if self._rate_since is not None:
+            loop.res.seconds = now - self._rate_since
         if self.cfg["metrics"]["progress_seconds"] and loop.progress_records and loop.last_info is not None:
             self._print_progress(source, loop.last_info,             # where the run ended
-                                 loop.progress_records / max(time.monotonic() - loop.last_progress, 1e-9))
+                                 loop.progress_records / max(now - loop.last_progress, 1e-9))
         super()._finish(source, dead_sink, loop)
+
+    def _note_first_window(self, loop) -> None:
+        """Keep when the run's first progress window with records opened (for
+        :attr:`RunResult.seconds`)."""
+        if self._rate_since is None and loop.progress_records:
+            self._rate_since = loop.last_progress
 
 
 def _transient_errors() -> tuple:
