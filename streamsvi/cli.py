@@ -499,6 +499,7 @@ def produce(args) -> int:
     from .io.broker import create_topic
     from .io.dense import BinaryBatchCodec, JsonCodec
     from .io.produce import produce_rows, write_records
+    from .io.sources import KafkaUnavailableError
     from .io.records import KINDS, record_kind
     from .service.config import build_model, client_security, load_config
     from .service.console import quiet_kafka, setup_logging
@@ -523,10 +524,10 @@ def produce(args) -> int:
         src = cfg["source"]
         model = build_model(cfg["model"])
         kind = record_kind(model)
-        codec_name = args.codec or src["codec"]
-        if codec_name not in kind.codec_names:
-            raise ValueError(f"--codec {codec_name}: not a codec of {kind.name!r} records (model.kind = "
-                             f"{cfg['model']['kind']!r}); use one of {', '.join(kind.codec_names)}")
+        codec_name = src["codec"]
+        if args.codec is not None and args.codec != codec_name:
+            raise ValueError(f"--codec {args.codec}: the config's daemon reads {codec_name} messages "
+                             f"(source.codec); change source.codec to write {args.codec}")
         codec = kind.make_codec(codec_name, model, {**src, **(cfg.get("records") or {})})
         records, what = _config_records(args, cfg, model, kind)
         bootstrap = args.bootstrap_servers or src["bootstrap_servers"]
@@ -550,12 +551,16 @@ def produce(args) -> int:
         print(f"produced {n} {codec_name} records of {kind.name} to file {src['path']!r} ({what})")
         return 0
     batch_rows = args.batch_rows if codec.rows_per_message != 1 else None
-    with quiet_kafka():       # kafka-python's warnings about a bad broker: the one error line says it
-        created = create_topic(bootstrap, topic, partitions=args.partitions or 3, security=security)
-        # an existing topic: spread over the partitions asked for, else let the producer choose
-        spread = args.partitions if args.partitions is not None else (3 if created else None)
-        messages = produce_rows(bootstrap, topic, rows, codec, batch_rows=batch_rows, partitions=spread,
-                                kind=kind, security=security, connect_attempts=1)
+    try:
+        with quiet_kafka():       # kafka-python's warnings about a bad broker: the one error line says it
+            created = create_topic(bootstrap, topic, partitions=args.partitions or 3, security=security)
+            # an existing topic: spread over the partitions asked for, else let the producer choose
+            spread = args.partitions if args.partitions is not None else (3 if created else None)
+            messages = produce_rows(bootstrap, topic, rows, codec, batch_rows=batch_rows, partitions=spread,
+                                    kind=kind, security=security, connect_attempts=1)
+    except KafkaUnavailableError as exc:
+        raise KafkaUnavailableError(f"{exc}; is a broker running there? (streamsvi broker runs one on "
+                                    f"127.0.0.1:9092)") from exc
     if messages != n:
         what += f"; {messages} messages"
     print(f"produced {n} {codec_name} records of {kind.name} to topic {topic!r} ({what})")
@@ -698,7 +703,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "and inspect snapshots.")
     p.add_argument("--version", action="version", version=f"streamsvi {__version__}",
                    help="print the version and exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                         help="one of these (streamsvi COMMAND --help says more):")
     from .io.inputs import FILE_FORMATS
     from .service.console import LEVELS
     from .service.exitcodes import help_text
@@ -833,6 +839,9 @@ def build_parser() -> argparse.ArgumentParser:
     it.add_argument("kind", metavar="KIND", help="the example: " + ", ".join(_example_names()))
     it.add_argument("--output", help="where to write it (default KIND.toml; - prints it)")
     it.add_argument("--force", action="store_true", help="overwrite an existing file")
+    for action in sub._choices_actions:       # a command's --help starts with what it does
+        parser = sub.choices[action.dest]
+        parser.description = parser.description or action.help[:1].upper() + action.help[1:] + "."
     return p
 
 

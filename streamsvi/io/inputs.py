@@ -103,7 +103,7 @@ def _csv_rows(path) -> list[tuple[int, list[str]]]:
 def _read_dense(path, model) -> Records:
     D = model.n_features
     rows = _csv_rows(path)
-    if not all(_is_number(c) for c in rows[0][1]):           # a header line
+    if not any(_is_number(c) for c in rows[0][1]):           # a header line: no number in it
         rows = rows[1:]
     X = []
     for line, cells in rows:
@@ -120,7 +120,7 @@ def _read_labelled(path, model, label_column: str | None) -> Records:
     D, C = model.n_features, model.n_classes
     rows = _csv_rows(path)
     header = None
-    if label_column is not None or not all(_is_number(c) for c in rows[0][1]):
+    if label_column is not None or not any(_is_number(c) for c in rows[0][1]):
         header, rows = [c.strip() for c in rows[0][1]], rows[1:]
     col = -1
     if label_column is not None:
