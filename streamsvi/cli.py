@@ -442,7 +442,7 @@ def _print_components(means, covs, w, ks) -> None:
         print(f"  k{k:<3d} w={w[k]:.3f} mean {_vec(means[k])} sd {_vec(sd)}{big}")
 
 
-def _legacy_rows(args, n_features=None):
+def _legacy_rows(args):
     """``--dataset``: Pima, blobs or a CSV file of numbers, as dense rows and what they are."""
     if args.dataset == "pima":
         X = standardize(load_pima(args.data)[0])
@@ -791,16 +791,17 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--output", default="streamsvi-report.png", help="PNG file to write")
     pr = sub.add_parser("produce", help="write records to a Kafka topic: the config's model's kind, from a "
                                         "file or a built-in sample",
-                        description="Write records to the first topic of a daemon config (--config), in its "
-                                    "codec, of its model's record kind: from --file, or without it a built-in "
-                                    "sample suited to the model. Without --config: dense rows (--dataset) to "
-                                    "--topic on --bootstrap-servers.",
+                        description="Write records to the first topic of a daemon config (--config), in\n"
+                                    "its codec, of its model's record kind: from --file, or without it a\n"
+                                    "built-in sample suited to the model (a file source's config: to its\n"
+                                    "file). Without --config: dense rows (--dataset) to --topic on\n"
+                                    "--bootstrap-servers. One line out; against unreachable brokers one\n"
+                                    "error line (exit 3).",
                         epilog="--file formats, by record kind:\n" + "\n".join(
                             f"  {k:<10} {fmt}" for k, fmt in FILE_FORMATS.items()),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     pr.add_argument("--config", help="a daemon config (TOML): its topic, brokers, TLS/SASL settings, codec "
-                                     "and model (streamsvi init KIND writes one); a file source's config: "
-                                     "the records go to its file")
+                                     "and model (streamsvi init KIND writes one)")
     pr.add_argument("--file", help="your records, in the usual format of the model's record kind (below); "
                                    "default: a built-in sample suited to the model")
     pr.add_argument("--label-column", help="labelled records: the header name of the label's column in "
@@ -818,8 +819,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    "over (default: 3 for a new topic; an existing topic's "
                                                    "are left to the producer)")
     pr.add_argument("--codec", choices=["json", "binary"],
-                    help="message codec (default: --config's source.codec, else json); binary: one "
-                         "message per --batch-rows records")
+                    help="message codec without --config (default json; binary: one message per "
+                         "--batch-rows records); with --config it is source.codec")
     pr.add_argument("--batch-rows", type=int, default=1000, help="records per message for --codec binary "
                                                                  "(default 1000)")
     pr.add_argument("--seed", type=int, default=0, help="seed of the shuffles and synthetic samples "

@@ -385,3 +385,34 @@ def test_the_gmm_dp_pattern_needs_a_matching_topic(tmp_path):
         proc = subprocess.run([STREAMSVI, "produce", "--config", str(cfg_path), *extra], capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_produce_writes_binary_messages_of_every_kind(broker_command, tmp_path):
+    """codec = "binary" in the config: whole batches per message (--batch-rows), which the daemon's
+    binary codec decodes back to the records, for every record kind that has a binary codec."""
+    import math
+
+    from streamsvi.io.records import record_kind
+    from streamsvi.service.config import build_model
+    from tests.conftest_broker import read_topic
+
+    for name in ("lda", "pmf", "hmm", "logistic", "poisson_mixture"):
+        cfg_path = _example(tmp_path, name, broker_command.bootstrap)
+        text = re.sub(r'^codec = "json"', 'codec = "binary"', cfg_path.read_text(), flags=re.M)
+        cfg_path.write_text(re.sub(r'^n_total = "auto"', "n_total = 1000", text, flags=re.M))
+        cfg = load_config(cfg_path)
+        assert cfg["source"]["codec"] == "binary", name
+        topic = f"{name}-bin-{uuid.uuid4().hex[:8]}"
+        proc = subprocess.run([STREAMSVI, "produce", "--config", str(cfg_path), "--topic", topic, "--n", "30",
+                               "--batch-rows", "8", "--partitions", "1"], capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, (name, proc.stderr)
+        m = PRODUCED.match(proc.stdout.strip())
+        assert m and m.group(2) == "binary", proc.stdout
+        n = int(m.group(1))
+        model = build_model(cfg["model"])
+        kind = record_kind(model)
+        codec = kind.make_codec("binary", model, {**cfg["source"], **cfg["records"]})
+        payloads = [v for _, _, v in read_topic(broker_command.bootstrap, topic)]
+        assert len(payloads) == math.ceil(n / 8) and m.group(6).endswith(f"; {len(payloads)} messages"), name
+        assert sum(kind.n_records(codec.decode_rows(p)) for p in payloads) == n, name
