@@ -277,7 +277,8 @@ def test_produce_reads_the_users_file_of_each_kind(broker_command, tmp_path):
         "hmm": ("x.txt", "0 1 2 3\n3,3,1\n# a comment\n\n2\n", []),
     }
     expected = {
-        "logistic": [{"x": [float(i), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float(-i)], "y": i % 2} for i in range(6)],
+        "logistic": [{"x": [float(i), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float(-i)], "y": i % 2}
+                     for i in range(6)],
         "gmm": [[float(i), i + 0.5, 0.0, 0.0, 0.0, 0.0, 0.0, float(-i)] for i in range(5)],
         "lda": [{"ids": [0, 7], "counts": [3, 1]}, {"ids": [3011], "counts": [2]}],
         "pmf": [{"user": "1", "item": "10", "rating": 4.0}, {"user": "2", "item": "10", "rating": 3.0},
