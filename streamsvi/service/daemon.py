@@ -54,7 +54,8 @@ from .history import HISTORY_FILE  # noqa: E402  (one JSON object per line, next
 #: The backoffs and the probe cadence (``MAX_CONNECT_BACKOFF_S``, ``MAX_POLL_BACKOFF_S``,
 #: ``BROKER_PROBE_S``) live in :mod:`streamsvi.service.health`.
 CONNECT_TIMEOUT_S = 10.0
-#: How long the daemon waits at start for its consumer group to assign it partitions.
+#: How long the daemon waits at start for its consumer group to assign it partitions, unless
+#: ``source.assignment_timeout_seconds`` says otherwise.
 ASSIGNMENT_TIMEOUT_S = 60.0
 
 
@@ -252,23 +253,56 @@ class Daemon(StagedLoop):
         """Wait until the group assigns partitions; False if a stop was requested first.
 
         Waits in steps of about a second so that a signal is honoured at once
-        rather than after the whole timeout.
+        rather than after the whole timeout (:meth:`_assignment_timeout`). A
+        subscription with no topic at the brokers yet is said at once, in one line
+        (:meth:`_note_unassigned`).
+
+        Raises
+        ------
+        NotAssigned
+            After the whole wait, saying why (:meth:`_give_up_unassigned`); the CLI
+            prints it as one line and exits 6.
         """
         from ..io.sources import NotAssigned, SourceError
 
-        timeout_s = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
+        timeout_s = self._assignment_timeout() if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while not self._stop.is_set():
             try:
                 source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
                 return True
             except SourceError as exc:
+                self._note_unassigned(exc, timeout_s)
                 if time.monotonic() >= deadline:
                     if isinstance(exc, NotAssigned):
-                        exc.waited_s = timeout_s        # the whole wait, not its last step
-                        raise
+                        raise self._give_up_unassigned(exc, timeout_s)
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
+
+    def _assignment_timeout(self) -> float:
+        """``source.assignment_timeout_seconds``, or :data:`ASSIGNMENT_TIMEOUT_S` (60 s) when unset."""
+        t = self.cfg["source"].get("assignment_timeout_seconds")
+        return float(ASSIGNMENT_TIMEOUT_S if t is None else t)
+
+    def _note_unassigned(self, exc, timeout_s: float) -> None:
+        """Say once, on the console, that the start waits for a topic that does not exist yet
+        (``exc``: a step of the wait that ended unassigned), and for how long."""
+        if getattr(exc, "no_topic", None) and not getattr(self, "_said_waiting", False):
+            self._said_waiting = True
+            print(f"waiting up to {timeout_s:g} s for {exc.no_topic} to appear at "
+                  f"{self.cfg['source']['bootstrap_servers']} (source.assignment_timeout_seconds)",
+                  file=self.out, flush=True)
+
+    def _give_up_unassigned(self, exc, timeout_s: float):
+        """``exc`` (a :class:`NotAssigned`) for the whole wait of ``timeout_s``, with what to do
+        when the topic never appeared."""
+        exc.waited_s = timeout_s                 # the whole wait, not its last step
+        if exc.no_topic:
+            setting = "source.topics" if self.cfg["source"]["topics"] else "source.pattern"
+            it = "one" if exc.no_topic.startswith(("a topic", "one of")) else "it"
+            exc.why += (f"; create {it} or produce to {it} (streamsvi produce --config FILE), check "
+                        f"{setting} for a misspelt name, or wait longer (source.assignment_timeout_seconds)")
+        return exc
 
     def _drained(self, source) -> bool:
         """Every partition of the source accounted for (``Source.drained``); False while the

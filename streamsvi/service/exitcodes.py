@@ -23,8 +23,9 @@ NO_CHECKPOINT = 4
 #: The checkpoint storage failed mid-run (disk full, directory removed, unwritable): nothing
 #: after the last durable snapshot was committed; fix the storage and restart.
 STORAGE = 5
-#: The consumer group assigned no partitions within 60 s; the one line says what the member saw
-#: (a rebalance that never completed, more members than partitions, no matching topic).
+#: The consumer group assigned no partitions within ``source.assignment_timeout_seconds`` (60 s
+#: unless set); the one line says what the member saw (a rebalance that never completed, more
+#: members than partitions, no matching topic: the daemon said at start that it waits for it).
 NOT_ASSIGNED = 6
 #: A second SIGTERM / SIGINT: left at once, without checkpoint or commit (128 + SIGINT, as shells do).
 SECOND_SIGNAL = 130
@@ -37,8 +38,9 @@ TABLE = (
     (BROKER_UNREACHABLE, "Kafka brokers unreachable after source.connect_attempts attempts"),
     (NO_CHECKPOINT, "no valid snapshot, but an earlier run left traces (--allow-fresh-start)"),
     (STORAGE, "checkpoint storage failed mid-run (disk full, directory removed): nothing lost, restart"),
-    (NOT_ASSIGNED, "no partitions assigned within 60 s (the line says why: a rebalance that never "
-                   "completed, more members than partitions, no matching topic)"),
+    (NOT_ASSIGNED, "no partitions assigned within source.assignment_timeout_seconds (default 60 s; "
+                   "the line says why: no matching topic, a rebalance that never completed, more "
+                   "members than partitions)"),
     (SECOND_SIGNAL, "second SIGTERM/SIGINT: left at once, without checkpoint or commit"),
 )
 
