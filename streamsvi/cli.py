@@ -479,7 +479,15 @@ def produce(args) -> int:
 
 
 def report(args) -> int:
-    """``streamsvi report``: PNG plots from runs' stored metric history."""
+    """``streamsvi report``: PNG plots from runs' stored metric history.
+
+    Needs matplotlib (the ``report`` extra): without it, a :class:`UsageError` naming the
+    extra before anything is read (the CLI prints it as one line, exit 2).
+    """
+    try:
+        import matplotlib  # noqa: F401  (only the import guard: history.plot_report draws)
+    except ImportError:
+        raise UsageError("streamsvi report needs matplotlib: pip install 'streamsvi[report]'") from None
     from .service.history import plot_report, read_history
 
     labels = args.labels or [Path(d).resolve().name for d in args.runs]
