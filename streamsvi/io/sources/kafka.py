@@ -291,9 +291,26 @@ class KafkaSource(Source):
                 cluster = getattr(self._consumer, "_cluster", None)     # kafka-python 3.0
                 if cluster is not None:
                     cluster.request_update()
+            self._keep_join_awaited()
             timeout_ms = max(1, int(min(self.JOIN_POLL_S, left) * 1000))
             self._rewind(self._consumer.poll(timeout_ms=timeout_ms, max_records=1))
         return True
+
+    def _keep_join_awaited(self) -> None:
+        """Keep a join in flight awaited by the next poll.
+
+        kafka-python 3.0.12 completes a join only in a poll that finds the member needing
+        one, and a poll that times out leaves the join in flight. A join started because the
+        subscription changed (a pattern that matched a new topic) is "needed" only until it
+        is sent: a poll after that skipped the join, whose assignment was then never taken
+        (seen here: a topic created during the wait, its SyncGroup answered with the
+        partitions, the member unassigned until the wait ran out). Marking the rejoin as
+        requested makes the next poll await the join, or send it again if it has ended.
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)          # kafka-python 3.0
+        if coordinator is not None and getattr(coordinator, "_join_task", None) is not None \
+                and not getattr(coordinator, "rejoin_needed", True):
+            coordinator.request_rejoin()
 
     def assignment(self) -> set[tuple[str, int]]:
         """The ``(topic, partition)`` pairs this consumer owns now (none while it (re)joins)."""
