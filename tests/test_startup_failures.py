@@ -136,7 +136,7 @@ def test_assignment_timeout_seconds_is_checked(tmp_path):
         source={"assignment_timeout_seconds": 0}))
     proc = _run("run", "--config", config)
     assert _only_line(proc, exitcodes.USAGE) == \
-        "streamsvi: error: source.assignment_timeout_seconds: must be >= 1, got 0"
+        "streamsvi: error: source.assignment_timeout_seconds: must be >= 1, got 0.0"
 
 
 # ------------------------------------------------------------------------- a missing extra
