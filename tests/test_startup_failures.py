@@ -226,3 +226,22 @@ def test_no_record_since_the_start_is_warned_once(tmp_path, kafka_broker, new_to
             and r.name == "streamsvi.daemon"]
     assert msgs == [f"no record from topic {topic!r} in the 1 s since the start: it is empty "
                     f"{LINE_END}"], msgs                     # once; not again at the end
+
+
+# ------------------------------------------------------------------- other start-up paths
+def test_sasl_against_a_listener_without_sasl_is_one_line_that_does_not_contradict_itself(
+        tmp_path, kafka_broker, new_group, monkeypatch):
+    """It said "does not offer the SASL mechanism 'PLAIN' (it offers PLAIN)": tansu answers a
+    SaslHandshake on its plain listener with UNSUPPORTED_SASL_MECHANISM, naming the one asked for."""
+    monkeypatch.setenv("STREAMSVI_TEST_SASL_PW", "secret")
+    group = new_group()
+    config = write_config(tmp_path / "run.toml", gmm_config(
+        tmp_path, bootstrap=kafka_broker.bootstrap, topic="t", group=group,
+        source={"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN", "sasl_username": "u",
+                "sasl_password_env": "STREAMSVI_TEST_SASL_PW", "connect_attempts": 1}))
+    proc = _run("run", "--config", config, "--until-drained")
+    assert _only_line(proc, exitcodes.USAGE) == (
+        f"streamsvi: error: KafkaSource(group_id={group!r}): {kafka_broker.bootstrap} refused a SASL "
+        f"login with 'PLAIN' (UNSUPPORTED_SASL_MECHANISM, naming only that mechanism): its listener "
+        f"likely has no SASL; check source.security_protocol (PLAINTEXT or SSL for a listener without "
+        f"SASL) and source.bootstrap_servers")
