@@ -245,3 +245,14 @@ def test_sasl_against_a_listener_without_sasl_is_one_line_that_does_not_contradi
         f"login with 'PLAIN' (UNSUPPORTED_SASL_MECHANISM, naming only that mechanism): its listener "
         f"likely has no SASL; check source.security_protocol (PLAINTEXT or SSL for a listener without "
         f"SASL) and source.bootstrap_servers")
+
+
+def test_a_local_broker_that_cannot_start_is_one_line_and_exit_2(tmp_path):
+    """``streamsvi demo`` (and any command that starts the local broker) ended in a traceback
+    when no tansu binary could be found or started."""
+    env = {**os.environ, "STREAMSVI_TANSU_BIN": str(tmp_path / "no-tansu")}
+    proc = _run("demo", "--workdir", tmp_path / "demo", env=env)
+    assert proc.stderr == (f"streamsvi: error: $STREAMSVI_TANSU_BIN={str(tmp_path / 'no-tansu')!r} is "
+                           f"not an executable file; unset it or point it at a tansu binary\n"), \
+        proc.stderr[-3000:]
+    assert proc.returncode == exitcodes.USAGE
