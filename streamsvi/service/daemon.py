@@ -291,7 +291,7 @@ class Daemon(StagedLoop):
     def _note_unassigned(self, exc, timeout_s: float) -> None:
         """Say once, on the console, that the start waits for a topic that does not exist yet
         (``exc``: a step of the wait that ended unassigned), and for how long."""
-        if getattr(exc, "no_topic", None) and not getattr(self, "_said_waiting", False):
+        if getattr(exc, "no_topic", None) and not self._said_waiting:
             self._said_waiting = True
             print(f"waiting up to {timeout_s:g} s for {exc.no_topic} to appear at "
                   f"{self.cfg['source']['bootstrap_servers']} (source.assignment_timeout_seconds)",
@@ -421,6 +421,7 @@ class Daemon(StagedLoop):
         stack.callback(self._close_sink, dead_sink)
         if self.offsets:
             source.seek(self.offsets)
+        self._said_waiting = False                  # _note_unassigned: once per start
         if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):
             loop.res.stopped_by = self._stop_reason  # stopped before a partition was assigned
             return None
@@ -480,8 +481,10 @@ class Daemon(StagedLoop):
         """At the end of a run: warn, in one line, about the subscribed topics that hold no
         record at all (each partition's highwater mark 0), unless :meth:`_warn_if_quiet` named
         them. Only topics with no offset beyond 0 (read or resumed) are asked about."""
+        if not hasattr(source, "highwater_marks") or not self.health.up:
+            return
         try:
-            subscribed = {t for t, _ in source.partitions()} if hasattr(source, "highwater_marks") else set()
+            subscribed = {t for t, _ in source.partitions()}
         except _transient_errors():
             return
         seen = {t for (t, _), off in self.offsets.items() if off > 0}
