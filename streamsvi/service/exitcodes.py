@@ -13,7 +13,10 @@ from __future__ import annotations
 OK = 0
 #: An unexpected failure (a bug): the traceback is printed.
 INTERNAL = 1
-#: Bad command line, config or path: fix what the one-line message names.
+#: Bad command line, config or path, or a set-up the user can fix: a metrics port in use
+#: (``metrics.port``), a missing extra (``streamsvi report`` without matplotlib), a local broker
+#: that cannot start. Fix what the one-line message names. (A port in use is not a code of its
+#: own: the fix is a setting, as for any other bad config.)
 USAGE = 2
 #: The Kafka brokers could not be reached after ``source.connect_attempts`` attempts.
 BROKER_UNREACHABLE = 3
@@ -34,7 +37,7 @@ SECOND_SIGNAL = 130
 TABLE = (
     (OK, "finished: drained, --max-batches/--timeout reached, or stopped cleanly by SIGTERM/SIGINT"),
     (INTERNAL, "unexpected failure (a bug; the traceback is printed)"),
-    (USAGE, "bad command line, config or path (one line names it)"),
+    (USAGE, "bad command line, config or path, metrics port in use, missing extra (one line names it)"),
     (BROKER_UNREACHABLE, "Kafka brokers unreachable after source.connect_attempts attempts"),
     (NO_CHECKPOINT, "no valid snapshot, but an earlier run left traces (--allow-fresh-start)"),
     (STORAGE, "checkpoint storage failed mid-run (disk full, directory removed): nothing lost, restart"),
