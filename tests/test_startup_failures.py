@@ -4,6 +4,7 @@ exit code (issue 28, item 4); and the warning about a topic that yields nothing.
 Everything runs for real: ``streamsvi`` as a subprocess, the shared tansu broker, a port
 that something else listens on, a matplotlib that cannot be imported.
 """
+import io
 import logging
 import os
 import socket
@@ -204,7 +205,7 @@ def test_no_record_since_the_start_is_warned_once(tmp_path, kafka_broker, new_to
     topic = new_topic(2)
     cfg = validate(gmm_config(tmp_path, bootstrap=kafka_broker.bootstrap, topic=topic,
                               group=new_group(), inference={"max_wait_seconds": 0.2}))
-    daemon = daemon_mod.Daemon(cfg, out=open(os.devnull, "w"))
+    daemon = daemon_mod.Daemon(cfg, out=io.StringIO())
     said = threading.Event()
 
     class _Watch(logging.Handler):                  # stop the run once the warning is out
