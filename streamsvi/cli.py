@@ -676,7 +676,15 @@ def init(args) -> int:
 
 
 def report(args) -> int:
-    """``streamsvi report``: PNG plots from runs' stored metric history."""
+    """``streamsvi report``: PNG plots from runs' stored metric history.
+
+    Needs matplotlib (the ``report`` extra): without it, a :class:`UsageError` naming the
+    extra before anything is read (the CLI prints it as one line, exit 2).
+    """
+    try:
+        import matplotlib  # noqa: F401  (only the import guard: history.plot_report draws)
+    except ImportError:
+        raise UsageError("streamsvi report needs matplotlib: pip install 'streamsvi[report]'") from None
     from .service.console import plural
     from .service.history import is_classifier, plot_report, read_history
 
@@ -881,7 +889,9 @@ def main(argv=None) -> int:
     """Run one command; returns its exit code (``streamsvi.service.exitcodes``).
 
     Start-up failures a user can fix are one line on stderr, never a traceback:
-    a bad command line, config or path (2), unreachable brokers (3).
+    a bad command line, config or path, a metrics port in use, a missing extra, a local
+    broker that cannot start (2); unreachable brokers (3); no valid snapshot but traces of
+    an earlier run (4); no partitions assigned, e.g. a topic that never appeared (6).
     """
     from .service import exitcodes, signals
 
@@ -889,6 +899,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.command not in ("run", "demo"):
         signals.restore_default()       # only the daemon defers signals; the others stop at once
+    from .io.broker import BrokerError
     from .io.sources import KafkaUnavailableError, NotAssigned
     from .service.config import ConfigError
     try:
@@ -919,6 +930,10 @@ def main(argv=None) -> int:
     except NotAssigned as exc:
         print(f"streamsvi: error: {exc}", file=sys.stderr)
         return exitcodes.NOT_ASSIGNED
+    except BrokerError as exc:          # the local broker: no tansu binary, its port taken, it died
+        first = str(exc).splitlines()[0].rstrip(":")      # a failed start adds the log's tail
+        print(f"streamsvi: error: {first}", file=sys.stderr)
+        return exitcodes.USAGE
     except RuntimeError as exc:
         from .service.commit import CheckpointFailed
         from .service.daemon import FreshStartRefused

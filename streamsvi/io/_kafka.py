@@ -334,6 +334,13 @@ def diagnose_sasl(bootstrap_servers, security: dict, timeout_s: float = 3.0) -> 
                 sock = (tls_context(security).wrap_socket(raw, server_hostname=host)
                         if security.get("security_protocol") == "SASL_SSL" else raw)
                 hello = _call(sock, SaslHandshakeRequest[1](mechanism=mechanism), SaslHandshakeResponse, 1)
+                if hello.error_code == 33 and list(hello.mechanisms) == [mechanism]:
+                    # refused, naming only the mechanism asked for: tansu's answer on a listener
+                    # without SASL ("does not offer 'PLAIN' (it offers PLAIN)" said nothing)
+                    return (f"{where} refused a SASL login with {mechanism!r} (UNSUPPORTED_SASL_MECHANISM, "
+                            f"naming only that mechanism): its listener likely has no SASL; check "
+                            f"source.security_protocol (PLAINTEXT or SSL for a listener without SASL) "
+                            f"and source.bootstrap_servers")
                 if hello.error_code == 33 or mechanism not in hello.mechanisms:   # UNSUPPORTED_SASL_MECHANISM
                     return (f"{where} does not offer the SASL mechanism {mechanism!r} (it offers "
                             f"{', '.join(hello.mechanisms) or 'none'}): set source.sasl_mechanism")

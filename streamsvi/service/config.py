@@ -108,6 +108,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                        min=1),
         "connect_attempts": Field("int", 30, "broker connection attempts at start before giving up", min=1),
         "connect_backoff_seconds": Field("float", 1.0, "initial retry backoff (doubles, max 30 s)", min=0),
+        "assignment_timeout_seconds": Field("float", None, "how long the daemon or a worker waits at start "
+                                            "for its group to assign it partitions (for a topic to "
+                                            "appear, a rebalance to complete) before exit code 6; "
+                                            "unset = 60", min=1),
         # Security of every Kafka client streamsvi makes (consumer, dead-letter producer,
         # highwater probes, `streamsvi produce`); see client_security.
         "security_protocol": Field("str", "PLAINTEXT", "PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or "

@@ -55,8 +55,13 @@ from .history import HISTORY_FILE  # noqa: E402  (one JSON object per line, next
 #: The backoffs and the probe cadence (``MAX_CONNECT_BACKOFF_S``, ``MAX_POLL_BACKOFF_S``,
 #: ``BROKER_PROBE_S``) live in :mod:`streamsvi.service.health`.
 CONNECT_TIMEOUT_S = 10.0
-#: How long the daemon waits at start for its consumer group to assign it partitions.
+#: How long the daemon waits at start for its consumer group to assign it partitions, unless
+#: ``source.assignment_timeout_seconds`` says otherwise.
 ASSIGNMENT_TIMEOUT_S = 60.0
+#: Seconds after the start (partitions assigned) without a record from any partition after
+#: which the daemon warns, once, naming its topics and saying which are empty (a misspelt name,
+#: or nothing produced yet) (:meth:`Daemon._warn_if_quiet`).
+QUIET_START_S = 60.0
 
 
 class FreshStartRefused(RuntimeError):
@@ -277,23 +282,56 @@ class Daemon(StagedLoop):
         """Wait until the group assigns partitions; False if a stop was requested first.
 
         Waits in steps of about a second so that a signal is honoured at once
-        rather than after the whole timeout.
+        rather than after the whole timeout (:meth:`_assignment_timeout`). A
+        subscription with no topic at the brokers yet is said at once, in one line
+        (:meth:`_note_unassigned`).
+
+        Raises
+        ------
+        NotAssigned
+            After the whole wait, saying why (:meth:`_give_up_unassigned`); the CLI
+            prints it as one line and exits 6.
         """
         from ..io.sources import NotAssigned, SourceError
 
-        timeout_s = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
+        timeout_s = self._assignment_timeout() if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while not self._stop.is_set():
             try:
                 source.wait_for_assignment(timeout_s=max(min(1.0, deadline - time.monotonic()), 0.001))
                 return True
             except SourceError as exc:
+                self._note_unassigned(exc, timeout_s)
                 if time.monotonic() >= deadline:
                     if isinstance(exc, NotAssigned):
-                        exc.waited_s = timeout_s        # the whole wait, not its last step
-                        raise
+                        raise self._give_up_unassigned(exc, timeout_s)
                     raise SourceError(f"after {timeout_s:g} s: {exc}") from exc
         return False
+
+    def _assignment_timeout(self) -> float:
+        """``source.assignment_timeout_seconds``, or :data:`ASSIGNMENT_TIMEOUT_S` (60 s) when unset."""
+        t = self.cfg["source"].get("assignment_timeout_seconds")
+        return float(ASSIGNMENT_TIMEOUT_S if t is None else t)
+
+    def _note_unassigned(self, exc, timeout_s: float) -> None:
+        """Say once, on the console, that the start waits for a topic that does not exist yet
+        (``exc``: a step of the wait that ended unassigned), and for how long."""
+        if getattr(exc, "no_topic", None) and not self._said_waiting:
+            self._said_waiting = True
+            print(f"waiting up to {timeout_s:g} s for {exc.no_topic} to appear at "
+                  f"{self.cfg['source']['bootstrap_servers']} (source.assignment_timeout_seconds)",
+                  file=self.out, flush=True)
+
+    def _give_up_unassigned(self, exc, timeout_s: float):
+        """``exc`` (a :class:`NotAssigned`) for the whole wait of ``timeout_s``, with what to do
+        when the topic never appeared."""
+        exc.waited_s = timeout_s                 # the whole wait, not its last step
+        if exc.no_topic:
+            setting = "source.topics" if self.cfg["source"]["topics"] else "source.pattern"
+            it = "one" if exc.no_topic.startswith(("a topic", "one of")) else "it"
+            exc.why += (f"; create {it} or produce to {it} (streamsvi produce --config FILE), check "
+                        f"{setting} for a misspelt name, or wait longer (source.assignment_timeout_seconds)")
+        return exc
 
     def _drained(self, source) -> bool:
         """Every partition of the source accounted for (``Source.drained``); False while the
@@ -424,11 +462,78 @@ class Daemon(StagedLoop):
         stack.callback(self._close_sink, dead_sink)
         if self.offsets:
             source.seek(self.offsets)
+        self._said_waiting = False                  # _note_unassigned: once per start
         if hasattr(source, "wait_for_assignment") and not self._await_assignment(source):
             loop.res.stopped_by = self._stop_reason  # stopped before a partition was assigned
             return None
-        loop.last_ck = loop.last_progress = time.monotonic()
+        loop.last_ck = loop.last_progress = self._started_at = time.monotonic()
+        self._quiet_told, self._empty_told = False, set()     # _warn_if_quiet, _warn_empty_topics
         return source, dead_sink
+
+    # ------------------------------------------------ topics that yield nothing
+    def _topic_records(self, source, topics=None) -> dict | None:
+        """``{topic: Σ highwater marks of its partitions}`` of a Kafka source's subscribed topics
+        (or of those in ``topics``): 0 means nothing was ever produced to the topic. None for
+        other sources, while the brokers are away, or when they cannot tell within 5 s."""
+        if not hasattr(source, "highwater_marks") or not self.health.up:
+            return None
+        try:
+            parts = {tp for tp in source.partitions() if topics is None or tp[0] in topics}
+            marks = source.highwater_marks(parts, timeout_s=5.0)
+        except _transient_errors() as exc:
+            log.info("cannot tell whether the topics are empty (%s: %s)", type(exc).__name__, exc)
+            return None
+        out: dict = {}
+        for (topic, _), hw in marks.items():
+            out[topic] = out.get(topic, 0) + int(hw)
+        return out
+
+    def _empty_note(self, empty: list, named: bool = True) -> str:
+        """"topic 'a' is empty (a misspelt source.topics, or nothing produced to it yet)";
+        "it is empty (...)" if not ``named`` (the line named the topics already)."""
+        one = len(empty) == 1
+        setting = "source.topics" if self.cfg["source"]["topics"] else "source.pattern"
+        subject = (f"{_topics(empty)} {'is' if one else 'are'}" if named else
+                   "it is" if one else "they are")
+        return f"{subject} empty (a misspelt {setting}, or nothing produced to {'it' if one else 'them'} yet)"
+
+    def _warn_if_quiet(self, source, loop) -> None:
+        """Warn once if no record came from any partition in the :data:`QUIET_START_S` seconds
+        since the start, naming the topics and saying which are empty (stage ``_idle``)."""
+        if self._quiet_told or time.monotonic() - self._started_at < QUIET_START_S:
+            return
+        self._quiet_told = True
+        if loop.res.records or loop.res.dead or loop.res.heldout or self._start_batches:
+            return                                   # records came
+        counts = self._topic_records(source)
+        if not counts:
+            return
+        empty = sorted(t for t, n in counts.items() if n == 0)
+        read = sorted(t for t, n in counts.items() if n > 0)
+        notes = [self._empty_note(empty, named=bool(read))] if empty else []
+        if read:
+            notes.append(f"{_topics(read)} {'holds' if len(read) == 1 else 'hold'} only records "
+                         f"read before (waiting for new ones)")
+        log.warning("no record from %s in the %g s since the start: %s", _topics(sorted(counts)),
+                    QUIET_START_S, "; ".join(notes))
+        self._empty_told.update(empty)
+
+    def _warn_empty_topics(self, source) -> None:
+        """At the end of a run: warn, in one line, about the subscribed topics that hold no
+        record at all (each partition's highwater mark 0), unless :meth:`_warn_if_quiet` named
+        them. Only topics with no offset beyond 0 (read or resumed) are asked about."""
+        if not hasattr(source, "highwater_marks") or not self.health.up:
+            return
+        try:
+            subscribed = {t for t, _ in source.partitions()}
+        except _transient_errors():
+            return
+        seen = {t for (t, _), off in self.offsets.items() if off > 0}
+        ask = subscribed - seen - self._empty_told
+        counts = self._topic_records(source, ask) if ask else None
+        empty = sorted(t for t, n in (counts or {}).items() if n == 0)
+        if empty:
+            log.warning("read no record from %s: %s", _topics(empty), self._empty_note(empty, named=False))
 
     def _poll(self, source, loop):
         """The next minibatch, or None. A poll that raises (brokers gone a while mid-run)
@@ -463,6 +568,7 @@ class Daemon(StagedLoop):
         check = getattr(source, "check_brokers", None)   # Kafka sources only
         if check is not None:
             self.health.probe(check)
+            self._warn_if_quiet(source, loop)
         self._flush_start(loop)
         if loop.until_drained and self._drained(source):
             loop.res.stopped_by = "drained"
@@ -612,6 +718,13 @@ class Daemon(StagedLoop):
             self._print_progress(source, loop.last_info,             # where the run ended
                                  loop.progress_records / max(now - loop.last_progress, 1e-9))
         super()._finish(source, dead_sink, loop)
+        self._warn_empty_topics(source)
+
+
+def _topics(names) -> str:
+    """"topic 'a'" or "topics 'a', 'b'"."""
+    names = list(names)
+    return ("topic " if len(names) == 1 else "topics ") + ", ".join(map(repr, names))
 
     def _note_first_window(self, loop) -> None:
         """Keep when the run's first progress window with records opened (for

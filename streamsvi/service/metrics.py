@@ -63,6 +63,52 @@ class LatestValue:
         return [family]
 
 
+class MetricsServeError(ValueError):
+    """The metrics endpoint could not listen on ``metrics.host:metrics.port``.
+
+    A ``ValueError``: the CLI prints it as one line and exits with
+    ``exitcodes.USAGE`` (2), as for any setting the user has to change. The
+    message says which setting (``metrics.port`` for a port in use or refused,
+    ``metrics.host`` for an address that is not this machine's) and what to
+    set instead.
+
+    Attributes
+    ----------
+    host : str
+        ``metrics.host``.
+    port : int
+        ``metrics.port``.
+    cause : OSError
+        What ``bind`` (or the host name's lookup) raised.
+    """
+
+    def __init__(self, host: str, port: int, cause: OSError):
+        self.host, self.port, self.cause = host, int(port), cause
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        import errno
+        import socket
+
+        where, err = f"{self.host}:{self.port}", self.cause
+        why = err.strerror or str(err)
+        if err.errno == errno.EADDRINUSE:
+            return (f"metrics.port: cannot serve metrics on {where}: the port is in use (another "
+                    f"process listens there, such as another streamsvi daemon); set metrics.port to "
+                    f"a free port, or to 0 for any free port")
+        if err.errno == errno.EACCES:
+            return (f"metrics.port: cannot serve metrics on {where}: {why} (ports below 1024 need "
+                    f"privileges); set metrics.port to a free port above 1023, or to 0 for any free "
+                    f"port")
+        if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+            return (f"metrics.host: cannot serve metrics on {where}: {why} ({self.host!r} is not an "
+                    f"address of this machine); set metrics.host to one of its addresses, such as "
+                    f"127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+        return (f"metrics.port: cannot serve metrics on {where}: {why}; set metrics.host and "
+                f"metrics.port to an address and a free port of this machine (metrics.port = 0: any "
+                f"free port)")
+
+
 class DaemonMetrics:
     """All metrics of one daemon, registered in ``registry``."""
 
@@ -166,6 +212,12 @@ class DaemonMetrics:
         Like ``prometheus_client.start_http_server`` but with a short
         ``serve_forever`` poll interval, so ``server.shutdown()`` at the end of
         a run returns within ~50 ms instead of up to 0.5 s.
+
+        Raises
+        ------
+        MetricsServeError
+            If ``addr:port`` cannot be bound (a port in use, a host that is not
+            an address of this machine); its message names the setting to change.
         """
         import socketserver
         import threading
@@ -178,7 +230,10 @@ class DaemonMetrics:
             def log_message(self, *args):   # no access log on stderr
                 pass
 
-        httpd = make_server(addr, port, make_wsgi_app(self.registry), _Server, handler_class=_Quiet)
+        try:
+            httpd = make_server(addr, port, make_wsgi_app(self.registry), _Server, handler_class=_Quiet)
+        except OSError as exc:
+            raise MetricsServeError(addr, port, exc) from None
         thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": poll_interval},
                                   name="streamsvi-metrics", daemon=True)
         thread.start()

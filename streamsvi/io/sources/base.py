@@ -33,11 +33,14 @@ class NotAssigned(SourceError):
     """The consumer group assigned this member no partitions in ``waited_s`` seconds; ``why``
     says what the member's own state shows (set ``waited_s`` to the whole wait when retrying
     in steps); ``joined``: the member is in the group, which gave its partitions to others
-    (more members than partitions)."""
+    (more members than partitions); ``no_topic``: what of the subscription does not exist at
+    the brokers yet ("topic 'a'", "a topic matching 'p'"), None when a subscribed topic exists."""
 
-    def __init__(self, what: str, waited_s: float, why: str, joined: bool = False):
+    def __init__(self, what: str, waited_s: float, why: str, joined: bool = False,
+                 no_topic: str | None = None):
         super().__init__(what, waited_s, why)
         self.what, self.waited_s, self.why, self.joined = what, float(waited_s), why, bool(joined)
+        self.no_topic = no_topic
 
     def __str__(self):
         return f"{self.what} within {self.waited_s:g} s: {self.why}"

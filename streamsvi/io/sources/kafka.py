@@ -279,14 +279,38 @@ class KafkaSource(Source):
         # right after it (with a pattern subscription every poll during a join
         # first waits up to retry_backoff_ms for metadata, so 100 ms polls
         # almost never complete one). The poll that completes the join may
-        # already return records; they are rewound, not dropped.
+        # already return records; they are rewound, not dropped. A pattern that
+        # matches no topic yet asks for fresh metadata every chunk: kafka-python
+        # looks for new matching topics only every metadata_max_age_ms (5 min), so
+        # a topic created during the wait was not seen before the wait timed out.
         while not self._owns_partitions():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
+            if self.pattern is not None and not self._consumer.subscription():
+                cluster = getattr(self._consumer, "_cluster", None)     # kafka-python 3.0
+                if cluster is not None:
+                    cluster.request_update()
+            self._keep_join_awaited()
             timeout_ms = max(1, int(min(self.JOIN_POLL_S, left) * 1000))
             self._rewind(self._consumer.poll(timeout_ms=timeout_ms, max_records=1))
         return True
+
+    def _keep_join_awaited(self) -> None:
+        """Keep a join in flight awaited by the next poll.
+
+        kafka-python 3.0.12 completes a join only in a poll that finds the member needing
+        one, and a poll that times out leaves the join in flight. A join started because the
+        subscription changed (a pattern that matched a new topic) is "needed" only until it
+        is sent: a poll after that skipped the join, whose assignment was then never taken
+        (seen here: a topic created during the wait, its SyncGroup answered with the
+        partitions, the member unassigned until the wait ran out). Marking the rejoin as
+        requested makes the next poll await the join, or send it again if it has ended.
+        """
+        coordinator = getattr(self._consumer, "_coordinator", None)          # kafka-python 3.0
+        if coordinator is not None and getattr(coordinator, "_join_task", None) is not None \
+                and not getattr(coordinator, "rejoin_needed", True):
+            coordinator.request_rejoin()
 
     def assignment(self) -> set[tuple[str, int]]:
         """The ``(topic, partition)`` pairs this consumer owns now (none while it (re)joins)."""
@@ -309,31 +333,57 @@ class KafkaSource(Source):
         if not self._await_assignment(time.monotonic() + timeout_s):
             what = f"topics {self.topics}" if self.topics is not None else \
                 f"topics matching {self.pattern!r}"
-            why = self._why_unassigned()
+            why, absent = self._why_unassigned()
             raise NotAssigned(f"no partitions of {what} were assigned to group {self.group_id!r} at "
                               f"{self.bootstrap_servers}", timeout_s, why,
-                              joined=why.startswith(JOINED_UNASSIGNED))
+                              joined=why.startswith(JOINED_UNASSIGNED), no_topic=absent)
         return self.assignment()
 
-    def _why_unassigned(self) -> str:
-        """What this member's own state says about a missing assignment."""
+    def _absent(self) -> str | None:
+        """What of the subscription does not exist at the brokers: "topic 'a'", "one of the
+        topics 'a', 'b'" (none of them exists) or "a topic matching 'p'"; None when the group
+        has a subscribed topic to assign.
+
+        One metadata request for every topic of the cluster, on the probe consumer: unlike a
+        request that names the topics (the group consumer's), it never makes a broker that
+        creates topics on demand (tansu, Kafka's ``auto.create.topics.enable``) create one.
+        """
+        import re
+
+        existing = self._probe_consumer().topics()
+        if self.topics is None:
+            rx = re.compile(self.pattern)       # as kafka-python matches a pattern subscription
+            return None if any(rx.match(t) for t in existing) else f"a topic matching {self.pattern!r}"
+        missing = [t for t in self.topics if t not in existing]
+        if len(missing) < len(self.topics):
+            return None
+        return f"topic {missing[0]!r}" if len(missing) == 1 else \
+            "one of the topics " + ", ".join(map(repr, missing))
+
+    def _why_unassigned(self) -> tuple[str, str | None]:
+        """What this member's own state says about a missing assignment, and what of the
+        subscription does not exist yet (:meth:`_absent`; None if that is not the cause)."""
         from kafka.structs import MemberState
 
         try:
+            absent = self._absent()
+            if absent is not None:
+                return ("no topic matches the subscription yet" if self.topics is None else
+                        f"no topic matches the subscription yet: {absent} does not exist"), absent
             parts = self.partitions() if self.topics is not None or self._consumer.subscription() else set()
         except Exception as exc:  # noqa: BLE001 - the diagnosis must not hide the timeout
-            return f"{exc}"
+            return f"{exc}", None
         if not parts:
-            return "no topic matches the subscription yet"
+            return "no topic matches the subscription yet", None
         state = self._consumer.group_metadata().state
         if state == MemberState.STABLE:
             return (f"{JOINED_UNASSIGNED} none of the {len(parts)} partitions: "
-                    f"the group has more members than partitions")
+                    f"the group has more members than partitions"), None
         return ("the group's rebalance never completed (this member's JoinGroup or SyncGroup was not "
                 "answered). On the local tansu 0.6.0 broker, a member that left or died during a "
                 "rebalance can keep the group from ever completing one (it stays the group's "
                 "leader); use another group id, or restart the broker (it starts empty). Kafka's "
-                "own coordinator elects a new leader instead")
+                "own coordinator elects a new leader instead"), None
 
     # ------------------------------------------------------------ batches
     def _messages_wanted(self, rows_left: int) -> int:

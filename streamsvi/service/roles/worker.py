@@ -264,14 +264,14 @@ class Worker(Daemon):
         give it partitions; the timeout is for the other causes (no topic, no rebalance).
         """
         from ...io.sources import NotAssigned, SourceError
-        from ..daemon import ASSIGNMENT_TIMEOUT_S
 
         self.commit.open_producer()
         # the first λ before the first group poll: loading a large full λ from the lambda topic
         # takes longer than a member may go without polling (MAX_POLL_INTERVAL_MS); later
         # refreshes read at most one fetch each
         self.lam.refresh()
-        deadline = time.monotonic() + (ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s)
+        waited = self._assignment_timeout() if timeout_s is None else timeout_s
+        deadline = time.monotonic() + waited
         spare, spare_after = False, time.monotonic() + SPARE_NOTICE_S
         while not self._stop.is_set():
             try:
@@ -294,11 +294,10 @@ class Worker(Daemon):
                         log.warning("worker %s: %s; standing by as a spare worker until the group "
                                     "gives it partitions", self.worker_id, exc.why)
                     continue
+                self._note_unassigned(exc, waited)      # a topic that does not exist yet: said once
                 if time.monotonic() >= deadline:
-                    waited = ASSIGNMENT_TIMEOUT_S if timeout_s is None else timeout_s
                     if isinstance(exc, NotAssigned):
-                        exc.waited_s = waited           # the whole wait, not its last step
-                        raise
+                        raise self._give_up_unassigned(exc, waited)
                     raise SourceError(f"after {waited:g} s: {exc}") from exc
         return False
 
