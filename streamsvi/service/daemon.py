@@ -720,17 +720,17 @@ class Daemon(StagedLoop):
         super()._finish(source, dead_sink, loop)
         self._warn_empty_topics(source)
 
-
-def _topics(names) -> str:
-    """"topic 'a'" or "topics 'a', 'b'"."""
-    names = list(names)
-    return ("topic " if len(names) == 1 else "topics ") + ", ".join(map(repr, names))
-
     def _note_first_window(self, loop) -> None:
         """Keep when the run's first progress window with records opened (for
         :attr:`RunResult.seconds`)."""
         if self._rate_since is None and loop.progress_records:
             self._rate_since = loop.last_progress
+
+
+def _topics(names) -> str:
+    """"topic 'a'" or "topics 'a', 'b'"."""
+    names = list(names)
+    return ("topic " if len(names) == 1 else "topics ") + ", ".join(map(repr, names))
 
 
 def _transient_errors() -> tuple:
