@@ -344,12 +344,23 @@ class KafkaSource(Source):
         topics 'a', 'b'" (none of them exists) or "a topic matching 'p'"; None when the group
         has a subscribed topic to assign.
 
-        One metadata request for every topic of the cluster, on the probe consumer: unlike a
-        request that names the topics (the group consumer's), it never makes a broker that
-        creates topics on demand (tansu, Kafka's ``auto.create.topics.enable``) create one.
+        First from the group consumer's own metadata (no round trip): a pattern that matched
+        a topic, or named topics it knows, leave nothing absent. Only then one metadata request
+        for every topic of the cluster, on the probe consumer: unlike a request that names the
+        topics (the group consumer's), it never makes a broker that creates topics on demand
+        (tansu, Kafka's ``auto.create.topics.enable``) create one. The wait for an assignment
+        asks this every second, and a probe's round trip while a join is in flight can start
+        the join over (kafka-python 3.0.12): probing at every step while the topic existed
+        kept a pattern subscription's join from completing on a broker with a dozen topics.
         """
         import re
 
+        if self.topics is None and self._consumer.subscription():
+            return None
+        cluster = getattr(self._consumer, "_cluster", None)         # kafka-python 3.0
+        if self.topics is not None and cluster is not None and \
+                any(cluster.partitions_for_topic(t) for t in self.topics):
+            return None
         existing = self._probe_consumer().topics()
         if self.topics is None:
             rx = re.compile(self.pattern)       # as kafka-python matches a pattern subscription
