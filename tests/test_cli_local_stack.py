@@ -254,7 +254,8 @@ def test_every_example_config_runs_from_the_command_line(broker_command, tmp_pat
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, (name, err[-3000:])
         last = err.strip().splitlines()[-1]
-        m = re.match(r"stopped \((drained|max_batches)\): (\d+) batches, (\d+) records applied, 0 dead-lettered",
+        m = re.match(r"stopped \((drained|max_batches)\): (\d+) batch(?:es)?, (\d+) records? applied"
+                     r"(?: in [\d.]+ s \(\d+ rec/s\))?, 0 dead-lettered",
                      last)
         assert m and int(m.group(2)) > 0 and int(m.group(3)) > 0, (name, last)
         assert "Traceback" not in err, name
