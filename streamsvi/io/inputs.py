@@ -274,8 +274,9 @@ def _river_labelled(name: str, standardise: bool) -> tuple[np.ndarray, list]:
         y.append(label)
     X = np.array(X)
     if standardise:
-        sd = X.std(axis=0)
-        X = (X - X.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        from ..datasets import standardize
+
+        X = standardize(X)
     return X, y
 
 
