@@ -652,7 +652,8 @@ class SVI:
         return ColumnsBatch(stats=stats, t=t, local=local, elbo_local=elbo_local, Su=Su,
                             effective_batch_size=M, noise_var=noise_var, rng_state=rng_state)
 
-    def columns_step(self, state: EngineState, c: "ColumnStats", rho: float, local=None):
+    def columns_step(self, state: EngineState, c: "ColumnStats", rho: float, local=None,
+                     metrics: bool = True):
         """``(new state, the storage's step output)``: the one scaled-columns step of
         :meth:`update` and of the scale-out applier, from the batch's statistics ``c`` at
         step ``state.step + 1`` with ρ = ``rho``.
@@ -662,7 +663,8 @@ class SVI:
         and stepped in place (the state passed in must not be used afterwards; nothing is
         written when ``FloatingPointError`` is raised). ``local``: the local factors, whose
         ``lam_cols`` the step reuses, or None (λ's columns read again). The new state's
-        random stream is the one after η_t's draws, or ``state.rng_state``.
+        random stream is the one after η_t's draws, or ``state.rng_state``. ``metrics=False``:
+        the same λ without the step's ELBO term and gradient norm (a follower's replay).
         """
         storage = self._storage()
         rho_a = float(c.restart_weight)
@@ -679,7 +681,8 @@ class SVI:
         t = state.step + 1
         out = storage.step(lam, aux, local, c.cols, c.Sw, scale=float(c.scale), rho=float(rho),
                            tau=float(self.boundary_fraction), min_weight=float(c.min_weight), step=t,
-                           temperature=float(c.temperature), restart_weight=rho_a, restart=eta_t)
+                           temperature=float(c.temperature), restart_weight=rho_a, restart=eta_t,
+                           metrics=metrics)
         return EngineState(step=t, lam=out["lam"], rng_state=rng_state,
                            records_seen=state.records_seen + int(c.records), aux=out["aux"]), out
 

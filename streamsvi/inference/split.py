@@ -71,7 +71,10 @@ class Splitter:
     def contribution(self, engine, state: EngineState, x, rng_state: dict) -> Contribution:
         raise NotImplementedError
 
-    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
+    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0,
+              metrics: bool = True):
+        """``(new state, Applied)``; ``metrics=False`` may skip what only the applier's metrics
+        read (the same λ: a worker replaying the applier's steps)."""
         raise NotImplementedError
 
 
@@ -86,7 +89,7 @@ class DenseSplitter(Splitter):
         return Contribution(arrays=stats, records=int(tg.x.shape[0]),
                             min_weight=1.0 if tg.weights is None else float(tg.weights.min()))
 
-    def apply(self, engine, state, c, rho_scale=1.0):
+    def apply(self, engine, state, c, rho_scale=1.0, metrics=True):
         prior = engine.model.prior()
         if set(c.arrays) != set(prior):
             raise ValueError(f"delta parameters {sorted(c.arrays)} do not match the model's {sorted(prior)}")
@@ -151,14 +154,16 @@ def contribution(engine, state: EngineState, x, rng_state: dict) -> Contribution
     return splitter_for(engine).contribution(engine, state, x, rng_state)
 
 
-def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
+def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0, metrics: bool = True):
     """``(new state, Applied)``: the applier's step from contribution ``c`` (module docs).
 
-    ``rho_scale`` ≤ 1 shortens the step. Raises ``FloatingPointError`` (state
-    unchanged) if λ would become non-finite, ``ValueError`` for a contribution
-    that does not fit the model.
+    ``rho_scale`` ≤ 1 shortens the step. ``metrics=False``: a worker replaying the
+    applier's step, which needs the same λ but not the step's ELBO or gradient norm
+    (LDA's global ELBO term is a pass over K × V; ``Applied.elbo`` is then None).
+    Raises ``FloatingPointError`` (state unchanged) if λ would become non-finite,
+    ``ValueError`` for a contribution that does not fit the model.
     """
-    return splitter_for(engine).apply(engine, state, c, rho_scale)
+    return splitter_for(engine).apply(engine, state, c, rho_scale, metrics=metrics)
 
 
 from . import split_columns  # noqa: E402, F401 - registers SPLITTERS["columns"] (it subclasses Splitter)

@@ -68,7 +68,7 @@ class ColumnsSplitter(Splitter):
         return Contribution(arrays={"cols": c.cols, "stats": np.ascontiguousarray(c.Sw)},
                             records=int(c.records), min_weight=c.min_weight, meta=meta)
 
-    def apply(self, engine, state, c, rho_scale=1.0):
+    def apply(self, engine, state, c, rho_scale=1.0, metrics=True):
         K, V = int(engine.model.n_components), int(engine.model.n_features)
         try:
             cols = np.asarray(c.arrays["cols"])
@@ -92,9 +92,9 @@ class ColumnsSplitter(Splitter):
                              f"{stats.temperature} must be finite and > 0")
         t = state.step + 1
         rho = float(engine.schedule(t)) * float(rho_scale)
-        new, out = engine.columns_step(state, stats, rho)
+        new, out = engine.columns_step(state, stats, rho, metrics=metrics)
         elbo = None
-        if "local_elbo" in m:
+        if metrics and "local_elbo" in m:
             elbo = float(out["global_elbo"]) + stats.scale * float(m["local_elbo"])
         # the applier's random stream stays its own (a restart drew from the worker's)
         return replace(new, rng_state=state.rng_state), Applied(

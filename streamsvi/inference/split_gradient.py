@@ -87,7 +87,8 @@ class GradientSplitter(Splitter):
         return Contribution(arrays=NatParams({k: np.asarray(v, dtype=np.float64) for k, v in g.items()}),
                             records=0 if x is None else int(x.shape[0]), meta=meta)
 
-    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
+    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0,
+              metrics: bool = True):
         lam = state.lam
         if set(c.arrays) != set(lam):
             raise ValueError(f"gradient delta parameters {sorted(c.arrays)} do not match the state's "

@@ -136,7 +136,8 @@ class RowsSplitter(Splitter):
         return Contribution(arrays=arrays, records=int(S),
                             min_weight=1.0 if weights is None else float(weights.min()), meta=meta)
 
-    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0):
+    def apply(self, engine, state: EngineState, c: Contribution, rho_scale: float = 1.0,
+              metrics: bool = True):
         model = engine.model
         meta = c.meta or {}
         if meta.get("storage") != "rows" or not isinstance(meta.get("ids"), dict):

@@ -176,7 +176,7 @@ class ScaledColumns:
     # ------------------------------------------------------------------ step
     def step(self, lam: NatParams, aux: dict, local, cols, Sw: np.ndarray, *, scale: float,
              rho: float, tau: float, min_weight: float, step: int, temperature: float = 1.0,
-             restart_weight: float = 0.0, restart=None) -> dict:
+             restart_weight: float = 0.0, restart=None, metrics: bool = True) -> dict:
         """One natural-gradient step of the block over the batch's columns (module docs).
 
         ``lam``/``aux`` as returned by :meth:`prepare`; ``local`` the batch's local
@@ -187,7 +187,9 @@ class ScaledColumns:
         smallest SVI+ weight; ``temperature`` T_t; ``restart`` η_t (K, V) when
         ``restart_weight`` ρ^a_t > 0. Returns ``lam``, ``aux``, ``global_elbo`` (the
         term at the λ before the step), ``grad_norm``, ``domain_clipped`` and
-        ``domain_blocks``.
+        ``domain_blocks``. ``metrics=False`` (a scale-out worker following λ) skips the
+        global ELBO term and the gradient norm (NaN, or the last computed term): the
+        same λ, without the two reductions over K × V a follower never reads.
         """
         model = self.model
         K, V = self.K, self.V
@@ -234,14 +236,18 @@ class ScaledColumns:
         # metrics at the λ before the step
         every = max(1, round(K * V / _ELBO_ELEMENTS))
         dense_step = dense_restart or bool((rho_k >= 1.0).any())
-        if dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
+        if not metrics:
+            G, G_step = aux.get("global_elbo"), aux.get("global_elbo_step")   # (None before a first)
+        elif dense_step or step == 1 or step % every == 0 or aux.get("global_elbo") is None:
             G, G_step = model.global_elbo(lam), step - 1
         else:
             G, G_step = float(aux["global_elbo"]), int(aux["global_elbo_step"])
-        if dense_restart:
+        Q = None if dense_restart else aux["stored_sqsum"]
+        if not metrics:
+            g2 = math.nan
+        elif dense_restart:
             g2 = float(np.sum(np.square(tgt - L)))
         else:
-            Q = aux["stored_sqsum"]
             d = c - e                                  # Σ_w (λ_kw − e)² = s²Q + 2s(c−e)R + V(c−e)²
             full_sq = s * s * Q + 2.0 * s * d * R + V * d * d
             # Σ_{w∈u} (λ_kw − e)², and ‖λ̂ − λ‖² on the batch's columns, without temporaries
@@ -252,7 +258,7 @@ class ScaledColumns:
             g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u)
                                 - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u) + ll.sum())) \
                 + float(untouched.sum())
-        out = {"global_elbo": G, "grad_norm": math.sqrt(g2), "domain_clipped": clipped,
+        out = {"global_elbo": G, "grad_norm": math.sqrt(g2) if g2 == g2 else g2, "domain_clipped": clipped,
                "domain_blocks": blocks}
 
         if dense_step:                                 # ρ_k ≥ 1 or a restart: the plain form, densely

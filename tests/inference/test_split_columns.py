@@ -68,6 +68,29 @@ def test_applying_a_contribution_is_the_update_on_the_sparse_path_with_every_ann
     assert model.is_scaled(applied.lam)        # the last step was sparse again
 
 
+@pytest.mark.parametrize("annealer", [None, {"kind": "svi+", "M0": 10}, {"kind": "stochastic", "n_steps": 3}])
+def test_a_replay_without_metrics_gives_the_appliers_lambda_bit_for_bit(annealer):
+    """A worker follows λ by replaying the applier's steps with ``metrics=False``: no global
+    ELBO term, no gradient norm (reductions over K × V that only the applier reports), and
+    the same λ bit for bit, at every step, sparse or dense (a restart); its Applied carries
+    no ELBO and its aux keeps the last computed term (the applier's computes a new one)."""
+    model, X, engine = _case(annealer=annealer)
+    state = engine.init(X[:40], seed=5)
+    applier, follower = copy.deepcopy(state), copy.deepcopy(state)
+    computed = 0
+    for i in range(6):
+        x = X[40 * i:40 * (i + 1)]
+        c = _wire(split.contribution(engine, applier, x, split.batch_rng_state(7, "t", 0, 40 * i)),
+                  applier.step)
+        applier, done = split.apply(engine, applier, c)
+        follower, seen = split.apply(engine, follower, c, metrics=False)
+        assert follower.lam.array_equal(applier.lam), f"step {i + 1}"
+        assert (follower.step, follower.records_seen) == (applier.step, applier.records_seen)
+        assert seen.elbo is None and seen.domain_clipped == done.domain_clipped
+        computed += applier.aux["global_elbo_step"] != (follower.aux or {}).get("global_elbo_step")
+    assert computed > 0          # the applier computed terms the follower did not
+
+
 def test_a_contribution_grows_with_the_batch_columns_not_the_vocabulary():
     """V = 5000, K = 20, a batch of 30 documents over ~100 distinct words: the encoded delta
     is |cols|·(8 + 8K) bytes and a header, ~2 % of a dense K·V·8 one; a batch over twice the

@@ -210,7 +210,8 @@ class LambdaLog:
         self._dbuf: list = []         # deltas fetched and not yet needed (offset order)
         self._parts = (-1, [])        # (offset, parts) of the latest deltas message read
         self._resync = True           # find the latest full λ before following
-        self.stats = {"fulls_loaded": 0, "steps_applied": 0, "full_bytes_read": 0, "delta_bytes_read": 0}
+        self.stats = {"fulls_loaded": 0, "steps_applied": 0, "steps_skipped": 0, "full_bytes_read": 0,
+                      "delta_bytes_read": 0}
 
     # ---------------------------------------------------------- consumers
     def _consumer(self):
@@ -276,7 +277,7 @@ class LambdaLog:
             empty = 0
             while True:
                 msgs = self._poll(200 if catch_up else max(0, int((deadline - time.monotonic()) * 1000)))
-                for m in msgs:
+                for m in self._from_latest_full(msgs):
                     self._record(m)
                     if self._resync:
                         break
@@ -388,6 +389,38 @@ class LambdaLog:
                     return False
         return False
 
+    def _from_latest_full(self, msgs: list) -> list:
+        """``msgs`` from the latest complete full λ among them that is ahead of λ, when there is
+        one: the steps before it are not replayed (their deltas not read, not applied), since
+        loading the full λ gives the same state, bit for bit. A worker that fell behind by a few
+        versions (several workers, a large delta: LDA on a small vocabulary, where a delta is as
+        large as λ and the applier writes a full λ every few versions) loads one state instead of
+        replaying every step. A torn full λ among them then leaves λ behind the next step, which
+        sends the reader back to the latest complete full λ (``_resync``)."""
+        if self.state is None or len(msgs) < 2:
+            return msgs
+        heads = []
+        for m in msgs:
+            try:
+                heads.append(decode(m.value)[0])
+            except LambdaLogError:
+                heads.append(None)
+        for i in range(len(msgs) - 1, 0, -1):
+            h = heads[i]
+            if h is None or h.get("kind") != "full" or int(h["index"]) != 0:
+                continue
+            ahead = h["lineage"] != self.lineage or int(h["version"]) > self.state.step
+            count, key = int(h["count"]), (h["lineage"], h["version"], h["sha256"])
+            chunks = heads[i:i + count]
+            if ahead and len(chunks) == count and all(
+                    c is not None and c.get("kind") == "full" and int(c["index"]) == j
+                    and (c["lineage"], c["version"], c["sha256"]) == key for j, c in enumerate(chunks)):
+                self.stats["steps_skipped"] += sum(1 for c in heads[:i] if c is not None
+                                                   and c.get("kind") == "step")
+                self._collect = None
+                return msgs[i:]
+        return msgs
+
     def _record(self, m) -> None:
         try:
             h, payload = decode(m.value)
@@ -413,7 +446,7 @@ class LambdaLog:
             msg = self._delta_part(int(h["delta"]), int(h.get("part", 0)))
             d = Delta.decode(msg)
             c = split.Contribution(arrays=d.stats, records=d.records, min_weight=d.min_weight, meta=d.extra)
-            state, done = split.apply(self.engine, self.state, c, float(h["rho_scale"]))
+            state, done = split.apply(self.engine, self.state, c, float(h["rho_scale"]), metrics=False)
         except (LambdaLogError, DeltaFormatError, ValueError, FloatingPointError) as exc:
             log.error("lambda topic %r offset %d: step to version %s cannot be replayed (%s); reading "
                       "from the latest full λ again", self.topic, m.offset, h["version"], exc)
