@@ -18,9 +18,12 @@ new seeded order), and for each order:
 * **N workers**: batch j goes to worker j mod N; the workers run in lockstep
   (one batch each per tick, in worker order), each computing its batch at the λ the
   applier holds at that moment (a worker follows λ before each batch); a worker's
-  deltas reach the applier together, ``--commit-every`` batches per transaction (the
-  product's default, 16), and the applier steps each with the product's staleness
-  rule: ρ_t × min(1, 16 / staleness).
+  deltas reach the applier together, k batches per transaction, and the applier
+  steps each with the product's staleness rule: ρ_t × min(1, 16 / staleness).
+  A worker's transaction closes at 16 batches or once it is 0.5 s old
+  (``scaleout.commit_every_batches`` and ``commit_seconds``' defaults), so k is
+  min(16, ⌊0.5 s / t⌋ + 1) for t the time of one batch's local step, measured in
+  the first single run (``--commit-every`` sets k).
 
 Reported: the held-out per-word bound (Σ_d L_d / Σ_d N_d over the held-out
 documents) of each run, and per N the paired difference against single over
@@ -40,8 +43,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import cpu_model, fmt_table  # noqa: E402
 
-#: the product's staleness bound for statistic deltas (``scaleout.max_staleness`` unset)
+#: the product's staleness bound for statistic deltas (``scaleout.max_staleness`` unset), also
+#: ``scaleout.commit_every_batches``' default
 BOUND = 16
+#: ``scaleout.commit_seconds``' default: a worker's transaction closes once it is this old
+COMMIT_SECONDS = 0.5
 
 
 def setting(tiny: bool, n: int, batch: int):
@@ -119,7 +125,9 @@ def main():
     ap.add_argument("--workers", default="1,2,4,8")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=1024)
-    ap.add_argument("--commit-every", type=int, default=BOUND)
+    ap.add_argument("--commit-every", type=int, default=None,
+                    help="batches per worker transaction (default: what the product's 16 batches or "
+                         "0.5 s give at this machine's batch time)")
     ap.add_argument("--tiny", action="store_true", help="a small synthetic corpus (the smoke test)")
     args = ap.parse_args()
     if args.tiny:
@@ -127,14 +135,20 @@ def main():
     counts = [int(w) for w in args.workers.split(",")]
     engine, train, H, what = setting(args.tiny, args.records, args.batch_size)
     print(f"cpu: {cpu_model()}; {what}; {args.records} documents, |S| = {args.batch_size}, "
-          f"{args.commit_every} batches per transaction, {args.seeds} stream orders", flush=True)
+          f"{args.seeds} stream orders", flush=True)
     scores = {w: [] for w in [0] + counts}
+    k = args.commit_every
     for s in range(args.seeds):
         X = stream(train, args.records, seed=100 + s)
         order = [0] + counts if s % 2 == 0 else counts[::-1] + [0]
         for w in order:
             t0 = time.perf_counter()
-            st = run(engine, X, args.batch_size, w, args.commit_every, seed=s)
+            st = run(engine, X, args.batch_size, w, k, seed=s)
+            if w == 0 and k is None:
+                t = (time.perf_counter() - t0) / st.step
+                k = min(BOUND, int(COMMIT_SECONDS // t) + 1)
+                print(f"  one batch's step: {t:.3f} s, so {k} batch(es) per worker transaction "
+                      f"(16 batches or {COMMIT_SECONDS} s)", flush=True)
             scores[w].append(heldout(engine, st, H))
             print(f"  order {s + 1}: {'single' if w == 0 else f'{w} worker(s)':>12}  held-out "
                   f"{scores[w][-1]:.4f} nats/word  ({st.step} steps, {time.perf_counter() - t0:.0f} s)",
