@@ -1,7 +1,7 @@
 """What N workers' staleness costs in held-out quality, in process, over several stream orders.
 
     PYTHONPATH=. python bench/scaleout_quality.py [--records 100000] [--workers 1,2,4,8]
-        [--seeds 4] [--batch-size 1024] [--commit-every 16] [--tiny]
+        [--seeds 4] [--batch-size 1024] [--commit-every K] [--partitions 8] [--tiny]
 
 ``bench/scaleout.py`` measures N workers end to end, once per run: its held-out
 figure moves with the order in which the broker's partitions interleave the
@@ -15,7 +15,10 @@ new seeded order), and for each order:
 
 * **single**: one process, every batch's contribution at the latest λ (what
   ``streamsvi run`` computes, bit for bit);
-* **N workers**: batch j goes to worker j mod N; the workers run in lockstep
+* **N workers**: the records are on ``--partitions`` partitions (record i on i mod P, as
+  ``bench/scaleout.py`` produces them) and worker w reads those with p mod N = w, cut into
+  batches of its own, so each worker's last batch is partial, as in a real run
+  (``--partitions 0``: batch j of the whole stream goes to worker j mod N); the workers run in lockstep
   (one batch each per tick, in worker order), each computing its batch at the λ the
   applier holds at that moment (a worker follows λ before each batch); a worker's
   deltas reach the applier together, k batches per transaction, and the applier
@@ -88,8 +91,15 @@ def heldout(engine, state, H) -> float:
     return float(np.sum(engine.predictive_logpdf(state, H)) / H.sum())
 
 
-def run(engine, X, batch, workers, commit_every, seed):
-    """The final state of ``workers`` workers (0: the single process) on the stream ``X``."""
+def run(engine, X, batch, workers, commit_every, seed, partitions=0):
+    """The final state of ``workers`` workers (0: the single process) on the stream ``X``.
+
+    ``partitions`` > 0: record i is on partition i mod ``partitions`` (as ``bench/scaleout.py``
+    produces them) and worker w reads the partitions p with p mod ``workers`` = w, in offset
+    order, cut into batches of its own: each worker's last batch is partial, as in a real run
+    (8 workers on 8 partitions of 12,500 documents: 12 full batches and one of 212 each). 0:
+    batch j of the whole stream goes to worker j mod ``workers`` (one partial batch in all).
+    """
     from streamsvi.inference import split
 
     n = X.shape[0]
@@ -100,8 +110,18 @@ def run(engine, X, batch, workers, commit_every, seed):
         for x, d in zip(batches, draws):
             state, _ = split.apply(engine, state, split.contribution(engine, state, x, d))
         return state
+    if partitions:
+        idx = np.arange(n)
+        batches, draws, mine = [], [], []
+        for w in range(workers):
+            rows = idx[(idx % partitions) % workers == w]
+            mine.append(list(range(len(batches), len(batches) + -(-len(rows) // batch))))
+            for i in range(0, len(rows), batch):
+                batches.append(X[rows[i:i + batch]])
+                draws.append(split.batch_rng_state(seed, "docs", w, i))
+    else:
+        mine = [list(range(w, len(batches), workers)) for w in range(workers)]
     pending = [[] for _ in range(workers)]           # (contribution, version computed at)
-    mine = [list(range(w, len(batches), workers)) for w in range(workers)]
     view = None                                       # (version, a copy of λ at it): the workers' λ
     for tick in range(max(len(m) for m in mine)):
         for w in range(workers):
@@ -128,6 +148,10 @@ def main():
     ap.add_argument("--commit-every", type=int, default=None,
                     help="batches per worker transaction (default: what the product's 16 batches or "
                          "0.5 s give at this machine's batch time)")
+    ap.add_argument("--partitions", type=int, default=8,
+                    help="records on this many partitions, each worker reading its own (its last batch "
+                         "partial); 0: the workers share the whole stream's batches (default 8, as "
+                         "bench/scaleout.py's 16-core run)")
     ap.add_argument("--tiny", action="store_true", help="a small synthetic corpus (the smoke test)")
     args = ap.parse_args()
     if args.tiny:
@@ -135,7 +159,8 @@ def main():
     counts = [int(w) for w in args.workers.split(",")]
     engine, train, H, what = setting(args.tiny, args.records, args.batch_size)
     print(f"cpu: {cpu_model()}; {what}; {args.records} documents, |S| = {args.batch_size}, "
-          f"{args.seeds} stream orders", flush=True)
+          f"{args.seeds} stream orders, "
+          f"{f'{args.partitions} partitions' if args.partitions else 'batches shared round robin'}", flush=True)
     scores = {w: [] for w in [0] + counts}
     k = args.commit_every
     for s in range(args.seeds):
@@ -143,7 +168,7 @@ def main():
         order = [0] + counts if s % 2 == 0 else counts[::-1] + [0]
         for w in order:
             t0 = time.perf_counter()
-            st = run(engine, X, args.batch_size, w, k, seed=s)
+            st = run(engine, X, args.batch_size, w, k, seed=s, partitions=args.partitions)
             if w == 0 and k is None:
                 t = (time.perf_counter() - t0) / st.step
                 k = min(BOUND, int(COMMIT_SECONDS // t) + 1)

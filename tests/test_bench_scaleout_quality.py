@@ -34,3 +34,12 @@ def test_transactions_of_several_batches_are_stale_and_change_lambda(case):
     assert stale.records_seen == single.records_seen == 1200
     assert not stale.lam.array_equal(single.lam)
     assert abs(bench.heldout(engine, stale, H) - bench.heldout(engine, single, H)) < 1.0
+
+
+def test_workers_on_partitions_each_end_with_a_partial_batch(case):
+    """On partitions, each worker cuts its own records into batches: 1200 records on 4
+    partitions, 3 workers (partitions {0, 3}, {1}, {2}: 600, 300, 300 records), |S| = 70:
+    9 + 5 + 5 batches, each worker's last one partial; every record counted once."""
+    engine, X, _ = case
+    st = bench.run(engine, X, 70, 3, 1, seed=2, partitions=4)
+    assert st.step == 9 + 5 + 5 and st.records_seen == 1200
