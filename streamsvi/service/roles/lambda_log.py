@@ -189,7 +189,11 @@ class LambdaLogWriter:
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
                                       client_id=client_id, max_request_size=self.chunk_bytes + (64 << 10),
                                       acks="all", max_block_ms=30000, **(security or {}))
-        self.producer.init_transactions()     # fences the previous active applier, aborts its open write
+        try:
+            self.producer.init_transactions()     # fences the previous active applier, aborts its open write
+        except BaseException:
+            self.producer.close(timeout=0)        # (the brokers are away: not left to the garbage collector)
+            raise
 
     def publish(self, steps, full=None) -> tuple[int, int]:
         p, n, nf = self.producer, 0, 0
