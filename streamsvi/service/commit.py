@@ -506,8 +506,7 @@ class PublishCommit(CommitStrategy):
 
         a = self.role
         topic = a.sc["deltas_topic"]
-        extra = {"scaleout": {"applied_end": a.applied_end, "applied": a.applied,
-                              "dropped_records": a.dropped_records}}
+        extra = {"scaleout": a.scaleout_extra()}
         snap = a.store.save(a.engine, a.state,
                             [{"source": topic, "partition": 0, "offset": a.next_offset}],
                             config=a.cfg, extra=extra)

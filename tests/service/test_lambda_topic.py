@@ -277,6 +277,111 @@ def test_a_killed_appliers_unfinished_write_never_reaches_a_reader(kafka_broker,
     killed.producer.close(timeout=0)
 
 
+def test_a_full_lambda_carries_the_appliers_bookkeeping_and_old_readers_ignore_it(tmp_path):
+    """The full λ's npz has an ``applier.json`` member with the three maps of the checkpoint's
+    ``extra["scaleout"]``; the state loads as before (a worker's reader ignores the member);
+    a full λ written without it (an older applier's) has none to resume from."""
+    import io
+
+    import numpy as np
+
+    from streamsvi.inference.state import state_from_arrays
+    from streamsvi.service.config import build_engine, validate
+
+    cfg = validate(gmm_config(tmp_path, topic="data", inference={"n_total": 1000}))
+    engine = build_engine(cfg, 1000.0)
+    state = engine.init(blob_rows(60, seed=4), seed=3)
+    book = {"applied_end": {"data/0": 150, "data/2": 7}, "applied": {"data/0": [[0, 100], [120, 150]],
+            "data/2": [[0, 7]]}, "dropped_records": 20}
+    for applier, expect in ((book, book), (None, None)):
+        with np.load(io.BytesIO(lambda_log.state_bytes(engine, state, applier)), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        assert ("applier.json" in arrays) is (applier is not None)
+        assert lambda_log.applier_of(arrays) == expect
+        _, got = state_from_arrays(arrays)
+        _same_state(got, state)
+    bad = {"applier.json": np.frombuffer(b'{"applied_end": {}}', dtype=np.uint8)}
+    assert lambda_log.applier_of(bad) is None                   # (logged): not resumed from
+
+
+def test_a_standby_with_an_empty_directory_resumes_from_the_lambda_topic(kafka_broker, new_topic, new_group,
+                                                                          tmp_path, caplog):
+    """A second applier with a checkpoint directory of its own (empty) resumes from the lambda
+    topic's latest full λ and its bookkeeping: it seeks the deltas topic to that full λ's
+    offset, skips a duplicate of a delta applied before it (applied_end came with the full λ),
+    applies the deltas after it again, and ends on the first applier's checkpoint bit for bit.
+    A full λ without the bookkeeping (an older applier's) is refused, with one log line."""
+    import io
+    import logging
+
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.service.roles.applier import Applier
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    lam_topic = f"{deltas}-lambda"
+    cfg, engine, state0, X = _applier_setup(tmp_path, bootstrap, deltas, new_group(), lambda_full_every=3,
+                                          lambda_full_ratio=1000.0, max_staleness=1000)
+    ds = [_delta(engine, state0, X, 40 * i, 40 * (i + 1)) for i in range(5)]     # (X has 200 rows)
+    reader = _reader(bootstrap, lam_topic, deltas)
+    t, out = _start_applier(cfg, max_deltas=4)
+    # (each transaction's commit marker takes an offset too)
+    _produce_deltas(bootstrap, deltas, [init_delta("w", engine, state0).encode()])      # offset 0
+    _until_version(reader, 0)                              # the full λ_0
+    _produce_deltas(bootstrap, deltas, [d.encode() for d in ds[:3]])                     # offsets 2-4
+    _until_version(reader, 3)                              # and, in that transaction, a full λ version 3
+    _produce_deltas(bootstrap, deltas, [ds[0].encode(), ds[3].encode()])                 # 6: a duplicate, 7: d3
+    t.join(60)
+    assert out["res"].deltas == 4
+    first = load_snapshot(cfg["checkpoint"]["directory"])
+    assert first.state.step == 4 and first.extra["scaleout"]["applied"] == {"data/0": [[0, 160]]}
+    engine_f, state_f, info = _reader(bootstrap, lam_topic, deltas).latest_full()
+    assert (info["version"], info["deltas_offset"]) == (3, 5)
+    assert info["applier"] == {"applied_end": {"data/0": 120}, "applied": {"data/0": [[0, 120]]},
+                               "dropped_records": 0}
+
+    fresh = tmp_path / "fresh"                              # another host's standby: nothing local
+    cfg["checkpoint"]["directory"] = str(fresh)
+    registry, said = CollectorRegistry(), io.StringIO()
+    res = Applier(cfg, registry=registry, out=said).run(max_deltas=1, timeout=60)
+    assert "applier: active from the lambda topic's full λ version 3" in said.getvalue(), said.getvalue()
+    assert "deltas offset 5" in said.getvalue()
+    assert (res.deltas, res.skipped) == (1, 1), res        # d3 again; the duplicate skipped again
+    assert _metric(registry, "streamsvi_deltas_skipped_total", reason="duplicate") == 1.0
+    snap = load_snapshot(fresh)
+    _same_state(snap.state, first.state)
+    assert snap.extra["scaleout"] == first.extra["scaleout"]
+    _until_version(reader, 4)                               # the new lineage's: the same λ
+    _same_state(reader.state, first.state)
+    reader.close()
+
+    # restarted next to its own snapshot (deltas offset 8, the topic's full λ 5): the snapshot,
+    # and the full λ is not even loaded
+    _produce_deltas(bootstrap, deltas, [ds[4].encode()])
+    said = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="streamsvi.lambda_log"):
+        res = Applier(cfg, registry=CollectorRegistry(), out=said).run(max_deltas=1, timeout=60)
+    assert f"applier: active from snapshot {snap.number} (step 4) of checkpoint {fresh}, deltas offset 8" \
+        in said.getvalue(), said.getvalue()
+    assert not [r for r in caplog.records if r.name == "streamsvi.lambda_log" and "loaded" in r.getMessage()]
+    assert res.deltas == 1 and load_snapshot(fresh).state.records_seen == 200
+    caplog.clear()
+
+    # a full λ without the bookkeeping (an older applier's), ahead of the empty directory: refused
+    old_topic = new_topic(1, prefix="lambda-old")
+    old = LambdaLogWriter(bootstrap, old_topic, "test-lambda-writer-old", 1 << 20)
+    old.publish([], (engine, state0, 5))     # (deltas offset 5: resumed from, d0 again and d3 only)
+    old.close()
+    cfg["scaleout"]["lambda_topic"] = old_topic
+    cfg["checkpoint"]["directory"] = str(tmp_path / "fresh2")
+    said = io.StringIO()
+    with caplog.at_level(logging.WARNING, logger="streamsvi.applier"):
+        res = Applier(cfg, registry=CollectorRegistry(), out=said).run(max_deltas=5, timeout=60)
+    assert "has no applier bookkeeping" in caplog.text and "not resumed from" in caplog.text, caplog.text
+    assert "applier: active from no snapshot, deltas offset 0" in said.getvalue(), said.getvalue()
+    assert res.deltas == 5 and load_snapshot(tmp_path / "fresh2").state.records_seen == 200
+
+
 def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, tmp_path, daemons):
     """Applier and workers each with their own directory: λ reaches the workers on the
     lambda topic only; the active applier is killed -9 mid-run and its standby (on the
@@ -324,6 +429,64 @@ def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, t
     assert not list(tmp_path.rglob("lambda.npz"))             # no λ file anywhere
     for name in ("w0", "w1"):        # a worker's directory: its lock and dead-letter file only
         assert {p.name for p in (dirs[name] / "ck").iterdir()} <= {".lock", "dead-letters.jsonl"}
+    reader.close()
+
+
+def test_a_standby_on_another_host_resumes_from_kafka_alone(kafka_broker, new_topic, new_group, tmp_path,
+                                                            daemons):
+    """Issue 25: the standby applier has a checkpoint directory of its own, empty (another
+    host). The active applier is killed -9 mid-run; the standby resumes from the lambda
+    topic's latest full λ (state, deltas offset and the dedup bookkeeping), replays the deltas
+    after it, and every record is applied exactly once: its own checkpoint ends holding each
+    data offset once, and a reader of the topic ends on that checkpoint's λ."""
+    import re
+
+    bootstrap, n, P = kafka_broker.bootstrap, 3000, 3
+    topic, deltas, group = new_topic(P), new_topic(1, prefix="deltas"), new_group()
+    produce_rows(bootstrap, topic, blob_rows(n, seed=12), JsonCodec(2), partitions=P)
+    hw = highwater_marks(bootstrap, topic, P)
+    cfgs, dirs = {}, {}
+    for name in ("a1", "a2", "w0", "w1"):
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        raw = gmm_config(dirs[name], bootstrap=bootstrap, topic=topic, group=group, name="ck",
+                         inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
+                                    "effective_batch_size": 20},
+                         checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
+                         metrics={"enabled": False, "heldout_size": 0})
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_full_every": 10}
+        if name.startswith("w"):
+            raw["scaleout"]["worker_id"] = f"{name}-{group}"
+        cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
+    active = daemons(cfgs["a1"], "--role", "applier", tag="a1")
+    _wait(lambda: "applier: active" in active.stderr(), "the active applier", 60, procs=[active])
+    standby = daemons(cfgs["a2"], "--role", "applier", tag="a2")
+    _wait(lambda: "applier: joined group" in standby.stderr(), "the standby to join", 60, procs=[standby])
+    ws = [daemons(cfgs[w], "--role", "worker", "--until-drained", tag=w) for w in ("w0", "w1")]
+    reader = _reader(bootstrap, f"{deltas}-lambda", deltas)
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state is not None
+          and reader.state.records_seen >= n // 3, f"{n // 3} records in λ", 120, procs=[active, standby, *ws])
+    first_lineage = reader.lineage
+    assert "applier: active" not in standby.stderr()
+    assert not list((dirs["a2"] / "ck").glob("snap-*"))        # the standby has nothing local
+    active.signal(signal.SIGKILL)
+    assert active.wait(10) == -signal.SIGKILL
+    line = _wait(lambda: re.search(r"applier: active from the lambda topic's full λ version (\d+) "
+                                   r"\(lineage \w+\), deltas offset (\d+)", standby.stderr()),
+                 "the standby to take over from the lambda topic", 60, procs=[standby, *ws])
+    version, offset = int(line.group(1)), int(line.group(2))
+    print(line.group(0))
+    assert version > 0 and offset > 0, line.group(0)
+    for w in ws:
+        assert w.wait(180) == 0, w.stderr()[-3000:]
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
+          "every record in λ", 120, procs=[standby])
+    assert reader.lineage != first_lineage                    # the standby's own lineage
+    standby.signal(signal.SIGTERM)
+    assert standby.wait(60) == 0, standby.stderr()[-3000:]
+    snap = _check_exactly_once(dirs["a2"] / "ck", topic, hw, n, partitions=P)
+    _same_state(reader.state, snap.state)
+    assert snap.state.step > version
     reader.close()
 
 

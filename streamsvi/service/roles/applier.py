@@ -31,13 +31,16 @@ lineage. With ``scaleout.lambda_file`` set, λ is written to that file instead
 
 Exactly once. The checkpoint (``CheckpointStore``) holds λ, the next offset
 of the deltas topic, and per data partition the offset up to which deltas were
-applied (``applied_end``) with the merged applied ranges. On takeover the
-active applier resumes from the latest snapshot and seeks the deltas topic to
-its offset, so the deltas after it are applied again to the state before
-them: once. A delta whose data ranges all end at or before ``applied_end``
-(a zombie worker's late transaction, the same delta twice) is skipped as a
-duplicate; one that overlaps partly is skipped as an overlap and logged as an
-error (it cannot be split). One that starts past the applied end of a partition
+applied (``applied_end``) with the merged applied ranges; so does every full λ
+on the lambda topic (:mod:`.lambda_log`). On takeover the active applier opens
+its λ writer (fencing its predecessor), resumes from the newer of its latest
+snapshot and the lambda topic's latest full λ (a standby on another host, with
+an empty directory, needs nothing else), and seeks the deltas topic to its
+offset, so the deltas after it are applied again to the state before them:
+once. A delta whose data ranges all end at or before ``applied_end`` (a zombie
+worker's late transaction, the same delta twice) is skipped as a duplicate; one
+that overlaps partly is skipped as an overlap and logged as an error (it cannot
+be split). One that starts past the applied end of a partition
 is applied, and the gap logged as an error and counted
 (``streamsvi_delta_gaps_total``). Workers keep both from happening: a worker that
 is no longer a stable member owning a batch's partitions reads the batch again
@@ -52,7 +55,7 @@ when it starts and once when it ends, and gives the poll's backoff, as in the da
 Takeover bound: a killed active applier's partition goes to a standby after
 the group notices (``source.session_timeout_ms``) plus one rebalance (about
 half a session timeout on tansu), plus the resume and the replay of the
-deltas since the last checkpoint.
+deltas since the last checkpoint (or full λ, at most ``lambda_full_every`` versions).
 """
 from __future__ import annotations
 
@@ -227,18 +230,30 @@ class Applier(StagedLoop):
         return meta.state is MemberState.STABLE and meta.generation_id >= 0 and bool(meta.member_id)
 
     def _take_over(self, consumer, tp, res):
-        """Partition 0 is ours: resume from the latest snapshot, seek the deltas topic."""
+        """Partition 0 is ours: resume from the newer of the local snapshot and, with the lambda
+        topic, its latest full λ (:meth:`_topic_full`), and seek the deltas topic there."""
         self._drop_writer()                  # a new lineage on the lambda topic
         self._reset()
+        if self.lambda_topic is not None:
+            self._open_writer_to_resume()
         snap = self.store.resume()
+        topic = None
+        if self.lambda_topic is not None:
+            topic = self._topic_full(None if snap is None else self._snap_offset(snap))
+        if topic is not None and (snap is None or self._snap_offset(topic) > self._snap_offset(snap)):
+            snap, where = topic, (f"the lambda topic's full λ version {topic.state.step} "
+                                  f"(lineage {topic.meta['lineage']})")
+        elif snap is not None:
+            where = f"snapshot {snap.number} (step {snap.state.step}) of checkpoint {self.store.directory}"
+        else:
+            where = "no snapshot"
         if snap is not None:
             n = self.cfg["inference"]["n_total"]
             engine = build_engine(self.cfg, snap.engine.n_total if n == "auto" else float(n))
             for note in check_compatible(snap, engine):
                 log.warning("settings changed since the checkpoint: %s", note)
             self.engine, self.state = engine, snap.state
-            self.next_offset = next((int(o["offset"]) for o in snap.offsets
-                                     if o["source"] == self.sc["deltas_topic"]), 0)
+            self.next_offset = self._snap_offset(snap)
             sc = (snap.extra or {}).get("scaleout", {})
             self.applied_end = {k: int(v) for k, v in sc.get("applied_end", {}).items()}
             self.applied = {k: [list(r) for r in v] for k, v in sc.get("applied", {}).items()}
@@ -253,9 +268,74 @@ class Applier(StagedLoop):
         self.sm.active.set(1)
         res.takeovers += 1
         res.took_over_at.append(time.monotonic())
-        where = f"snapshot {snap.number} (step {snap.state.step})" if snap is not None else "no snapshot"
         log.info("applier active: resumed from %s, deltas from offset %d", where, self.next_offset)
         print(f"applier: active from {where}, deltas offset {self.next_offset}", file=self.out, flush=True)
+
+    def _snap_offset(self, snap) -> int:
+        """The next deltas offset a snapshot (or :meth:`_topic_full`'s) has not applied."""
+        return next((int(o["offset"]) for o in snap.offsets if o["source"] == self.sc["deltas_topic"]), 0)
+
+    def _open_writer_to_resume(self):
+        """Open the λ writer before reading the lambda topic to resume: its
+        ``init_transactions`` fences a zombie predecessor and aborts its open transaction, so
+        nothing commits on the topic after the read. A broker that does not answer: logged,
+        and the writer is opened at the first publication (as before)."""
+        try:
+            self._open_writer()
+        except _transient_errors() as exc:
+            self._drop_writer()
+            log.warning("lambda topic %r: the λ writer could not be opened (%s: %s)", self.lambda_topic,
+                        type(exc).__name__, exc)
+
+    def _topic_full(self, beyond):
+        """The lambda topic's latest complete full λ as a :class:`~streamsvi.checkpoint.Snapshot`
+        (``extra["scaleout"]``: its bookkeeping, ``offsets``: its deltas offset), or None; also
+        None without loading it when its deltas offset is not beyond ``beyond`` (the local
+        snapshot's: :meth:`~.lambda_log.LambdaLog.latest_full`).
+
+        Read only once the writer is open (:meth:`_open_writer_to_resume`; if it could not be,
+        the topic is not read). A full λ without the applier's bookkeeping (an older
+        applier's) is not resumed from: its duplicates would be applied again. A broker that
+        does not answer, or a full λ that does not load: None (logged), the local snapshot is
+        resumed."""
+        from datetime import datetime, timezone
+        from pathlib import Path
+
+        from ...checkpoint import Snapshot
+        from .lambda_log import LambdaLog
+
+        if self._writer is None:
+            return None
+        reader = LambdaLog(self.cfg["source"]["bootstrap_servers"], self.lambda_topic, self.sc["deltas_topic"],
+                           security=client_security(self.cfg), client_id="streamsvi-applier-resume")
+        try:
+            got = reader.latest_full(beyond)
+        except (*_transient_errors(), ValueError) as exc:
+            log.warning("lambda topic %r: its latest full λ could not be read (%s: %s); resuming from the "
+                        "local checkpoint", self.lambda_topic, type(exc).__name__, exc)
+            return None
+        if got is None:
+            return None
+        engine, state, info = got
+        if info["applier"] is None:
+            log.warning("lambda topic %r: the latest full λ (version %d, deltas offset %d) has no applier "
+                        "bookkeeping (an older applier wrote it): not resumed from, it cannot tell "
+                        "duplicates; resuming from the local checkpoint", self.lambda_topic, state.step,
+                        info["deltas_offset"])
+            return None
+        return Snapshot(path=Path(f"lambda topic {self.lambda_topic}"), number=-1, engine=engine, state=state,
+                        offsets=[{"source": self.sc["deltas_topic"], "partition": 0,
+                                  "offset": info["deltas_offset"]}],
+                        config={}, created=datetime.now(timezone.utc), version="",
+                        extra={"scaleout": info["applier"]}, meta={"lineage": info["lineage"]})
+
+    def scaleout_extra(self) -> dict:
+        """The applier's dedup bookkeeping (a copy): ``applied_end``, ``applied`` and
+        ``dropped_records``, as the checkpoint's ``extra["scaleout"]`` and a full λ's
+        ``applier.json`` hold it."""
+        return {"applied_end": dict(self.applied_end), "applied": {k: [list(r) for r in v]
+                                                                 for k, v in self.applied.items()},
+                "dropped_records": int(self.dropped_records)}
 
     def _hand_over(self, consumer, res):
         """Partition 0 is revoked (a clean rebalance): checkpoint, then stand by without state."""
@@ -510,16 +590,12 @@ class Applier(StagedLoop):
         now = time.monotonic()
         if not (force or full) and now - getattr(self, "_last_publish", 0.0) < self.sc["publish_seconds"]:
             return
-        src = self.cfg["source"]
         try:
             if self._writer is None:
-                self._writer = LambdaLogWriter(
-                    src["bootstrap_servers"], self.lambda_topic, f"streamsvi-{self.group}-lambda",
-                    self.sc["lambda_chunk_bytes"], security=client_security(self.cfg),
-                    client_id="streamsvi-applier-lambda")
+                self._open_writer()
                 self._need_full = full = True      # a new lineage starts with a full λ
             n_steps, n_full = self._writer.publish(
-                self._steps, (self.engine, self.state, self.next_offset) if full else None)
+                self._steps, (self.engine, self.state, self.next_offset, self.scaleout_extra()) if full else None)
         except _transient_errors() as exc:
             self._drop_writer()
             if type(exc).__name__ == "ProducerFencedError":
@@ -543,6 +619,14 @@ class Applier(StagedLoop):
         self._steps = []
         self._last_publish, self._dirty = now, False
         self.sm.lambda_version.set(self.state.step)
+
+    def _open_writer(self):
+        """The λ writer of a new lineage (its ``init_transactions`` fences the previous one)."""
+        src = self.cfg["source"]
+        self._writer = LambdaLogWriter(
+            src["bootstrap_servers"], self.lambda_topic, f"streamsvi-{self.group}-lambda",
+            self.sc["lambda_chunk_bytes"], security=client_security(self.cfg),
+            client_id="streamsvi-applier-lambda")
 
     def _drop_writer(self):
         if self._writer is not None:

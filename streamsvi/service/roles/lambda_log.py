@@ -26,7 +26,11 @@ written before this record in this lineage, -1 if none: where a reader starts).
   ``.npz`` of :func:`~streamsvi.inference.state.state_to_arrays` (loaded with
   ``allow_pickle=False``), cut into chunks of ``scaleout.lambda_chunk_bytes``
   so that each message stays under the broker's ``message.max.bytes`` (1 MiB by
-  default on Kafka).
+  default on Kafka). The applier adds an ``applier.json`` member (uint8 JSON, like
+  ``meta.json``): its dedup bookkeeping at that state, ``applied_end``, ``applied`` and
+  ``dropped_records`` (what its checkpoint's ``extra["scaleout"]`` holds), so that a
+  standby with no checkpoint of its own resumes from the full λ exactly once
+  (:meth:`LambdaLog.latest_full`); readers that want λ only ignore it.
 * "step": ``delta`` (the deltas-topic offset of the delta applied), ``part``
   (its index in that message when the message is a worker's bundle,
   :func:`~.transport.split_parts`; 0 otherwise, and when absent) and
@@ -51,7 +55,8 @@ topic from its beginning.
 
 Retention: the lambda topic must keep the latest full λ and the steps after it,
 the deltas topic the deltas since that full λ (it must keep those since the
-applier's last checkpoint already).
+applier's last checkpoint already); a standby that takes over from the full λ
+re-applies them.
 """
 from __future__ import annotations
 
@@ -107,17 +112,46 @@ def decode(data) -> tuple[dict, memoryview]:
     return h, data[10 + hlen:]
 
 
-def state_bytes(engine, state) -> memoryview:
-    """The ``.npz`` bytes of ``state`` (the file format of :mod:`streamsvi.inference.state`)."""
+#: The npz member of a full λ that holds the applier's dedup bookkeeping (module docs).
+APPLIER_MEMBER = "applier.json"
+#: The keys of that member: ``extra["scaleout"]`` of the applier's checkpoint.
+APPLIER_KEYS = ("applied_end", "applied", "dropped_records")
+
+
+def state_bytes(engine, state, applier: dict | None = None) -> memoryview:
+    """The ``.npz`` bytes of ``state`` (the file format of :mod:`streamsvi.inference.state`),
+    with an ``applier.json`` member holding ``applier`` (the applier's bookkeeping) if given."""
+    arrays = state_to_arrays(engine, state)
+    if applier is not None:
+        arrays[APPLIER_MEMBER] = np.frombuffer(
+            json.dumps({k: applier[k] for k in APPLIER_KEYS}, separators=(",", ":")).encode(), dtype=np.uint8)
     buf = io.BytesIO()
-    np.savez(buf, **state_to_arrays(engine, state))
+    np.savez(buf, **arrays)
     return buf.getbuffer()
 
 
-def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chunk_bytes: int):
+def applier_of(arrays) -> dict | None:
+    """The applier's bookkeeping of a full λ's npz members (``applier.json``): None without it
+    (a full λ written by an applier before it carried it) or when it does not parse (logged).
+    Readers that only want λ never need it (:func:`state_from_arrays` ignores the member)."""
+    if APPLIER_MEMBER not in arrays:
+        return None
+    try:
+        d = json.loads(bytes(np.asarray(arrays[APPLIER_MEMBER], dtype=np.uint8)).decode())
+        return {"applied_end": {str(k): int(v) for k, v in d["applied_end"].items()},
+                "applied": {str(k): [[int(a), int(b)] for a, b in v] for k, v in d["applied"].items()},
+                "dropped_records": int(d["dropped_records"])}
+    except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError) as exc:
+        log.error("a full λ's %s does not parse (%s: %s); ignored", APPLIER_MEMBER, type(exc).__name__, exc)
+        return None
+
+
+def full_records(lineage: str, engine, state, deltas_offset: int, full: int, chunk_bytes: int,
+                 applier: dict | None = None):
     """The messages of one full λ (module docs): ``count`` chunks of at most ``chunk_bytes``,
-    made one at a time (the npz bytes and one message in memory besides λ)."""
-    data = state_bytes(engine, state)
+    made one at a time (the npz bytes and one message in memory besides λ). ``applier``:
+    the applier's bookkeeping, in the payload (``applier.json``)."""
+    data = state_bytes(engine, state, applier)
     digest = hashlib.sha256(data).hexdigest()
     count = max(1, -(-len(data) // chunk_bytes))
     head = {"kind": "full", "lineage": lineage, "version": int(state.step), "full": int(full),
@@ -140,8 +174,9 @@ class LambdaLogWriter:
     """The active applier's side: one lineage, written in transactions (module docs).
 
     ``publish(steps, full)`` writes the pending steps (``(version, delta offset, part,
-    rho_scale)``) and, if given, a full λ ``(engine, state, deltas_offset)`` after
-    them, in one transaction; returns the bytes of the steps and of the full λ written.
+    rho_scale)``) and, if given, a full λ ``(engine, state, deltas_offset[, applier])``
+    after them (``applier``: the applier's dedup bookkeeping, :func:`state_bytes`), in
+    one transaction; returns the bytes of the steps and of the full λ written.
     """
 
     def __init__(self, bootstrap, topic: str, transactional_id: str, chunk_bytes: int,
@@ -154,7 +189,11 @@ class LambdaLogWriter:
         self.producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id,
                                       client_id=client_id, max_request_size=self.chunk_bytes + (64 << 10),
                                       acks="all", max_block_ms=30000, **(security or {}))
-        self.producer.init_transactions()     # fences the previous active applier, aborts its open write
+        try:
+            self.producer.init_transactions()     # fences the previous active applier, aborts its open write
+        except BaseException:
+            self.producer.close(timeout=0)        # (the brokers are away: not left to the garbage collector)
+            raise
 
     def publish(self, steps, full=None) -> tuple[int, int]:
         p, n, nf = self.producer, 0, 0
@@ -165,9 +204,10 @@ class LambdaLogWriter:
             n += len(rec)
         first = None
         if full is not None:
-            engine, state, deltas_offset = full
+            engine, state, deltas_offset, *applier = full
             for i, rec in enumerate(full_records(self.lineage, engine, state, deltas_offset,
-                                                 self.full_offset, self.chunk_bytes)):
+                                                 self.full_offset, self.chunk_bytes,
+                                                 applier[0] if applier else None)):
                 fut = p.send(self.topic, rec, partition=0)
                 first = fut if i == 0 else first
                 nf += len(rec)
@@ -210,6 +250,7 @@ class LambdaLog:
         self._dbuf: list = []         # deltas fetched and not yet needed (offset order)
         self._parts = (-1, [])        # (offset, parts) of the latest deltas message read
         self._resync = True           # find the latest full λ before following
+        self.full_info = None         # the full λ loaded last: lineage, version, deltas_offset, applier
         self.stats = {"fulls_loaded": 0, "steps_applied": 0, "steps_skipped": 0, "full_bytes_read": 0,
                       "delta_bytes_read": 0}
 
@@ -341,6 +382,70 @@ class LambdaLog:
         log.warning("lambda topic %r: no complete full λ found; waiting for the applier's next one",
                     self.topic)
         return False
+
+    def latest_full(self, beyond: int | None = None):
+        """The latest complete committed full λ, without replaying the steps after it:
+        ``(engine, state, info)``, ``info`` = ``{"lineage", "version", "deltas_offset",
+        "applier"}`` (``applier``: the applier's bookkeeping, :func:`applier_of`; None in a
+        full λ written before it carried it), or None if the topic has no complete full λ.
+        What a standby applier resumes from (``Applier._take_over``); reads with consumers
+        of its own, closed before it returns. Kafka errors are raised.
+
+        ``beyond``: a deltas offset the caller holds already (its local snapshot's). If the
+        newest full λ's first chunk says its deltas offset is not larger, None without
+        loading it (an older complete one would not be larger either): a restart next to
+        its own fresh snapshot does not read a large λ from the broker for nothing."""
+        self.close()
+        self._resync, self._collect = True, None
+        try:
+            self._open()
+            if beyond is not None:
+                newest = self._newest_full_offset()
+                if newest is not None and newest <= beyond:
+                    return None
+            if not self._bootstrap():
+                return None
+            return self.engine, self.state, dict(self.full_info)
+        finally:
+            self.close()
+            self._resync = True
+
+    def _newest_full_offset(self) -> int | None:
+        """The ``deltas_offset`` in the header of the newest full λ's first chunk (the last
+        record's own, else its ``full`` pointer's), complete or not; None if there is none
+        or it cannot be told without reading the topic from its beginning."""
+        lc, tp = self._lc, self._ltp
+        begin = lc.beginning_offsets([tp])[tp]
+        self._seek(None)
+        end = lc.position(tp)
+        last, back = None, TAIL
+        while last is None:
+            start = max(begin, end - back)
+            self._seek(start)
+            last = self._last_record(end)
+            if start == begin:
+                break
+            back *= 2
+        if last is None:
+            return None
+        h = last[1]
+        if h["kind"] == "full":
+            return int(h["deltas_offset"])
+        if int(h["full"]) < begin:
+            return None
+        self._seek(int(h["full"]))
+        deadline = time.monotonic() + FETCH_WAIT_S
+        while time.monotonic() < deadline:
+            for m in self._poll(200):
+                try:
+                    h = decode(m.value)[0]
+                except LambdaLogError:
+                    return None
+                return int(h["deltas_offset"]) if h["kind"] == "full" and int(h["index"]) == 0 else None
+            hw = lc.highwater(tp)
+            if hw is not None and lc.position(tp) >= hw:
+                return None
+        return None
 
     def _last_record(self, end_hint):
         """(offset, header) of the last readable record from the current position, or None."""
@@ -481,12 +586,17 @@ class LambdaLog:
         if len(data) != int(h["size"]) or hashlib.sha256(data).hexdigest() != h["sha256"]:
             return "torn"
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            self.engine, self.state = state_from_arrays({k: z[k] for k in z.files})
+            arrays = {k: z[k] for k in z.files}
+        self.engine, self.state = state_from_arrays(arrays)
+        #: what :meth:`latest_full` returns of the full λ loaded last besides the state
+        self.full_info = {"lineage": h["lineage"], "version": int(self.state.step),
+                          "deltas_offset": int(h["deltas_offset"]), "applier": applier_of(arrays)}
         if h["lineage"] != self.lineage:
             log.info("lambda topic %r: full λ version %d loaded (%d bytes, lineage %s)", self.topic,
                      self.state.step, len(data), h["lineage"])
         self.lineage = h["lineage"]
-        self._dc.seek(self._dtp, int(h["deltas_offset"]))
+        if self._dc is not None:
+            self._dc.seek(self._dtp, int(h["deltas_offset"]))
         self._dbuf = []
         self.stats["fulls_loaded"] += 1
         self.stats["full_bytes_read"] += len(data)
