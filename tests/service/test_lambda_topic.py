@@ -504,3 +504,24 @@ def test_lambda_travels_on_the_topic_unless_a_file_is_set_and_not_both():
     assert lambda_channel(cfg(lambda_file="/shared/l.npz")) == ("file", "/shared/l.npz")
     with pytest.raises(ConfigError, match=r"^scaleout.lambda_file, scaleout.lambda_topic: set one"):
         check_scaleout_config(cfg(lambda_file="/shared/l.npz", lambda_topic="lam"))
+
+
+def test_a_fenced_writer_is_told_from_a_failed_write_raised_or_wrapped():
+    """The applier stands by when its λ writer was fenced, and retries a write that failed:
+    kafka-python raises ProducerFencedError itself, or (at send time, under load) a plain
+    KafkaError naming it, or chains it as a cause; a connection error is a failed write."""
+    from kafka.errors import KafkaConnectionError, KafkaError, ProducerFencedError
+
+    from streamsvi.service.roles.applier import fenced
+
+    assert fenced(ProducerFencedError())
+    assert fenced(KafkaError("ProducerFencedError: There is a newer producer with the same transactionalId"))
+    try:
+        try:
+            raise ProducerFencedError()
+        except ProducerFencedError as inner:
+            raise KafkaError("the send failed") from inner
+    except KafkaError as outer:
+        assert fenced(outer)
+    assert not fenced(KafkaConnectionError("socket disconnected"))
+    assert not fenced(KafkaError("NotEnoughReplicasError"))

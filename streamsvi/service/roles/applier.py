@@ -114,6 +114,21 @@ def _key(t, p) -> str:
     return f"{t}/{int(p)}"
 
 
+def fenced(exc) -> bool:
+    """Whether a write failed because another producer took the transactional id over:
+    ``ProducerFencedError`` raised, or wrapped (kafka-python 3.0 can raise a plain
+    ``KafkaError`` naming it at send time, or chain it as the cause). Counting a fenced
+    writer's error as a failed write would open a new writer at the next turn, whose
+    ``init_transactions`` fences the active applier in turn."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "ProducerFencedError" or "ProducerFencedError" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 class Applier(StagedLoop):
     """The applier (module docs). ``cfg`` is a validated config with a ``[scaleout]`` table.
 
@@ -598,7 +613,7 @@ class Applier(StagedLoop):
                 self._steps, (self.engine, self.state, self.next_offset, self.scaleout_extra()) if full else None)
         except _transient_errors() as exc:
             self._drop_writer()
-            if type(exc).__name__ == "ProducerFencedError":
+            if fenced(exc):
                 # a newer active applier's writer has the transactional id: writing again would
                 # fence it in turn; this one stands by once the group revokes its partition
                 log.warning("lambda topic %r: another applier writes λ now (this writer was fenced); "
