@@ -40,6 +40,22 @@ def _same_state(a, b):
         assert a.lam[k].tobytes() == b.lam[k].tobytes(), k
 
 
+def _finish_after_takeover(reader, standby, ws, first_lineage, ck, topic, hw, n, partitions):
+    """After an active applier was killed: the workers drain, λ on the topic holds every record
+    in the standby's own lineage, the standby stops cleanly, and its checkpoint ``ck`` has
+    every record exactly once, bit for bit the reader's λ. Returns that snapshot."""
+    for w in ws:
+        assert w.wait(180) == 0, w.stderr()[-3000:]
+    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
+          "every record in λ", 120, procs=[standby])
+    assert reader.lineage != first_lineage                    # the standby's own lineage
+    standby.signal(signal.SIGTERM)
+    assert standby.wait(60) == 0, standby.stderr()[-3000:]
+    snap = _check_exactly_once(ck, topic, hw, n, partitions=partitions)
+    _same_state(reader.state, snap.state)
+    return snap
+
+
 def _start_applier(cfg, max_deltas):
     from prometheus_client import CollectorRegistry
 
@@ -417,15 +433,7 @@ def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, t
     active.signal(signal.SIGKILL)
     assert active.wait(10) == -signal.SIGKILL
     _wait(lambda: "applier: active" in standby.stderr(), "the standby to take over", 60, procs=[standby, *ws])
-    for w in ws:
-        assert w.wait(180) == 0, w.stderr()[-3000:]
-    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
-          "every record in λ", 120, procs=[standby])
-    assert reader.lineage != first_lineage                    # the standby's own lineage
-    standby.signal(signal.SIGTERM)
-    assert standby.wait(60) == 0, standby.stderr()[-3000:]
-    snap = _check_exactly_once(dirs["applier"] / "ck", topic, hw, n, partitions=P)
-    _same_state(reader.state, snap.state)
+    _finish_after_takeover(reader, standby, ws, first_lineage, dirs["applier"] / "ck", topic, hw, n, P)
     assert not list(tmp_path.rglob("lambda.npz"))             # no λ file anywhere
     for name in ("w0", "w1"):        # a worker's directory: its lock and dead-letter file only
         assert {p.name for p in (dirs[name] / "ck").iterdir()} <= {".lock", "dead-letters.jsonl"}
@@ -477,15 +485,7 @@ def test_a_standby_on_another_host_resumes_from_kafka_alone(kafka_broker, new_to
     version, offset = int(line.group(1)), int(line.group(2))
     print(line.group(0))
     assert version > 0 and offset > 0, line.group(0)
-    for w in ws:
-        assert w.wait(180) == 0, w.stderr()[-3000:]
-    _wait(lambda: (reader.refresh(timeout_s=0.2) or True) and reader.state.records_seen >= n,
-          "every record in λ", 120, procs=[standby])
-    assert reader.lineage != first_lineage                    # the standby's own lineage
-    standby.signal(signal.SIGTERM)
-    assert standby.wait(60) == 0, standby.stderr()[-3000:]
-    snap = _check_exactly_once(dirs["a2"] / "ck", topic, hw, n, partitions=P)
-    _same_state(reader.state, snap.state)
+    snap = _finish_after_takeover(reader, standby, ws, first_lineage, dirs["a2"] / "ck", topic, hw, n, P)
     assert snap.state.step > version
     reader.close()
 

@@ -355,18 +355,7 @@ class LambdaLog:
     def _bootstrap(self) -> bool:
         """Find and load the latest complete full λ; False if there is none yet."""
         self._wait_at_broker(CATCH_UP_WAIT_MS)
-        lc, tp = self._lc, self._ltp
-        begin = lc.beginning_offsets([tp])[tp]
-        self._seek(None)
-        end = lc.position(tp)          # a hint only: the fetches' highwater mark decides
-        last, back = None, TAIL
-        while last is None:
-            start = max(begin, end - back)
-            self._seek(start)
-            last = self._last_record(end)
-            if start == begin:
-                break
-            back *= 2
+        begin, last = self._find_last()
         if last is None:
             return False               # nothing published yet
         h = last[1]
@@ -414,18 +403,7 @@ class LambdaLog:
         """The ``deltas_offset`` in the header of the newest full λ's first chunk (the last
         record's own, else its ``full`` pointer's), complete or not; None if there is none
         or it cannot be told without reading the topic from its beginning."""
-        lc, tp = self._lc, self._ltp
-        begin = lc.beginning_offsets([tp])[tp]
-        self._seek(None)
-        end = lc.position(tp)
-        last, back = None, TAIL
-        while last is None:
-            start = max(begin, end - back)
-            self._seek(start)
-            last = self._last_record(end)
-            if start == begin:
-                break
-            back *= 2
+        begin, last = self._find_last()
         if last is None:
             return None
         h = last[1]
@@ -442,10 +420,27 @@ class LambdaLog:
                 except LambdaLogError:
                     return None
                 return int(h["deltas_offset"]) if h["kind"] == "full" and int(h["index"]) == 0 else None
-            hw = lc.highwater(tp)
-            if hw is not None and lc.position(tp) >= hw:
+            hw = self._lc.highwater(self._ltp)
+            if hw is not None and self._lc.position(self._ltp) >= hw:
                 return None
         return None
+
+    def _find_last(self):
+        """(the topic's beginning offset, (offset, header) of its last readable record or None):
+        read back from the end, twice as far each time, until a record is found."""
+        lc, tp = self._lc, self._ltp
+        begin = lc.beginning_offsets([tp])[tp]
+        self._seek(None)
+        end = lc.position(tp)          # a hint only: the fetches' highwater mark decides
+        last, back = None, TAIL
+        while last is None:
+            start = max(begin, end - back)
+            self._seek(start)
+            last = self._last_record(end)
+            if start == begin:
+                break
+            back *= 2
+        return begin, last
 
     def _last_record(self, end_hint):
         """(offset, header) of the last readable record from the current position, or None."""
