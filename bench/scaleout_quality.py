@@ -64,8 +64,10 @@ def setting(tiny: bool, n: int, batch: int):
         model = {"kind": "lda", "n_components": 4, "n_features": 60, "max_doc_update_iter": 30}
         what = "synthetic LDA corpus (K = 4, V = 60)"
     else:
-        X, _ = datasets.load_nyt()
-        train, held = X[:-447], X[-447:]
+        from scaleout import nyt_split
+
+        train, held = nyt_split()
+        X = train
         model = {"kind": "lda", "n_components": 100, "n_features": X.shape[1], "doc_topic_prior": 0.02,
                  "topic_word_prior": 0.02}
         what = f"NYT ({train.shape[0]} training documents in passes, V = {X.shape[1]}), K = 100"
@@ -76,15 +78,11 @@ def setting(tiny: bool, n: int, batch: int):
 
 
 def stream(train, n, seed):
-    """``n`` documents: passes over ``train``, each in a new order drawn from ``seed``."""
-    import scipy.sparse as sp
+    """``n`` documents: passes over ``train``, each in a new order drawn from ``seed``
+    (``bench/scaleout.py``'s)."""
+    from scaleout import lda_records
 
-    rng, parts, have = np.random.default_rng(seed), [], 0
-    while have < n:
-        order = rng.permutation(train.shape[0])[:n - have]
-        parts.append(train[order])
-        have += len(order)
-    return sp.vstack(parts).tocsr()
+    return lda_records(n, train, seed=seed)
 
 
 def heldout(engine, state, H) -> float:
