@@ -40,6 +40,30 @@ def _same_state(a, b):
         assert a.lam[k].tobytes() == b.lam[k].tobytes(), k
 
 
+def _own_directories(kafka_broker, new_topic, new_group, tmp_path, n, partitions, seed, names):
+    """``n`` records produced on a new topic, and a config per process ``names`` (appliers and
+    workers "w…") in a directory of its own: no storage shared. Returns (topic, deltas topic, highwater
+    marks, {name: config path}, {name: directory})."""
+    bootstrap = kafka_broker.bootstrap
+    topic, deltas, group = new_topic(partitions), new_topic(1, prefix="deltas"), new_group()
+    produce_rows(bootstrap, topic, blob_rows(n, seed=seed), JsonCodec(2), partitions=partitions)
+    hw = highwater_marks(bootstrap, topic, partitions)
+    cfgs, dirs = {}, {}
+    for name in names:
+        dirs[name] = tmp_path / name
+        dirs[name].mkdir()
+        raw = gmm_config(dirs[name], bootstrap=bootstrap, topic=topic, group=group, name="ck",
+                         inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
+                                    "effective_batch_size": 20},
+                         checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
+                         metrics={"enabled": False, "heldout_size": 0})
+        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_full_every": 10}
+        if name.startswith("w"):
+            raw["scaleout"]["worker_id"] = f"{name}-{group}"
+        cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
+    return topic, deltas, hw, cfgs, dirs
+
+
 def _finish_after_takeover(reader, standby, ws, first_lineage, ck, topic, hw, n, partitions):
     """After an active applier was killed: the workers drain, λ on the topic holds every record
     in the standby's own lineage, the standby stops cleanly, and its checkpoint ``ck`` has
@@ -404,22 +428,8 @@ def test_scaleout_with_no_shared_directory(kafka_broker, new_topic, new_group, t
     appliers' directory) takes over with a new lineage; every record is drained and
     applied exactly once, and a reader of the topic ends on the final checkpoint's λ."""
     bootstrap, n, P = kafka_broker.bootstrap, 3000, 3
-    topic, deltas, group = new_topic(P), new_topic(1, prefix="deltas"), new_group()
-    produce_rows(bootstrap, topic, blob_rows(n, seed=11), JsonCodec(2), partitions=P)
-    hw = highwater_marks(bootstrap, topic, P)
-    cfgs, dirs = {}, {}
-    for name in ("applier", "w0", "w1"):
-        dirs[name] = tmp_path / name
-        dirs[name].mkdir()
-        raw = gmm_config(dirs[name], bootstrap=bootstrap, topic=topic, group=group, name="ck",
-                         inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
-                                    "effective_batch_size": 20},
-                         checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
-                         metrics={"enabled": False, "heldout_size": 0})
-        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_full_every": 10}
-        if name != "applier":
-            raw["scaleout"]["worker_id"] = f"{name}-{group}"
-        cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
+    topic, deltas, hw, cfgs, dirs = _own_directories(kafka_broker, new_topic, new_group, tmp_path, n, P, 11,
+                                             ("applier", "w0", "w1"))
     a1 = daemons(cfgs["applier"], "--role", "applier", tag="a1")
     a2 = daemons(cfgs["applier"], "--role", "applier", tag="a2")
     active = _wait(lambda: next((a for a in (a1, a2) if "applier: active" in a.stderr()), None),
@@ -450,22 +460,8 @@ def test_a_standby_on_another_host_resumes_from_kafka_alone(kafka_broker, new_to
     import re
 
     bootstrap, n, P = kafka_broker.bootstrap, 3000, 3
-    topic, deltas, group = new_topic(P), new_topic(1, prefix="deltas"), new_group()
-    produce_rows(bootstrap, topic, blob_rows(n, seed=12), JsonCodec(2), partitions=P)
-    hw = highwater_marks(bootstrap, topic, P)
-    cfgs, dirs = {}, {}
-    for name in ("a1", "a2", "w0", "w1"):
-        dirs[name] = tmp_path / name
-        dirs[name].mkdir()
-        raw = gmm_config(dirs[name], bootstrap=bootstrap, topic=topic, group=group, name="ck",
-                         inference={"batch_size": 50, "max_wait_seconds": 1.0, "n_total": n,
-                                    "effective_batch_size": 20},
-                         checkpoint={"every_batches": 5, "every_seconds": 3600.0, "keep": 3},
-                         metrics={"enabled": False, "heldout_size": 0})
-        raw["scaleout"] = {"deltas_topic": deltas, "max_staleness": 1000, "lambda_full_every": 10}
-        if name.startswith("w"):
-            raw["scaleout"]["worker_id"] = f"{name}-{group}"
-        cfgs[name] = write_config(dirs[name] / f"{name}.toml", raw)
+    topic, deltas, hw, cfgs, dirs = _own_directories(kafka_broker, new_topic, new_group, tmp_path, n, P, 12,
+                                             ("a1", "a2", "w0", "w1"))
     active = daemons(cfgs["a1"], "--role", "applier", tag="a1")
     _wait(lambda: "applier: active" in active.stderr(), "the active applier", 60, procs=[active])
     standby = daemons(cfgs["a2"], "--role", "applier", tag="a2")
