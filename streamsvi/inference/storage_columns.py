@@ -258,7 +258,7 @@ class ScaledColumns:
             g2 = max(0.0, float(np.einsum("ij,ij->", tgt_u, tgt_u)
                                 - 2.0 * np.einsum("ij,ij->", tgt_u, lam_u) + ll.sum())) \
                 + float(untouched.sum())
-        out = {"global_elbo": G, "grad_norm": math.sqrt(g2) if g2 == g2 else g2, "domain_clipped": clipped,
+        out = {"global_elbo": G, "grad_norm": math.sqrt(g2), "domain_clipped": clipped,
                "domain_blocks": blocks}
 
         if dense_step:                                 # ρ_k ≥ 1 or a restart: the plain form, densely

@@ -249,11 +249,9 @@ class Applier(StagedLoop):
         topic, its latest full λ (:meth:`_topic_full`), and seek the deltas topic there."""
         self._drop_writer()                  # a new lineage on the lambda topic
         self._reset()
+        snap, topic = self.store.resume(), None
         if self.lambda_topic is not None:
-            self._open_writer_to_resume()
-        snap = self.store.resume()
-        topic = None
-        if self.lambda_topic is not None:
+            self._open_writer_to_resume()      # (fences a zombie before the topic is read)
             topic = self._topic_full(None if snap is None else self._snap_offset(snap))
         if topic is not None and (snap is None or self._snap_offset(topic) > self._snap_offset(snap)):
             snap, where = topic, (f"the lambda topic's full λ version {topic.state.step} "

@@ -318,8 +318,8 @@ class LambdaLog:
             empty = 0
             while True:
                 msgs = self._poll(200 if catch_up else max(0, int((deadline - time.monotonic()) * 1000)))
-                for m in self._from_latest_full(msgs):
-                    self._record(m)
+                for m, dec in self._from_latest_full(self._decoded(msgs)):
+                    self._record(m, dec)
                     if self._resync:
                         break
                 if self._resync or time.monotonic() >= deadline:
@@ -489,23 +489,31 @@ class LambdaLog:
                     return False
         return False
 
-    def _from_latest_full(self, msgs: list) -> list:
-        """``msgs`` from the latest complete full λ among them that is ahead of λ, when there is
-        one: the steps before it are not replayed (their deltas not read, not applied), since
-        loading the full λ gives the same state, bit for bit. A worker that fell behind by a few
-        versions (several workers, a large delta: LDA on a small vocabulary, where a delta is as
-        large as λ and the applier writes a full λ every few versions) loads one state instead of
-        replaying every step. A torn full λ among them then leaves λ behind the next step, which
-        sends the reader back to the latest complete full λ (``_resync``)."""
-        if self.state is None or len(msgs) < 2:
-            return msgs
-        heads = []
+    @staticmethod
+    def _decoded(msgs: list) -> list:
+        """``(message, (header, payload))`` of each of ``msgs``, or ``(message, LambdaLogError)``
+        for one that does not decode: every record's header parsed once per read."""
+        out = []
         for m in msgs:
             try:
-                heads.append(decode(m.value)[0])
-            except LambdaLogError:
-                heads.append(None)
-        for i in range(len(msgs) - 1, 0, -1):
+                out.append((m, decode(m.value)))
+            except LambdaLogError as exc:
+                out.append((m, exc))
+        return out
+
+    def _from_latest_full(self, recs: list) -> list:
+        """``recs`` (:meth:`_decoded`) from the latest complete full λ among them that is ahead
+        of λ, when there is one: the steps before it are not replayed (their deltas not read,
+        not applied), since loading the full λ gives the same state, bit for bit. A worker
+        that fell behind by a few versions (several workers, a large delta: LDA on a small
+        vocabulary, where a delta is as large as λ and the applier writes a full λ every few
+        versions) loads one state instead of replaying every step. A torn full λ among them
+        then leaves λ behind the next step, which sends the reader back to the latest
+        complete full λ (``_resync``)."""
+        if self.state is None or len(recs) < 2:
+            return recs
+        heads = [None if isinstance(dec, LambdaLogError) else dec[0] for _, dec in recs]
+        for i in range(len(recs) - 1, 0, -1):
             h = heads[i]
             if h is None or h.get("kind") != "full" or int(h["index"]) != 0:
                 continue
@@ -518,15 +526,15 @@ class LambdaLog:
                 self.stats["steps_skipped"] += sum(1 for c in heads[:i] if c is not None
                                                    and c.get("kind") == "step")
                 self._collect = None
-                return msgs[i:]
-        return msgs
+                return recs[i:]
+        return recs
 
-    def _record(self, m) -> None:
-        try:
-            h, payload = decode(m.value)
-        except LambdaLogError as exc:
-            log.error("lambda topic %r offset %d: %s; skipped", self.topic, m.offset, exc)
+    def _record(self, m, dec) -> None:
+        """One record ``m`` of the topic, ``dec`` its :meth:`_decoded` header and payload."""
+        if isinstance(dec, LambdaLogError):
+            log.error("lambda topic %r offset %d: %s; skipped", self.topic, m.offset, dec)
             return
+        h, payload = dec
         if h["kind"] == "full":
             want = (int(h["index"]) == 0 and (self.state is None or h["lineage"] != self.lineage
                                               or int(h["version"]) != self.state.step))
