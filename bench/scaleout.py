@@ -1,7 +1,7 @@
 """Scale-out on a local broker: records/s with 1, 2, 4 workers, the applier's ceiling, quality.
 
     python bench/scaleout.py [--model gmm|lda] [--records 60000] [--rounds 2] [--workers 1,2,4]
-        [--batch-size 1000] [--commit-every K]
+        [--batch-size 1000] [--commit-every K] [--max-staleness S]
 
 Models (``--model``):
 
@@ -90,7 +90,7 @@ def data(n, seed=0):
 
 #: |S| (``--batch-size``; M = |S| / 4): the product's default, 1000
 BATCH = 1000
-#: ``scaleout`` settings of the workers (``--commit-every``)
+#: ``scaleout`` settings of the workers and the applier (``--commit-every``, ``--max-staleness``)
 SCALEOUT = {}
 #: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
 LAMBDA = "topic"
@@ -379,6 +379,8 @@ def main():
                     help="how λ reaches the workers: the lambda topic (default) or a shared file")
     ap.add_argument("--commit-every", type=int, default=None,
                     help="scaleout.commit_every_batches of the workers (default: the config's)")
+    ap.add_argument("--max-staleness", type=int, default=None,
+                    help="scaleout.max_staleness of the applier (default: the config's)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help=f"|S| of every run (gmm: M = |S| / 4; default gmm {BATCH}, the product's "
                          f"default; lda 256, configs/lda.toml's)")
@@ -389,6 +391,8 @@ def main():
     BATCH = args.batch_size or (256 if MODEL == "lda" else BATCH)
     if args.commit_every is not None:
         SCALEOUT["commit_every_batches"] = args.commit_every
+    if args.max_staleness is not None:
+        SCALEOUT["max_staleness"] = args.max_staleness
     from streamsvi.io import JsonCodec, produce_rows
     from streamsvi.io.broker import LocalBroker, create_topic
 
