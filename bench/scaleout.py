@@ -92,6 +92,8 @@ def data(n, seed=0):
 BATCH = 1000
 #: ``scaleout`` settings of the workers and the applier (``--commit-every``, ``--max-staleness``)
 SCALEOUT = {}
+#: runs shorter than this many steps per worker are not held to the quality tolerance (the burn-in)
+BURN_IN = 25
 #: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
 LAMBDA = "topic"
 
@@ -519,11 +521,17 @@ def main():
             rows.append([what if what == "single" else f"{what} worker(s)", f"{q.mean():.4f}", sd,
                          f"{q.min():.4f}", f"{q.max():.4f}", f"{np.median(steps[what]):.0f}"])
         print(fmt_table(["run", "held-out (mean of rounds)", "sd", "min", "max", "steps"], rows))
+        # N workers' first N·k deltas are all computed at λ_0 (k batches per transaction) and
+        # spend the schedule's largest steps: a burn-in that a run of fewer than BURN_IN·N steps
+        # has not worked off (docs/scale-out.md, "Quality"); such a run is reported, not judged
         ref = float(np.mean(quality["single"]))
-        worst = min(float(np.mean(quality[w])) for w in counts) if counts else ref
-        ok = "within" if worst >= ref - tol else "OUTSIDE"
-        print(f"\nworst workers' mean vs the single daemon's mean: {worst - ref:+.4f} {unit} ({ok} the "
-              f"tolerance: not worse than single - {tol})")
+        for w in counts:
+            d, t = float(np.mean(quality[w])) - ref, float(np.median(steps[w]))
+            if t < BURN_IN * w:
+                verdict = f"not judged: {t:.0f} steps < {BURN_IN}·{w}, the burn-in"
+            else:
+                verdict = ("within" if d >= -tol else "OUTSIDE") + f" the tolerance (not worse than single − {tol})"
+            print(f"{w} worker(s) vs single, means of rounds: {d:+.4f} {unit}; {verdict}")
 
 
 def heldout(eng, state, H) -> float:
