@@ -432,7 +432,10 @@ class Applier(StagedLoop):
             with self._guard.watch(POLL_S + STUCK_POLL_S):
                 polled = self._consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
         except StuckCall:
-            self._replace_consumer(loop.res)
+            try:
+                self._replace_consumer(loop.res)
+            except _transient_errors() as exc:   # no broker for the new consumer: next poll
+                self.health.wait(self._stop, self.health.failed(exc, "replacing the consumer"))
             return _Deltas([]) if self.active else None
         except _transient_errors() as exc:
             self.health.wait(self._stop, self.health.failed(exc, "poll"))
