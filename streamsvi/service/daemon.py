@@ -777,7 +777,8 @@ def default_source(cfg, metrics):
                        connect_attempts=1,      # the daemon retries (Daemon._open_source)
                        connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
                        on_offset_reset=lambda key, expected, got:
-                       metrics.offset_resets.labels(key[0], str(key[1])).inc())
+                       metrics.offset_resets.labels(key[0], str(key[1])).inc(),
+                       on_reopen=metrics.consumers_replaced.inc)
 
 
 def default_dead_sink(cfg):

@@ -163,6 +163,8 @@ class DaemonMetrics:
         self.broker_retries = c("broker_retries", "Retries after the broker was unavailable")
         self.offset_resets = c("offset_resets", "Times the consumer went back to the earliest offset "
                                "because the expected one was past the end of the log", ("topic", "partition"))
+        self.consumers_replaced = c("consumers_replaced", "Kafka consumers replaced by a new member of "
+                                    "their group after a poll that never returned (streamsvi.io.callguard)")
         self._ewm = river_stats.EWMean(fading_factor=fading_factor)
         self._prev_grad = None
         #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).

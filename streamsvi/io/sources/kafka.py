@@ -2,11 +2,13 @@
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Mapping, Sequence
 
 from .. import _fastfetch
+from ..callguard import CallGuard, Guarded, StuckCall
 from .._kafka import client_config, connect_with_retry, offset_and_metadata
 from ..codecs import Codec
 from ..dense import DenseKind, RecordValidator
@@ -14,23 +16,31 @@ from ..records import RecordKind
 from .base import (Batch, NotAssigned, Offsets, Source, SourceError, _BatchBuilder, _check_offsets,
                    _check_poll_args, _DENSE, log)
 
-def _rebalance_listener(source: "KafkaSource"):
+def _rebalance_listener(source: "KafkaSource", epoch: int):
+    """The listener of the source's consumer number ``epoch``: a consumer the source replaced
+    (:meth:`KafkaSource._reopen`) may still finish a join, or revoke as it closes; it is ignored."""
     from kafka import ConsumerRebalanceListener
 
     class _Listener(ConsumerRebalanceListener):
         def on_partitions_revoked(self, revoked):
             # kafka-python calls this as a (re)join starts; under the eager protocol the old
             # partitions stay in consumer.assignment() until the join completes
+            if source._epoch != epoch:
+                return
             source._joining = True
             if revoked:
                 log.info("partitions revoked from %s: %s", source.group_id,
                          sorted((tp.topic, tp.partition) for tp in revoked))
                 source._drop_buffered(revoked)
                 for tp in revoked:       # a new owner resumes where it likes: no expectation
-                    source._expected.pop((tp.topic, tp.partition), None)
+                    key = (tp.topic, tp.partition)
+                    source._expected.pop(key, None)
+                    if key in source._handed:       # (unless it is this consumer's successor)
+                        source._revoked_at[key] = source._handed.pop(key)
 
         def on_partitions_assigned(self, assigned):
-            source._on_assigned(assigned)
+            if source._epoch == epoch:
+                source._on_assigned(assigned)
 
     return _Listener()
 
@@ -140,6 +150,10 @@ class KafkaSource(Source):
     #: How long one request of the probe consumer (metadata, highwater marks, committed
     #: offsets; see ``_probe_consumer``) may wait for a broker that does not answer.
     PROBE_TIMEOUT_MS = 5000
+    #: How long past its own timeout a consumer poll may run before it is abandoned and the
+    #: consumer replaced (:mod:`streamsvi.io.callguard`: kafka-python 3.0.12 can wait for
+    #: good in a group rejoin). Nothing a poll legitimately does takes this long.
+    STUCK_POLL_S = 30.0
 
     def __init__(self, bootstrap_servers, topics: str | Sequence[str] | None = None,
                  pattern: str | None = None, *, group_id: str, codec: Codec,
@@ -150,7 +164,7 @@ class KafkaSource(Source):
                  connect_attempts: int = 5, connect_backoff_s: float = 0.5,
                  connect_timeout_s: float = 10.0, consumer_config: dict | None = None,
                  lean_reader: bool = True, kind: RecordKind | None = None,
-                 security: dict | None = None, on_offset_reset=None):
+                 security: dict | None = None, on_offset_reset=None, on_reopen=None):
         from kafka import KafkaConsumer
 
         if (topics is None) == (pattern is None):
@@ -195,6 +209,13 @@ class KafkaSource(Source):
         self._buffer: deque[list] = deque()
         self._position_cache: dict = {}     # consumer positions, valid until the next poll or seek
         self._joining = False               # a group (re)join is in flight (see _owns_partitions)
+        self._handed: Offsets = {}          # per partition: the offset after the last message handed
+                                            # out, or the one sought (where a successor resumes)
+        self._revoked_at: Offsets = {}      # _handed of the partitions the last revoke took
+        self._resume: Offsets = {}          # where a replaced consumer's partitions were (_reopen)
+        self._epoch = 0                     # which consumer this is: 1, 2, ... (_reopen)
+        self.reopens = 0                    # consumers replaced after a stuck poll
+        self.on_reopen = on_reopen
         config = {"bootstrap_servers": bootstrap_servers, "group_id": group_id,
                   "client_id": client_id, "enable_auto_commit": False,
                   "auto_offset_reset": auto_offset_reset,
@@ -213,18 +234,72 @@ class KafkaSource(Source):
         self._config = config
         self._probe = None                  # group-less consumer for highwater marks (drained())
         self._drain_note = None             # the last "waiting for ..." logged by drained()
-        self._consumer = connect_with_retry(
-            lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={group_id!r})",
-            bootstrap_servers=bootstrap_servers, attempts=connect_attempts,
-            backoff_s=connect_backoff_s, security=self.security)
-        self.lean_reader = bool(lean_reader) and _fastfetch.install(self._consumer)
+        self._connect = (connect_attempts, connect_backoff_s)
+        self._lean_wanted = bool(lean_reader)
+        self._reopen_due = False            # the consumer was abandoned; its successor not made yet
+        self._open_consumer(connect_attempts)
         if lean_reader and not self.lean_reader:
             log.info("this kafka-python has no hook for the lean record reader; using its own")
-        listener = _rebalance_listener(self)
+
+    def _open_consumer(self, attempts: int) -> None:
+        """A group consumer subscribed to the topics (the next :attr:`_epoch`), guarded."""
+        from kafka import KafkaConsumer
+
+        config = self._config
+        consumer = connect_with_retry(
+            lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={self.group_id!r})",
+            bootstrap_servers=self.bootstrap_servers, attempts=attempts,
+            backoff_s=self._connect[1], security=self.security)
+        self._epoch += 1
+        self._consumer = consumer
+        self._guard = CallGuard(consumer, f"consumer of {self.group_id}")
+        self.lean_reader = self._lean_wanted and _fastfetch.install(consumer)
+        listener = _rebalance_listener(self, self._epoch)
         if self.topics is not None:
-            self._consumer.subscribe(topics=self.topics, listener=listener)
+            consumer.subscribe(topics=self.topics, listener=listener)
         else:
-            self._consumer.subscribe(pattern=pattern, listener=listener)
+            consumer.subscribe(pattern=self.pattern, listener=listener)
+
+    def _poll_consumer(self, timeout_ms: int, max_records: int) -> dict:
+        """``consumer.poll``, abandoned after :attr:`STUCK_POLL_S` past ``timeout_ms``; then the
+        consumer is replaced (:meth:`_reopen`) and nothing is returned."""
+        try:
+            with self._guard.watch(timeout_ms / 1000 + self.STUCK_POLL_S):
+                return self._consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except StuckCall:
+            self._reopen()
+            return {}
+
+    def _reopen(self) -> None:
+        """Replace a consumer whose poll never returned (:mod:`streamsvi.io.callguard`) by a
+        new member of the group.
+
+        The old one is closed in the background (its close may wait as its poll did) and
+        its listener is ignored from now on. Partitions the new member is given back resume
+        where this reader was (the offset after the last message handed out, or a
+        :meth:`seek` made meanwhile), as when kafka-python keeps a partition across a
+        rebalance; the others are their new owners' business (the group's committed offsets).
+        If no broker answers, the error is raised and the next :meth:`poll_batch` tries again.
+        """
+        if not self._reopen_due:
+            old, assigned = self._consumer, self._consumer.assignment()
+            self._resume = {**self._revoked_at, **{
+                (tp.topic, tp.partition): self._handed[(tp.topic, tp.partition)]
+                for tp in assigned if (tp.topic, tp.partition) in self._handed}}
+            self._epoch += 1                     # the old listener is deaf from here on
+            self._guard.close()
+            self._buffer.clear()
+            self._position_cache.clear()
+            self._joining, self._reopen_due = True, True
+            self.reopens += 1
+            if self.on_reopen is not None:
+                self.on_reopen()
+            log.warning("%s: replacing its group consumer (a new member of the group; %s resume "
+                        "where they were)", self.group_id, sorted(self._resume) or "no partitions")
+            threading.Thread(target=_close_quietly, args=(old,), daemon=True,
+                             name=f"streamsvi-close-{self.group_id}").start()
+        self._open_consumer(self._connect[0])
+        self._reopen_due = False
 
     def __repr__(self):
         what = f"topics={self.topics}" if self.topics is not None else f"pattern={self.pattern!r}"
@@ -241,8 +316,12 @@ class KafkaSource(Source):
         log.info("partitions assigned to %s: %s", self.group_id, keys)
         self._joining = False
         self._position_cache.clear()
+        resume, self._resume, self._revoked_at = self._resume, {}, {}
         for tp in assigned:
-            off = self._pending_seeks.pop((tp.topic, tp.partition), None)
+            key = (tp.topic, tp.partition)
+            off = self._pending_seeks.pop(key, None)
+            if off is None and key in resume:          # a replaced consumer's (_reopen)
+                off = self._expected[key] = self._handed[key] = resume[key]
             if off is not None:
                 self._consumer.seek(tp, off)
 
@@ -293,7 +372,7 @@ class KafkaSource(Source):
                     cluster.request_update()
             self._keep_join_awaited()
             timeout_ms = max(1, int(min(self.JOIN_POLL_S, left) * 1000))
-            self._rewind(self._consumer.poll(timeout_ms=timeout_ms, max_records=1))
+            self._rewind(self._poll_consumer(timeout_ms, 1))
         return True
 
     def _keep_join_awaited(self) -> None:
@@ -405,8 +484,7 @@ class KafkaSource(Source):
     def _poll_into_buffer(self, timeout_s: float, messages_wanted: int) -> None:
         """One consumer poll for at least ``messages_wanted`` messages into the (empty) buffer."""
         max_records = max(messages_wanted, self._consumer.config["max_poll_records"])
-        records = self._consumer.poll(timeout_ms=max(0, int(timeout_s * 1000)),
-                                      max_records=max_records)
+        records = self._poll_consumer(max(0, int(timeout_s * 1000)), max_records)
         self._position_cache.clear()
         self._check_positions(records)
         self._buffer.extend([tp, _Run.of(msgs), 0] for tp, msgs in records.items() if msgs)
@@ -426,7 +504,9 @@ class KafkaSource(Source):
             if msgs:
                 key = (tp.topic, tp.partition)
                 self._report_reset(key, msgs[0].offset)
-                self._expected[key] = msgs[-1].offset + 1
+                last = msgs[-1]         # a lean run (one record batch) or a record
+                self._expected[key] = (last.offsets[-1] if type(last) is _fastfetch.LeanRun
+                                       else last.offset) + 1
         # A broker that answers a fetch past the end of the log with nothing (tansu) instead of
         # OFFSET_OUT_OF_RANGE leaves the consumer there for good, skipping the records that
         # arrive below it: reset it as Kafka's own error would (auto_offset_reset = earliest).
@@ -468,6 +548,7 @@ class KafkaSource(Source):
             self._buffer.popleft()
         else:
             chunk[2] = stop
+        self._handed[(tp.topic, tp.partition)] = int(run.offsets[stop - 1]) + 1
         if start == 0 and stop == len(run.offsets):
             b.add_run(tp.topic, tp.partition, run.offsets, run.values)
         else:
@@ -485,6 +566,8 @@ class KafkaSource(Source):
         _check_poll_args(max_records, max_wait_s)
         if self._closed:
             raise SourceError("KafkaSource is closed")
+        if self._reopen_due:                # the last try found no broker (_reopen)
+            self._reopen()
         deadline = time.monotonic() + max_wait_s
         if not self._buffer and not self._owns_partitions():
             if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
@@ -526,6 +609,7 @@ class KafkaSource(Source):
         offsets = _check_offsets(offsets)
         self._drop_buffered(assigned[key] for key in offsets if key in assigned)
         self._expected.update(offsets)
+        self._handed.update(offsets)
         for key, off in offsets.items():
             if key in assigned:
                 self._consumer.seek(assigned[key], off)
@@ -567,7 +651,13 @@ class KafkaSource(Source):
             return
         request = {TopicPartition(t, p): offset_and_metadata(off) for (t, p), off in offsets.items()}
         try:
-            self._consumer.commit(offsets=request)
+            with self._guard.watch(self._config.get("request_timeout_ms", 30000) / 1000 + self.STUCK_POLL_S):
+                self._consumer.commit(offsets=request)
+        except StuckCall as exc:
+            self._reopen()
+            raise SourceError(f"committing offsets {dict(sorted(offsets.items()))} for group "
+                              f"{self.group_id!r}: {exc}. The checkpoint holds these offsets; the "
+                              f"next commit or a restart recovers") from exc
         except KafkaError as exc:
             raise SourceError(f"committing offsets {dict(sorted(offsets.items()))} for group "
                               f"{self.group_id!r} failed: {exc}. The checkpoint holds these "
@@ -659,8 +749,23 @@ class KafkaSource(Source):
             keep.update(enable_auto_commit=False, fetch_max_wait_ms=100,
                         request_timeout_ms=self.PROBE_TIMEOUT_MS,
                         max_partition_fetch_bytes=1024, client_id=f"{keep['client_id']}-probe")
-            self._probe = KafkaConsumer(**keep)       # assign() only: it never joins the group
+            probe = KafkaConsumer(**keep)             # assign() only: it never joins the group
+            # each call bounded (its requests wait at most PROBE_TIMEOUT_MS; kafka-python 3.0.12
+            # waited for good in the probe's coordinator lookup after an outage): a stuck one
+            # replaces the probe and is a SourceError, which every caller takes as "not known yet"
+            self._probe = Guarded(probe, CallGuard(probe, f"probe of {self.group_id}"),
+                                  self.PROBE_TIMEOUT_MS / 1000 + self.STUCK_POLL_S,
+                                  on_stuck=lambda exc, probe=probe: self._drop_probe(probe, exc))
         return self._probe
+
+    def _drop_probe(self, probe, exc) -> SourceError:
+        """Forget the probe consumer after a stuck call (the next use makes a new one)."""
+        if self._probe is not None and self._probe._client is probe:
+            self._probe._guard.close()
+            self._probe = None
+            threading.Thread(target=_close_quietly, args=(probe,), daemon=True,
+                             name=f"streamsvi-close-probe-{self.group_id}").start()
+        return SourceError(f"the probe consumer of {self.group_id!r}: {exc}; replaced")
 
     def check_brokers(self) -> None:
         """Ask the brokers for the cluster metadata; raises if none answers.
@@ -816,7 +921,8 @@ class KafkaSource(Source):
         deadline = time.monotonic() + self._config["session_timeout_ms"] / 1000 + self.JOIN_FINISH_S
         try:
             while time.monotonic() < deadline:
-                self._consumer.poll(timeout_ms=int(self.JOIN_POLL_S * 1000), max_records=1)
+                with self._guard.watch(self.JOIN_POLL_S + self.STUCK_POLL_S):
+                    self._consumer.poll(timeout_ms=int(self.JOIN_POLL_S * 1000), max_records=1)
                 if self._consumer.group_metadata().state == MemberState.STABLE:
                     return
         except Exception as exc:  # noqa: BLE001 - leaving is best effort: the broker times us out
@@ -829,12 +935,34 @@ class KafkaSource(Source):
         """Leave the group and close connections, without committing anything.
 
         A group join in flight is completed first (:meth:`_finish_join`), so the member
-        leaves from a stable membership.
+        leaves from a stable membership. A close that does not return within
+        :attr:`STUCK_POLL_S` is abandoned (:mod:`streamsvi.io.callguard`).
         """
         if not self._closed:
             self._closed = True
             self._buffer.clear()
-            self._finish_join()
+            if not self._reopen_due:
+                self._finish_join()
             if self._probe is not None:
-                self._probe.close(autocommit=False)
-            self._consumer.close(autocommit=False)
+                probe, self._probe = self._probe, None
+                try:
+                    probe.close(autocommit=False)
+                except Exception:  # noqa: BLE001 - stuck (abandoned) or failing: the process leaves it
+                    pass
+                finally:
+                    probe._guard.close()
+            try:
+                with self._guard.watch(self.STUCK_POLL_S):
+                    self._consumer.close(autocommit=False)
+            except StuckCall:
+                pass                        # the process leaves it; the broker times the member out
+            finally:
+                self._guard.close()
+
+
+def _close_quietly(consumer) -> None:
+    """Close a replaced consumer (:meth:`KafkaSource._reopen`), ignoring what that raises."""
+    try:
+        consumer.close(autocommit=False, timeout_ms=5000)
+    except Exception as exc:  # noqa: BLE001 - it was abandoned: the broker times the member out
+        log.debug("closing a replaced consumer: %s: %s", type(exc).__name__, exc)

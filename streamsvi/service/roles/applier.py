@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -69,6 +70,7 @@ import numpy as np
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
 from ...io import committed
+from ...io.callguard import CallGuard, StuckCall
 from ..commit import PublishCommit
 from ..config import build_engine, client_security
 from ..daemon import _transient_errors
@@ -88,6 +90,9 @@ log = logging.getLogger("streamsvi.applier")
 MAX_STALENESS = 16
 #: Poll length of the applier's consumer (≥ 0.5 s: shorter polls can keep a tansu group join from finishing).
 POLL_S = 0.5
+#: How long past :data:`POLL_S` a poll of the applier's consumer may run before it is abandoned
+#: and the consumer replaced (:mod:`streamsvi.io.callguard`; the source's ``STUCK_POLL_S``).
+STUCK_POLL_S = 30.0
 
 
 @dataclass
@@ -185,9 +190,8 @@ class Applier(StagedLoop):
 
     def _start(self, stack, loop):
         """Metrics server and the consumer of the deltas topic, its rebalance listener
-        taking partition 0 over and handing it over. Returns ``(consumer, None)``."""
-        from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
-        from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+        taking partition 0 over and handing it over. Returns ``(consumer, None)``: the
+        consumer as the stages see it, whichever is current (:meth:`_replace_consumer`)."""
 
         mc, res = self.cfg["metrics"], loop.res
         if mc["enabled"]:
@@ -195,6 +199,25 @@ class Applier(StagedLoop):
             stack.callback(server.server_close)     # release the port (runs last)
             stack.callback(server.shutdown)         # stop serve_forever
             print(f"metrics: http://{mc['host']}:{server.server_port}/metrics", file=self.out, flush=True)
+        stack.callback(self._close_consumer)    # after _finish (runs first)
+        consumer = self._open_consumer(res)
+        topic, src = self.sc["deltas_topic"], self.cfg["source"]
+        parts = consumer.partitions_for_topic(topic)
+        if not parts or len(parts) != 1:
+            raise ValueError(f"scaleout.deltas_topic: topic {topic!r} has "
+                             f"{len(parts) if parts else 'no'} partitions at {src['bootstrap_servers']}; "
+                             f"create it with exactly one (deltas are applied in order)")
+        print(f"applier: joined group {self.group!r} on {topic!r} (active once it holds the partition)",
+              file=self.out, flush=True)
+        return _Current(self), None
+
+    def _open_consumer(self, res):
+        """A consumer of the deltas topic in the appliers' group (``self._consumer``), guarded
+        (:attr:`_guard`), its rebalance listener taking partition 0 over and handing it over
+        while it is the current one (:meth:`_replace_consumer`)."""
+        from kafka import ConsumerRebalanceListener, KafkaConsumer, TopicPartition
+        from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+
         src, topic = self.cfg["source"], self.sc["deltas_topic"]
         consumer = KafkaConsumer(bootstrap_servers=src["bootstrap_servers"], group_id=self.group,
                                  enable_auto_commit=False, isolation_level="read_committed",
@@ -208,31 +231,61 @@ class Applier(StagedLoop):
                                  # a resume and a full λ on the lambda topic every time)
                                  partition_assignment_strategy=(CooperativeStickyAssignor,),
                                  **client_security(self.cfg))
-        stack.callback(consumer.close, autocommit=False)   # after _finish (runs first)
-        self._consumer = consumer
         if not committed.install(consumer):
+            consumer.close(autocommit=False)
             raise RuntimeError("this kafka-python has no Fetcher.PartitionRecords hook: the applier "
                                "cannot tell committed deltas from aborted ones (install kafka-python 3.0)")
-        parts = consumer.partitions_for_topic(topic)
-        if not parts or len(parts) != 1:
-            raise ValueError(f"scaleout.deltas_topic: topic {topic!r} has "
-                             f"{len(parts) if parts else 'no'} partitions at {src['bootstrap_servers']}; "
-                             f"create it with exactly one (deltas are applied in order)")
+        self._consumer, self._guard = consumer, CallGuard(consumer, f"applier of {self.group}")
         applier = self
 
         class _Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked):
-                if applier.active and any(tp.partition == 0 for tp in revoked):
+                if applier._consumer is consumer and applier.active \
+                        and any(tp.partition == 0 for tp in revoked):
                     applier._hand_over(consumer, res)
 
             def on_partitions_assigned(self, assigned):
-                if any(tp.topic == topic and tp.partition == 0 for tp in assigned):
+                if applier._consumer is consumer and \
+                        any(tp.topic == topic and tp.partition == 0 for tp in assigned):
                     applier._take_over(consumer, TopicPartition(topic, 0), res)
 
         consumer.subscribe([topic], listener=_Listener())
-        print(f"applier: joined group {self.group!r} on {topic!r} (active once it holds the partition)",
-              file=self.out, flush=True)
-        return consumer, None
+        return consumer
+
+    def _replace_consumer(self, res) -> None:
+        """The consumer's poll never returned (:mod:`streamsvi.io.callguard`): hand partition 0
+        over as a rebalance would (checkpoint, stand by), close that consumer in the
+        background and join the group with a new one. Whichever applier the group gives
+        partition 0 resumes from the newer of the checkpoint and the lambda topic's full λ."""
+        old, guard = self._consumer, self._guard
+        log.warning("applier: replacing its consumer of %r (a new member of the group %r)",
+                    self.sc["deltas_topic"], self.group)
+        self._consumer = None                # the old listener is deaf from here on
+        if self.active:
+            try:
+                with guard.watch(STUCK_POLL_S):  # the checkpoint commits its offset on ``old``
+                    self._hand_over(old, res)
+            except StuckCall:
+                pass                             # the snapshot was durable before the commit
+            except _transient_errors() as exc:
+                log.warning("applier: handing over before the replacement: %s: %s", type(exc).__name__, exc)
+        guard.close()
+        self.metrics.consumers_replaced.inc()
+        threading.Thread(target=_close_quietly, args=(old,), daemon=True,
+                         name="streamsvi-applier-close").start()
+        self._open_consumer(res)
+
+    def _close_consumer(self) -> None:
+        consumer, guard = getattr(self, "_consumer", None), getattr(self, "_guard", None)
+        if consumer is None:
+            return
+        try:
+            with guard.watch(STUCK_POLL_S):
+                consumer.close(autocommit=False)
+        except StuckCall:
+            pass                                 # the process leaves it; the broker times it out
+        finally:
+            guard.close()
 
     def in_group(self) -> bool:
         """Whether this applier is a stable member of the appliers' group (active or standing by)."""
@@ -374,7 +427,16 @@ class Applier(StagedLoop):
         A poll that returns is an answer (the applier has no idle probe).
         """
         try:
-            polled = consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
+            if self._consumer is None:           # a replacement found no broker: try again
+                self._open_consumer(loop.res)
+            with self._guard.watch(POLL_S + STUCK_POLL_S):
+                polled = self._consumer.poll(timeout_ms=int(POLL_S * 1000), max_records=10000)
+        except StuckCall:
+            try:
+                self._replace_consumer(loop.res)
+            except _transient_errors() as exc:   # no broker for the new consumer: next poll
+                self.health.wait(self._stop, self.health.failed(exc, "replacing the consumer"))
+            return _Deltas([]) if self.active else None
         except _transient_errors() as exc:
             self.health.wait(self._stop, self.health.failed(exc, "poll"))
             return _Deltas([]) if self.active else None
@@ -651,6 +713,28 @@ class Applier(StagedLoop):
         """The commit strategy's last publication and checkpoint of an active applier, then
         the λ writer is closed; the consumer and the metrics server are closed after it
         (``_start``'s stack)."""
-        super()._finish(consumer, dead_sink, loop)
+        super()._finish(self._consumer, dead_sink, loop)
         self._drop_writer()
         self.active = False
+
+
+class _Current:
+    """The applier's consumer as the loop's stages hold it: the current one, also after a
+    :meth:`Applier._replace_consumer` (``ConnectionError`` while a replacement is pending)."""
+
+    def __init__(self, applier):
+        self._applier = applier
+
+    def __getattr__(self, name):
+        consumer = self._applier._consumer
+        if consumer is None:
+            raise ConnectionError("the applier's consumer is being replaced (no broker answered)")
+        return getattr(consumer, name)
+
+
+def _close_quietly(consumer) -> None:
+    """Close a replaced consumer (:meth:`Applier._replace_consumer`), ignoring what that raises."""
+    try:
+        consumer.close(autocommit=False, timeout_ms=5000)
+    except Exception as exc:  # noqa: BLE001 - it was abandoned: the broker times the member out
+        log.debug("closing a replaced consumer: %s: %s", type(exc).__name__, exc)

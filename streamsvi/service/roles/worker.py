@@ -196,7 +196,7 @@ def worker_source(cfg, metrics):
                        kind=plain.kind, session_timeout_ms=src["session_timeout_ms"],
                        heartbeat_interval_ms=src["heartbeat_interval_ms"], connect_attempts=1,
                        connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
-                       on_offset_reset=plain.on_offset_reset,
+                       on_offset_reset=plain.on_offset_reset, on_reopen=plain.on_reopen,
                        consumer_config={"max_poll_interval_ms": MAX_POLL_INTERVAL_MS,
                                         "request_timeout_ms": MAX_POLL_INTERVAL_MS})
 
