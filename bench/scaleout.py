@@ -93,7 +93,7 @@ BATCH = 1000
 #: ``scaleout`` settings of the workers and the applier (``--commit-every``, ``--max-staleness``)
 SCALEOUT = {}
 #: runs shorter than this many steps per worker are not held to the quality tolerance (the burn-in)
-BURN_IN = 25
+BURN_IN = 24
 #: how λ reaches the workers (``--lambda``): "topic" (the default) or "file"
 LAMBDA = "topic"
 
