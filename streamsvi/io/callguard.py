@@ -3,12 +3,13 @@
 kafka-python 3.0 runs a client's network on an IO thread of its own. A call such as
 ``KafkaConsumer.poll(timeout_ms=500)`` hands a coroutine to that thread and waits for
 it with ``threading.Event.wait()``, which has no timeout: the call returns only when
-the coroutine does. Seen with 3.0.12 and the local tansu broker (2026-11), twice in
-thirteen runs of two scale-out workers behind a 25 s broker outage and once in three
+the coroutine does. Seen with 3.0.12 and the local tansu broker (2026-11), in about
+2 of 13 runs of two scale-out workers behind a 25 s broker outage and once in three
 runs of eight workers on two cores: a group rejoin's coroutine never finished,
-although the poll had asked it to give up after 500 ms. The IO thread sat idle, the
-process waited for good, and a SIGTERM was recorded but never acted on (the main
-thread never got back to the loop that looks for it).
+although the poll had asked it to give up after 500 ms; so did a probe consumer's
+coordinator lookup and an applier's fetch. The IO thread sat idle, the process
+waited for good, and a SIGTERM was recorded but never acted on (the main thread
+never got back to the loop that looks for it).
 
 :class:`CallGuard` is a watchdog thread. ``with guard.watch(limit_s):`` marks a call in
 progress; if the call is still in progress ``limit_s`` later, the watchdog fails
