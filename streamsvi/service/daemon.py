@@ -778,7 +778,7 @@ def default_source(cfg, metrics):
                        connect_timeout_s=CONNECT_TIMEOUT_S, security=client_security(cfg),
                        on_offset_reset=lambda key, expected, got:
                        metrics.offset_resets.labels(key[0], str(key[1])).inc(),
-                       on_reopen=metrics.consumers_replaced.inc)
+                       on_reopen=lambda: metrics.consumers_replaced.inc())
 
 
 def default_dead_sink(cfg):
