@@ -120,6 +120,30 @@ class CallGuard:
             self._closed, self._deadline = True, None
             self._cv.notify()
 
+    def close_client(self, client, limit_s: float) -> None:
+        """Close the guarded consumer ``client`` without committing, then stop the watchdog. A
+        close that outlives ``limit_s`` is abandoned, and one that fails is ignored: the
+        process leaves the client and the broker times the member out."""
+        try:
+            with self.watch(limit_s):
+                client.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - StuckCall or a failing close: nothing to do
+            log.debug("%s: closing: %s: %s", self.what, type(exc).__name__, exc)
+        finally:
+            self.close()
+
+
+def close_in_background(consumer, name: str) -> None:
+    """Close an abandoned consumer on a daemon thread of its own (its close may wait as its
+    stuck call did), ignoring what that raises: the broker times the member out."""
+    def close():
+        try:
+            consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception as exc:  # noqa: BLE001 - it was abandoned
+            log.debug("closing an abandoned consumer: %s: %s", type(exc).__name__, exc)
+
+    threading.Thread(target=close, daemon=True, name=name).start()
+
 
 class Guarded:
     """``client`` with every method call under ``guard.watch(limit_s)``.

@@ -2,13 +2,12 @@
 """
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from typing import Mapping, Sequence
 
 from .. import _fastfetch
-from ..callguard import CallGuard, Guarded, StuckCall
+from ..callguard import CallGuard, Guarded, StuckCall, close_in_background
 from .._kafka import client_config, connect_with_retry, offset_and_metadata
 from ..codecs import Codec
 from ..dense import DenseKind, RecordValidator
@@ -296,8 +295,7 @@ class KafkaSource(Source):
                 self.on_reopen()
             log.warning("%s: replacing its group consumer (a new member of the group; %s resume "
                         "where they were)", self.group_id, sorted(self._resume) or "no partitions")
-            threading.Thread(target=_close_quietly, args=(old,), daemon=True,
-                             name=f"streamsvi-close-{self.group_id}").start()
+            close_in_background(old, f"streamsvi-close-{self.group_id}")
         self._open_consumer(self._connect[0])
         self._reopen_due = False
 
@@ -763,8 +761,7 @@ class KafkaSource(Source):
         if self._probe is not None and self._probe._client is probe:
             self._probe._guard.close()
             self._probe = None
-            threading.Thread(target=_close_quietly, args=(probe,), daemon=True,
-                             name=f"streamsvi-close-probe-{self.group_id}").start()
+            close_in_background(probe, f"streamsvi-close-probe-{self.group_id}")
         return SourceError(f"the probe consumer of {self.group_id!r}: {exc}; replaced")
 
     def check_brokers(self) -> None:
@@ -945,24 +942,6 @@ class KafkaSource(Source):
                 self._finish_join()
             if self._probe is not None:
                 probe, self._probe = self._probe, None
-                try:
-                    probe.close(autocommit=False)
-                except Exception:  # noqa: BLE001 - stuck (abandoned) or failing: the process leaves it
-                    pass
-                finally:
-                    probe._guard.close()
-            try:
-                with self._guard.watch(self.STUCK_POLL_S):
-                    self._consumer.close(autocommit=False)
-            except StuckCall:
-                pass                        # the process leaves it; the broker times the member out
-            finally:
-                self._guard.close()
+                probe._guard.close_client(probe._client, self.PROBE_TIMEOUT_MS / 1000 + self.STUCK_POLL_S)
+            self._guard.close_client(self._consumer, self.STUCK_POLL_S)
 
-
-def _close_quietly(consumer) -> None:
-    """Close a replaced consumer (:meth:`KafkaSource._reopen`), ignoring what that raises."""
-    try:
-        consumer.close(autocommit=False, timeout_ms=5000)
-    except Exception as exc:  # noqa: BLE001 - it was abandoned: the broker times the member out
-        log.debug("closing a replaced consumer: %s: %s", type(exc).__name__, exc)

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -70,7 +69,7 @@ import numpy as np
 from ...checkpoint import CheckpointStore, check_compatible
 from ...inference.engine import EngineState
 from ...io import committed
-from ...io.callguard import CallGuard, StuckCall
+from ...io.callguard import CallGuard, StuckCall, close_in_background
 from ..commit import PublishCommit
 from ..config import build_engine, client_security
 from ..daemon import _transient_errors
@@ -271,21 +270,14 @@ class Applier(StagedLoop):
                 log.warning("applier: handing over before the replacement: %s: %s", type(exc).__name__, exc)
         guard.close()
         self.metrics.consumers_replaced.inc()
-        threading.Thread(target=_close_quietly, args=(old,), daemon=True,
-                         name="streamsvi-applier-close").start()
+        close_in_background(old, "streamsvi-applier-close")
         self._open_consumer(res)
 
     def _close_consumer(self) -> None:
         consumer, guard = getattr(self, "_consumer", None), getattr(self, "_guard", None)
         if consumer is None:
             return
-        try:
-            with guard.watch(STUCK_POLL_S):
-                consumer.close(autocommit=False)
-        except StuckCall:
-            pass                                 # the process leaves it; the broker times it out
-        finally:
-            guard.close()
+        guard.close_client(consumer, STUCK_POLL_S)
 
     def in_group(self) -> bool:
         """Whether this applier is a stable member of the appliers' group (active or standing by)."""
@@ -731,10 +723,3 @@ class _Current:
             raise ConnectionError("the applier's consumer is being replaced (no broker answered)")
         return getattr(consumer, name)
 
-
-def _close_quietly(consumer) -> None:
-    """Close a replaced consumer (:meth:`Applier._replace_consumer`), ignoring what that raises."""
-    try:
-        consumer.close(autocommit=False, timeout_ms=5000)
-    except Exception as exc:  # noqa: BLE001 - it was abandoned: the broker times the member out
-        log.debug("closing a replaced consumer: %s: %s", type(exc).__name__, exc)
