@@ -383,6 +383,9 @@ def main():
                     help="scaleout.commit_every_batches of the workers (default: the config's)")
     ap.add_argument("--max-staleness", type=int, default=None,
                     help="scaleout.max_staleness of the applier (default: the config's)")
+    ap.add_argument("--scaleout", action="append", default=[], metavar="KEY=VALUE",
+                    help="any other [scaleout] setting of the workers and applier, e.g. "
+                         "compact_below=0 or publish_seconds=1 (repeatable; a TOML value)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help=f"|S| of every run (gmm: M = |S| / 4; default gmm {BATCH}, the product's "
                          f"default; lda 256, configs/lda.toml's)")
@@ -395,6 +398,11 @@ def main():
         SCALEOUT["commit_every_batches"] = args.commit_every
     if args.max_staleness is not None:
         SCALEOUT["max_staleness"] = args.max_staleness
+    for item in args.scaleout:
+        import tomllib
+
+        key, _, value = item.partition("=")
+        SCALEOUT[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
     from streamsvi.io import JsonCodec, produce_rows
     from streamsvi.io.broker import LocalBroker, create_topic
 

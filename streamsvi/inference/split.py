@@ -16,7 +16,7 @@ Contract, tested for every model family by its check case
 the same state is :meth:`SVI.update`'s λ, bit for bit or to rounding (the
 family's splitter says which), so one process and N workers run the same step.
 
-A contribution is plain arrays (float64 or int64) and JSON values, so it
+A contribution is plain arrays (float64, float32, int64 or uint8) and JSON values, so it
 travels on the deltas topic without pickle (:mod:`streamsvi.service.roles.transport`).
 How λ is stored decides what the contribution holds; each storage has its own
 splitter, registered in :data:`SPLITTERS` by :func:`storage_kind`:
@@ -67,6 +67,11 @@ class Splitter:
 
     #: "exact": apply(contribution) at the same state is update(), bit for bit; "rounding": to rounding.
     agreement = "exact"
+
+    def compact(self, c: Contribution, below: float, rng: np.random.Generator) -> Contribution:
+        """``c`` in fewer bytes, an unbiased estimate of it (:func:`compact`); the default
+        keeps it as it is (a storage whose statistics have no small entries to drop)."""
+        return c
 
     def contribution(self, engine, state: EngineState, x, rng_state: dict) -> Contribution:
         raise NotImplementedError
@@ -152,6 +157,30 @@ def batch_rng_state(seed: int, topic: str, partition: int, first: int) -> dict:
 def contribution(engine, state: EngineState, x, rng_state: dict) -> Contribution:
     """The contribution of minibatch ``x`` at ``state`` (module docs)."""
     return splitter_for(engine).contribution(engine, state, x, rng_state)
+
+
+def compact(engine, c: Contribution, below: float, rng: np.random.Generator) -> Contribution:
+    """``c`` with its small statistics rounded at random, for the wire (``scaleout.compact_below``).
+
+    An entry ``x`` below ``below`` (in the statistics' own units: for LDA, tokens) becomes
+    ``below`` with probability ``x / below`` and 0 otherwise, so its expectation is ``x``:
+    the applier's step stays an unbiased natural gradient (what SVI's convergence needs),
+    with a variance of at most ``below · x`` added per entry. The entries kept travel as
+    float32 (relative rounding 2⁻²⁴) behind a bitmap of where they are. Workers replaying
+    the step read the same message as the applier, so their λ is still the applier's bit for
+    bit; what no longer holds is ``apply(compact(c)) == update()``. ``below = 0``: ``c``
+    unchanged. Only the columns splitter (LDA) compacts; the others return ``c``.
+    """
+    if not below > 0:
+        return c
+    return splitter_for(engine).compact(c, float(below), rng)
+
+
+def compact_rng(seed: int, topic: str, partition: int, first: int) -> np.random.Generator:
+    """The draws of one batch's :func:`compact`: a stream of their own, seeded like
+    :func:`batch_rng_state` (a batch read again after a crash compacts the same way)."""
+    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first), 0xC0])
+    return np.random.Generator(np.random.PCG64(seq))
 
 
 def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0, metrics: bool = True):

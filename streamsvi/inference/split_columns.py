@@ -33,7 +33,13 @@ length, and the applier draws the same η_t (bit for bit) in :meth:`SVI.columns_
 The applier's step is then dense (as the one-process step is while ρ^a_t > 0: the
 storage's dense fallback), so a restart phase costs the applier O(K·V) per delta.
 
-Agreement: bit for bit. The applier reads λ's columns itself (``lam_columns``), the
+Compact (:func:`.split.compact`, ``scaleout.compact_below``): ``stats`` is replaced by
+``kept`` (uint8, a bitmap of the K × |u| entries kept, row-major) and ``values``
+(float32, those entries); entries below the threshold rounded at random, unbiased. On
+NYT at K = 100 a batch of 1,024 documents' 2.4 MB became about 0.7 MB (about half
+the entries at least 0.01 tokens, ``bench/scaleout.py --model lda``).
+
+Agreement: bit for bit (exact contributions). The applier reads λ's columns itself (``lam_columns``), the
 same values the worker's local step read at the same λ. An applied state's μ is
 written in place: the state passed to :func:`apply` must not be used afterwards
 (the applier replaces its state with the returned one; a worker never steps λ).
@@ -68,11 +74,40 @@ class ColumnsSplitter(Splitter):
         return Contribution(arrays={"cols": c.cols, "stats": np.ascontiguousarray(c.Sw)},
                             records=int(c.records), min_weight=c.min_weight, meta=meta)
 
+    def compact(self, c, below, rng):
+        """The statistics as a bitmap of the entries kept and their float32 values, those below
+        ``below`` rounded at random to 0 or ``below`` (:func:`.split.compact`)."""
+        Sw = np.asarray(c.arrays["stats"], dtype=np.float64)
+        small = Sw < below
+        up = rng.random(Sw.shape) * below < Sw          # P = x / below; never for x = 0
+        kept = ~small | up
+        values = np.where(small, below, Sw)[kept].astype(np.float32)
+        arrays = {"cols": c.arrays["cols"], "kept": np.packbits(kept, axis=None), "values": values}
+        return replace(c, arrays=arrays, meta={**c.meta, "compact_below": below})
+
+    @staticmethod
+    def _expand(arrays, K):
+        """The dense K × |cols| statistics of a compact contribution (:meth:`compact`)."""
+        cols, kept, values = np.asarray(arrays["cols"]), np.asarray(arrays["kept"]), np.asarray(arrays["values"])
+        n = K * cols.size
+        if kept.dtype != np.uint8 or kept.ndim != 1 or kept.size != -(-n // 8):
+            raise ValueError(f"compact columns delta: the bitmap holds {kept.size} bytes, not "
+                             f"{-(-n // 8)} for K = {K} topics over |cols| = {cols.size} columns")
+        mask = np.unpackbits(kept, count=n).astype(bool)
+        if values.ndim != 1 or values.size != int(mask.sum()):
+            raise ValueError(f"compact columns delta: {values.size} values for {int(mask.sum())} entries kept")
+        Sw = np.zeros(n)
+        Sw[mask] = values
+        return Sw.reshape(K, cols.size)
+
     def apply(self, engine, state, c, rho_scale=1.0, metrics=True):
         K, V = int(engine.model.n_components), int(engine.model.n_features)
         try:
             cols = np.asarray(c.arrays["cols"])
-            Sw = np.asarray(c.arrays["stats"], dtype=np.float64)
+            if "kept" in c.arrays:
+                Sw = self._expand(c.arrays, K)
+            else:
+                Sw = np.asarray(c.arrays["stats"], dtype=np.float64)
             m = c.meta
             stats = ColumnStats(cols=cols, Sw=Sw, records=int(c.records), scale=float(m["scale"]),
                                 min_weight=float(c.min_weight), temperature=float(m["temperature"]),

@@ -203,6 +203,7 @@ class _Transaction:
     ranges: list = field(default_factory=list)      # [(topic, partition, first, end)]
     offsets: dict = field(default_factory=dict)     # (topic, partition) -> next offset
     payloads: list = field(default_factory=list)    # encoded deltas not sent yet (one bundle)
+    sent: list = field(default_factory=list)        # (send future, bundle) of the bundles sent
 
 
 class TransactionCommit(CommitStrategy):
@@ -334,8 +335,9 @@ class TransactionCommit(CommitStrategy):
         """Send the transaction's unsent deltas as one message (a bundle)."""
         w = self.role
         payloads, txn.payloads = txn.payloads, []
-        self.producer.send(w.sc["deltas_topic"], encode_bundle(payloads), key=w.worker_id.encode(),
-                           partition=0)
+        bundle = encode_bundle(payloads)
+        txn.sent.append((self.producer.send(w.sc["deltas_topic"], bundle, key=w.worker_id.encode(),
+                                            partition=0), bundle))
 
     def _still_owner(self, source, ranges):
         """This worker's group membership if it is a stable member owning every partition of
@@ -406,11 +408,22 @@ class TransactionCommit(CommitStrategy):
             if not self._settle(source, txn.ranges, exc):
                 w._give_back(source, txn.ranges)
                 return
+        self._remember_sent(txn)
         self.deltas_sent += txn.batches
         w.scaleout_metrics.deltas_sent.inc(txn.batches)
         w.scaleout_metrics.transactions.inc()
         w.offsets.update(txn.offsets)
         w.metrics.set_lag(source.lag())
+
+    def _remember_sent(self, txn) -> None:
+        """Hand the committed bundles to the worker's λ reader, which replays their steps from
+        these bytes instead of reading them back (:meth:`.roles.lambda_log.LambdaLog.remember`)."""
+        remember = getattr(self.role.lam, "remember", None)
+        if remember is None:
+            return                                   # λ as a shared file: no replay
+        for future, bundle in txn.sent:
+            if future.is_done and future.succeeded():
+                remember(future.value.offset, bundle)
 
     def _settle(self, source, ranges, exc) -> bool:
         """After a transaction that failed or did not finish: was it committed? (True: it was.)

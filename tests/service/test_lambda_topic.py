@@ -18,7 +18,7 @@ from streamsvi.service.roles import lambda_log
 from streamsvi.service.roles.lambda_log import LambdaLog, LambdaLogWriter, full_records
 from streamsvi.service.roles.transport import encode_bundle, init_delta
 
-from .conftest import blob_rows, gmm_config, highwater_marks, write_config
+from .conftest import blob_rows, gmm_config, highwater_marks, read_topic, write_config
 from .test_scaleout import _applier_setup, _apply, _check_exactly_once, _delta, _metric, _produce_deltas, _wait
 
 
@@ -220,8 +220,21 @@ def test_bundled_deltas_are_applied_in_order_and_replayed_part_by_part(kafka_bro
     assert late.refresh()
     _same_state(late.state, snap.state)
     assert (late.stats["fulls_loaded"], late.stats["steps_applied"]) == (1, 9), late.stats
-    reader.close()
-    late.close()
+    # a worker replays the bundles it committed itself from the bytes it sent (LambdaLog.remember),
+    # not from the broker: the same λ, bit for bit; a remembered bundle is what is applied (one
+    # that differs from the broker's copy gives another λ)
+    sent = {offset: value for _, offset, value in read_topic(bootstrap, deltas) if value in msgs}
+    assert sorted(sent.values(), key=msgs.index) == msgs
+    own, other = _reader(bootstrap, f"{deltas}-lambda", deltas), _reader(bootstrap, f"{deltas}-lambda", deltas)
+    for offset, value in sent.items():
+        own.remember(offset, value)
+        other.remember(offset, ds[0].encode() if value == ds[3].encode() else value)
+    assert own.refresh() and other.refresh()
+    _same_state(own.state, snap.state)
+    assert own.stats["own_deltas_reused"] == 4 and own.stats["steps_applied"] == 9, own.stats
+    assert other.state.step == 9 and not other.state.lam.array_equal(snap.state.lam)
+    for r in (reader, late, own, other):
+        r.close()
 
 
 def test_a_chunked_full_lambda_round_trips_and_a_torn_one_is_ignored(kafka_broker, new_topic, new_group,

@@ -76,8 +76,9 @@ def test_lda_deltas_over_a_megabyte_travel(kafka_broker, new_topic, new_group, t
     hw = highwater_marks(bootstrap, topic, 1)
     model = {"kind": "lda", "n_components": K2, "n_features": V2, "max_doc_update_iter": 10,
              "weight_concentration": None, "mean_precision": None, "scale": None}
+    # exact deltas (compact ones are several times smaller: tests/inference/test_split_compact.py)
     cfgs, ck = _configs(tmp_path, bootstrap, topic, deltas, new_group(), 1, n, model=model,
-                        batch_size=100, effective_batch_size=None)
+                        scaleout={"compact_below": 0.0}, batch_size=100, effective_batch_size=None)
     applier = daemons(cfgs["applier"], "--role", "applier", tag="a")
     applier.wait_for("applier: active", 60)
     worker = daemons(cfgs["w0"], "--role", "worker", "--until-drained", tag="w0")

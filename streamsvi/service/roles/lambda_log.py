@@ -251,8 +251,22 @@ class LambdaLog:
         self._parts = (-1, [])        # (offset, parts) of the latest deltas message read
         self._resync = True           # find the latest full λ before following
         self.full_info = None         # the full λ loaded last: lineage, version, deltas_offset, applier
+        self._own: dict = {}          # deltas offset -> a bundle this process sent there (remember)
         self.stats = {"fulls_loaded": 0, "steps_applied": 0, "steps_skipped": 0, "full_bytes_read": 0,
-                      "delta_bytes_read": 0}
+                      "delta_bytes_read": 0, "own_deltas_reused": 0}
+
+    #: bytes of bundles :meth:`remember` holds at most (the oldest are forgotten first; a
+    #: bundle is dropped once the replay has passed its offset)
+    OWN_KEPT_BYTES = 64 << 20
+
+    def remember(self, offset: int, bundle: bytes) -> None:
+        """A deltas message this process itself committed at ``offset`` (a worker's bundle):
+        replaying its steps reads these bytes instead of fetching them back from the broker
+        (the broker stores a message's bytes as sent, so the step is the same bit for bit).
+        On LDA one worker's replay reads were a third of the bytes the broker served."""
+        self._own[int(offset)] = bundle
+        while len(self._own) > 1 and sum(map(len, self._own.values())) > self.OWN_KEPT_BYTES:
+            del self._own[min(self._own)]
 
     # ---------------------------------------------------------- consumers
     def _consumer(self):
@@ -609,7 +623,12 @@ class LambdaLog:
         """Part ``part`` of the deltas topic's message at ``offset`` (a bundle's parts are
         replayed one after another: the message is read and split once)."""
         if self._parts[0] != offset:
-            self._parts = (offset, split_parts(self._delta_at(offset)))
+            own = self._own.pop(offset, None)
+            for earlier in [k for k in self._own if k < offset]:
+                del self._own[earlier]            # replayed past, or skipped by a full λ
+            if own is not None:
+                self.stats["own_deltas_reused"] += 1
+            self._parts = (offset, split_parts(own if own is not None else self._delta_at(offset)))
         parts = self._parts[1]
         if not 0 <= part < len(parts):
             raise LambdaLogError(f"deltas topic {self.deltas_topic!r} offset {offset} has {len(parts)} "

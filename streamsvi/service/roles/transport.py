@@ -84,14 +84,17 @@ CHUNK_MAGIC = b"SSVDK\n"
 MAX_DELTA_BYTES = 64 << 20
 _MAX_HEADER = 1 << 24
 #: wire dtype -> the native dtype it decodes to
-_DTYPES = {"<f8": np.float64, "<i8": np.int64, "|u1": np.uint8}
+_DTYPES = {"<f8": np.float64, "<f4": np.float32, "<i8": np.int64, "|u1": np.uint8}
 
 
 def _wire(v) -> np.ndarray:
-    """``v`` as a little-endian array of one of the wire dtypes (float64, int64, uint8)."""
+    """``v`` as a little-endian array of one of the wire dtypes (float64, float32: a compact
+    delta's values, int64, uint8)."""
     a = np.asarray(v)
     if a.dtype == np.uint8:
         return np.ascontiguousarray(a)
+    if a.dtype == np.float32:
+        return np.ascontiguousarray(a, dtype="<f4")
     if a.dtype.kind in "biu":
         return np.ascontiguousarray(a, dtype="<i8")
     if a.dtype.kind == "f":

@@ -153,16 +153,19 @@ def lambda_channel(cfg) -> tuple[str, str]:
     return "topic", sc["lambda_topic"] or f"{sc['deltas_topic']}-lambda"
 
 
-def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int):
+def batch_delta(engine, lam_state: EngineState, x, seed: int, topic: str, partition: int, first: int,
+                compact_below: float = 0.0):
     """The :class:`~streamsvi.inference.split.Contribution` of the minibatch ``x`` at the λ
     version ``lam_state`` (:func:`streamsvi.inference.split.contribution`: the engine's own
-    update up to the step, so that the applier's step from it is the engine's update). Its
-    random draws are seeded by (seed, topic, partition, first offset): a replayed batch gets
-    the same contribution.
+    update up to the step, so that the applier's step from it is the engine's update),
+    compacted for the wire when ``compact_below`` > 0 (:func:`~streamsvi.inference.split.compact`).
+    Its random draws are seeded by (seed, topic, partition, first offset): a replayed batch
+    gets the same contribution.
     """
     from ...inference import split
 
-    return split.contribution(engine, lam_state, x, split.batch_rng_state(seed, topic, partition, first))
+    c = split.contribution(engine, lam_state, x, split.batch_rng_state(seed, topic, partition, first))
+    return split.compact(engine, c, compact_below, split.compact_rng(seed, topic, partition, first))
 
 
 #: Longest gap between two consumer polls of a worker (one batch's local step and
@@ -427,7 +430,8 @@ class Worker(Daemon):
         self.scaleout_metrics.lambda_version.set(lam_state.step)
         t0 = time.perf_counter()
         t, p, first, _ = self._batch_ranges[0]
-        c = batch_delta(engine, lam_state, x, self.cfg["inference"]["seed"], t, p, first)
+        c = batch_delta(engine, lam_state, x, self.cfg["inference"]["seed"], t, p, first,
+                        self.sc["compact_below"])
         self._pending = (c, lam_state.step)
         self.metrics.update_seconds.observe(time.perf_counter() - t0)
         self.metrics.records.inc(n_x)
