@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -399,8 +400,6 @@ def main():
     if args.max_staleness is not None:
         SCALEOUT["max_staleness"] = args.max_staleness
     for item in args.scaleout:
-        import tomllib
-
         key, _, value = item.partition("=")
         SCALEOUT[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
     from streamsvi.io import JsonCodec, produce_rows

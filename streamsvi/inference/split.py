@@ -147,11 +147,17 @@ def why_not(engine) -> str | None:
             f"into worker contributions yet: run it as one process")
 
 
+def _batch_stream(seed: int, topic: str, partition: int, first: int, *tag: int) -> np.random.Generator:
+    """A random stream of one batch, seeded by (seed, topic, partition, first offset) and
+    ``tag`` (which of the batch's streams), so a batch read again after a crash draws the same."""
+    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first), *tag])
+    return np.random.Generator(np.random.PCG64(seq))
+
+
 def batch_rng_state(seed: int, topic: str, partition: int, first: int) -> dict:
     """The random stream of one batch: seeded by (seed, topic, partition, first offset), so a
     batch read again after a crash makes the same draws (SVI+ weights, η_t)."""
-    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first)])
-    return np.random.Generator(np.random.PCG64(seq)).bit_generator.state
+    return _batch_stream(seed, topic, partition, first).bit_generator.state
 
 
 def contribution(engine, state: EngineState, x, rng_state: dict) -> Contribution:
@@ -179,8 +185,7 @@ def compact(engine, c: Contribution, below: float, rng: np.random.Generator) -> 
 def compact_rng(seed: int, topic: str, partition: int, first: int) -> np.random.Generator:
     """The draws of one batch's :func:`compact`: a stream of their own, seeded like
     :func:`batch_rng_state` (a batch read again after a crash compacts the same way)."""
-    seq = np.random.SeedSequence([int(seed), zlib.crc32(topic.encode()), int(partition), int(first), 0xC0])
-    return np.random.Generator(np.random.PCG64(seq))
+    return _batch_stream(seed, topic, partition, first, 0xC0)
 
 
 def apply(engine, state: EngineState, c: Contribution, rho_scale: float = 1.0, metrics: bool = True):
