@@ -84,6 +84,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "(mean field, default), full (at most 1000 weights) or lowrank "
                             "(diag + B B^T, needs rank)", choices=("diagonal", "full", "lowrank")),
         "rank": Field("int", None, "logistic, softmax: columns of B for covariance = lowrank", min=1),
+        "kl": Field("str", None, "logistic, softmax: sampled (seed 001's f = log p(y, w) - log q(w) sampled "
+                    "as a whole) or exact (the KL term and its gradient in closed form, only the "
+                    "log-likelihood sampled); default sampled for legrad, exact for regrad and ldgrad",
+                    choices=("sampled", "exact")),
     },
     "source": {
         "kind": Field("str", "kafka", "kafka or file", choices=("kafka", "file")),
@@ -213,7 +217,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
 
 #: [inference] settings only the gradient path (a GradientModel) takes
 GRADIENT_KEYS = ("estimator", "n_samples", "quadrature_points", "optimizer", "learning_rate", "covariance",
-                 "rank")
+                 "rank", "kl")
 #: [inference] settings of the conjugate path that the gradient path has no use for
 SVI_ONLY_KEYS = ("effective_batch_size", "effective_fraction", "annealing")
 
@@ -692,7 +696,7 @@ def build_engine(cfg: dict, n_total: float, model=None):
                               estimator=inf["estimator"] or "legrad", n_samples=inf["n_samples"],
                               quadrature_points=inf["quadrature_points"] or 5, schedule=schedule,
                               learning_rate=lr, optimizer=optimizer, covariance=covariance,
-                              rank=inf["rank"])
+                              rank=inf["rank"], kl=inf["kl"])
         except ValueError as exc:
             raise ConfigError(f"inference: {exc}") from None
     model = model if model is not None else build_model(cfg["model"])
