@@ -110,7 +110,8 @@ def variance(args):
         log(f"\n== {name} (P = {P}): trace of the gradient's Monte Carlo variance, exact-KL form → seed "
             f"001's f (ratio sampled / exact); {args.draws} draws (LdGrad {max(50, args.draws // 3)}), "
             f"the same seed for both forms")
-        log(fmt_table(["covariance", "q", "estimator", "M", "tr Var ∂μ", "tr Var ∂log σ", "tr Var ∂factor"], rows))
+        log(fmt_table(["covariance", "q", "estimator", "M", "tr Var ∂μ", "tr Var ∂log σ", "tr Var ∂factor"],
+                      rows))
 
 
 def elbo(args):
