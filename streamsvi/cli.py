@@ -68,7 +68,78 @@ def _annealer_methods(args, model, N, sched, S, steps):
     return out
 
 
-def compare(args) -> int:
+def compare(args, parser=None) -> int:
+    """``streamsvi compare``: with ``--config``, :func:`streamsvi.compare.compare` on ``--data``
+    (the CLI only parses and prints); without it, the Bayesian GMM on the demo's data."""
+    if args.config is not None:
+        return _compare_config(args)
+    for flag in ("estimators", "plot", "format", "held_out"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} needs --config FILE (and --data RECORDS)")
+    defaults = {"components": 5, "epochs": 40, "batch_size": 200, "m": [50, 100], "tau0": 1.0, "kappa": 0.6}
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.epochs != int(args.epochs):
+        raise UsageError(f"--epochs: whole passes over the demo's data, got {args.epochs:g}")
+    args.epochs = int(args.epochs)
+    if any(m != int(m) for m in args.m):
+        raise UsageError(f"--m: whole numbers of records for the demo, got {args.m}")
+    args.m = [int(m) for m in args.m]
+    for m in args.m:
+        if not 0 < m <= args.batch_size and parser is not None:
+            parser.error(f"--m values must be in (0, --batch-size={args.batch_size}], got {m}")
+    return _compare_demo(args)
+
+
+def _compare_config(args) -> int:
+    """``streamsvi compare --config FILE --data RECORDS``: every model a config describes."""
+    from . import compare as cmp
+    from .service.config import load_config
+
+    if args.data is None:
+        raise UsageError("--config needs --data RECORDS: the file of records to compare the methods on "
+                         "(JSON lines as the daemon reads them, or the record kind's usual file format)")
+    if args.components is not None:
+        raise UsageError("--components is the demo's; with --config the model's size is its [model] table")
+    cfg = load_config(args.config)
+    cmp.check_methods(cfg["model"]["kind"], annealers=args.annealers, estimators=args.estimators, m=args.m,
+                      full_batch=args.full_batch)           # a flag the model does not take: before reading
+    model, kind, recs = cmp.read_records_file(cfg, args.data, args.format)
+    held = 0.1 if args.held_out is None else args.held_out
+    train, test = cmp.split_held_out(kind, recs.part, held, args.seed)
+    _progress(f"streamsvi compare: {recs.what}; {kind.n_records(train)} train / "
+              f"{0 if test is None else kind.n_records(test)} held out")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  (lazily, and only to fail before the runs, not after)
+        except ImportError:
+            raise UsageError("--plot needs matplotlib: pip install 'streamsvi[report]' (or pip install "
+                             "matplotlib)") from None
+    res = cmp.compare_methods(cfg, model, kind, train, test, annealers=args.annealers,
+                              estimators=args.estimators, m=args.m, inits=args.inits,
+                              epochs=10.0 if args.epochs is None else args.epochs, batch_size=args.batch_size,
+                              full_batch=args.full_batch, tau0=args.tau0, kappa=args.kappa, seed=args.seed,
+                              trace=args.plot is not None, progress=_progress, what=recs.what)
+    print(f"streamsvi {__version__} compare: model.kind = {res.model_kind} ({args.config}) on {res.what}; "
+          f"{res.n_train} train / {res.n_held_out} held-out records (seed {args.seed}), "
+          f"{res.inits} start(s) per method, the same for every method; {res.settings}")
+    print()
+    print(cmp.format_table(res))
+    unit = {"bow": "document", "sequences": "sequence", "ratings": "rating"}.get(kind.name, "record")
+    print(f"\nELBO/rec: full-data ELBO of the final q per training {unit} (higher is better"
+          + ("; E_q[log p(y|w)] by Monte Carlo, the same draws for every method" if res.rows and
+             cmp._is_gradient(model) else "") + f"); {res.held_out_name}: mean over the starts; "
+          f"s/run: fit time per start; W/T/L: final ELBO above/tied with/below "
+          f"{res.rows[0].label}'s from the same start (ties: within {cmp.TIE_RTOL:g} relative); "
+          f"sign p: two-sided sign test, ties dropped.")
+    if args.plot is not None:
+        cmp.plot_traces(res, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def _compare_demo(args) -> int:
     from .datasets import gmm_demo_data
     from .service.console import plural
 
@@ -405,7 +476,8 @@ def inspect(args) -> int:
     eng = f.engine_settings
     if "estimator" in eng:          # the gradient path (GradientVI)
         print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, estimator={eng['estimator']}, "
-              f"optimizer={eng['optimizer']}, learning_rate={eng['learning_rate']:g}")
+              f"kl={eng.get('kl', 'exact')}, optimizer={eng['optimizer']}, "
+              f"learning_rate={eng['learning_rate']:g}")
     else:
         print(f"engine     N={eng['n_total']:g}, schedule={eng['schedule']}, M={eng['effective_batch_size']}, "
               f"M fraction={eng['effective_fraction']}")
@@ -708,6 +780,17 @@ def _annealer_list(text: str) -> list[str]:
     return names
 
 
+def _estimator_list(text: str) -> list[str]:
+    from .compare import ESTIMATORS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in ESTIMATORS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ESTIMATORS)}, "
+                                         f"got {text!r}" + (f" ({', '.join(bad)} unknown)" if bad else ""))
+    return names
+
+
 def _example_names() -> list[str]:
     from .examples import example_names
 
@@ -786,26 +869,78 @@ def build_parser() -> argparse.ArgumentParser:
                                      "engine, progress, offsets, the ELBO history and, for mixtures, "
                                      "the heaviest components.")
     ins.add_argument("snapshot", help="snapshot or checkpoint directory")
-    c = sub.add_parser("compare", help="batch VI vs SVI vs SVI+ on the demo's data (a table)")
-    c.add_argument("--data", metavar="PATH", help="your own Pima file: diabetes.arff (Weka) or "
-                                                  "pima-indians-diabetes.csv (UCI) (default: the image "
-                                                  "segments bundled in river's wheel)")
-    c.add_argument("--components", type=int, default=5, help="K (default 5)")
-    c.add_argument("--inits", type=int, default=5, help="random initialisations per method (default 5)")
-    c.add_argument("--epochs", type=int, default=40, help="passes over the data (default 40)")
-    c.add_argument("--batch-size", type=int, default=200, help="|S| for SVI and SVI+ (default 200)")
-    c.add_argument("--m", type=int, nargs="+", default=[50, 100], help="SVI+ effective batch sizes M")
-    c.add_argument("--tau0", type=float, default=1.0, help="Robbins-Monro delay tau0 (default 1)")
-    c.add_argument("--kappa", type=float, default=0.6, help="Robbins-Monro rate kappa (default 0.6)")
+    from .models import CONFIG_KINDS, GradientModel
+    grad = ", ".join(k for k, cls in CONFIG_KINDS.items() if issubclass(cls, GradientModel))
+    conj = ", ".join(k for k, cls in CONFIG_KINDS.items() if not issubclass(cls, GradientModel))
+    partial = "; ".join(f"{k} takes {', '.join(cls.annealing_kinds)}" for k, cls in CONFIG_KINDS.items()
+                        if not issubclass(cls, GradientModel) and len(cls.annealing_kinds) < 4)
+    c = sub.add_parser("compare", help="compare inference methods from the same starts (a table): any "
+                                       "model of a config on your records, or the demo's GMM",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="With --config FILE --data RECORDS: the config's model on your records, every\n"
+                                   "method from the same --inits starts, a seeded --held-out fraction held\n"
+                                   "out. One row per method: final ELBO per training record, the held-out\n"
+                                   "measure (per record; LDA: bound per word; HMM: log p per symbol), fit time\n"
+                                   "per start, and wins/ties/losses of the final ELBO against the first method\n"
+                                   "with a two-sided sign test. Progress on stderr.\n\n"
+                                   "Which flags apply to which models (others are refused, exit 2):\n"
+                                   f"  conjugate models ({conj}):\n"
+                                   "    --annealers (default: every one the model takes), --m, --full-batch\n"
+                                   + (f"    ({partial})\n" if partial else "") +
+                                   f"  the gradient path ({grad}): --estimators (default\n"
+                                   "    legrad,regrad,ldgrad)\n"
+                                   "  both: --inits, --epochs, --batch-size, --tau0, --kappa, --seed,\n"
+                                   "    --held-out, --format, --plot\n\n"
+                                   "Without --config: batch VI vs SVI vs SVI+ (or --annealers) for the Bayesian\n"
+                                   "GMM on the demo's data (image segments bundled in river, or your Pima file\n"
+                                   "with --data); --components applies only here.")
+    c.add_argument("--config", metavar="FILE",
+                   help="a daemon config (TOML; streamsvi init KIND writes one): its model, its [inference] "
+                        "settings (|S|, schedule, estimator settings, annealer settings) and its record codec")
+    c.add_argument("--data", metavar="PATH",
+                   help="with --config: your records, JSON lines as the daemon reads them from a topic or a "
+                        "file source (.jsonl), or the record kind's usual file (CSV, LDA-C, u.data, "
+                        "sequences; see --format). Without --config: your Pima file, diabetes.arff (Weka) or "
+                        "pima-indians-diabetes.csv (UCI) (default: the image segments bundled in river's "
+                        "wheel)")
+    c.add_argument("--format", choices=["jsonl", "native"],
+                   help="with --config: how --data is read: jsonl (one record per line, the config's codec) "
+                        "or native (streamsvi produce --file's formats) (default: jsonl for *.jsonl, "
+                        "*.ndjson, *.json, else native)")
+    c.add_argument("--components", type=int, help="demo only: K (default 5)")
+    c.add_argument("--inits", type=_positive_int, default=5,
+                   help="starts per method, the same for every method (default 5)")
+    c.add_argument("--epochs", type=float,
+                   help="passes over the training records (default 10 with --config, 40 for the demo); "
+                        "with --full-batch the number of steps")
+    c.add_argument("--batch-size", type=_positive_int,
+                   help="|S| (default: the config's inference.batch_size; 200 for the demo)")
+    c.add_argument("--m", type=float, nargs="+",
+                   help="SVI+ effective batch sizes M, one svi+ row each (default: the config's M, else "
+                        "|S|/4; the demo: 50 100)")
+    c.add_argument("--tau0", type=float, help="Robbins-Monro delay tau0 (default: the config's; demo 1)")
+    c.add_argument("--kappa", type=float, help="Robbins-Monro rate kappa (default: the config's; demo 0.6)")
     c.add_argument("--seed", type=int, default=0, help="seed of the held-out split and the "
                                                         "initialisations (default 0)")
     c.add_argument("--annealers", type=_annealer_list, metavar="LIST",
-                   help="comma-separated annealers to run side by side from the same initialisations, "
-                        "one row each: none, svi+ (M = the first --m), deterministic, stochastic "
-                        "(e.g. --annealers none,svi+,deterministic,stochastic)")
+                   help="conjugate models: comma-separated annealers to run side by side from the same "
+                        "initialisations, one row each: none (plain SVI), svi+ (one row per --m; the demo: "
+                        "the first --m), deterministic, stochastic (e.g. --annealers "
+                        "none,svi+,deterministic,stochastic)")
+    c.add_argument("--estimators", type=_estimator_list, metavar="LIST",
+                   help="logistic, softmax (with --config): comma-separated gradient estimators, one row "
+                        "each: legrad, regrad, ldgrad (default all three)")
+    c.add_argument("--held-out", type=float, metavar="FRACTION",
+                   help="with --config: the seeded fraction of the records held out for the held-out "
+                        "measure, in [0, 1) (default 0.1)")
     c.add_argument("--full-batch", action="store_true",
-                   help="with --annealers: every step sees the whole training set (batch VI, rho = 1; "
-                        "svi+ keeps the Robbins-Monro rho_t); --epochs is then the number of steps")
+                   help="conjugate models, with --annealers (or --config): every step sees the whole "
+                        "training set (batch VI, rho = 1; svi+ keeps the Robbins-Monro rho_t); --epochs is "
+                        "then the number of steps")
+    c.add_argument("--plot", metavar="FILE.png",
+                   help="with --config: draw ELBO per record against fit time, one line per method (its "
+                        "first start; the full-data ELBO at 21 points, not timed) (needs matplotlib: pip "
+                        "install 'streamsvi[report]')")
     rp = sub.add_parser("report", help="PNG plots of ELBO, held-out log-lik, gradient variance and rho "
                                        "from one or more runs' checkpoint directories",
                         description="PNG plots of the ELBO, the held-out log-likelihood, the gradient "
@@ -892,10 +1027,7 @@ def main(argv=None) -> int:
     from .service.config import ConfigError
     try:
         if args.command == "compare":
-            for m in args.m:
-                if not 0 < m <= args.batch_size:
-                    p.error(f"--m values must be in (0, --batch-size={args.batch_size}], got {m}")
-            return compare(args)
+            return compare(args, p)
         if args.command == "run":
             return run(args)
         if args.command == "demo":
