@@ -72,3 +72,53 @@ def test_polish_does_not_lower_the_objective():
     pol, pst, iters = bench.polish(model, N, st.lam, X, lambda s: eng.elbo(s.lam, X))
     assert pol >= before - 1e-9 * abs(before)
     assert iters >= 1
+
+
+# ------------------------------------------------ issue 29: the fair study's rows
+def test_fair_methods_name_every_variant():
+    from streamsvi.inference.annealing import Deterministic
+    hmm = bench.fair_methods(100, "hmm", sweep=True)
+    assert {"VI", "detAVI", "detAVI a/T", "detAVI inv", "detAVI+jitter(0.01)", "detAVI+jitter(0.1,crossing)",
+            "stochAVI", "SVI+"} <= set(hmm)
+    assert hmm["detAVI a/T"][0] == Deterministic(dirichlet="concentration")
+    assert hmm["detAVI inv"][0] == Deterministic(T0=10.0, schedule="inverse")
+    sweep = [k for k in hmm if k.startswith("detAVI T0=")]
+    assert len(sweep) == 8                                   # 3 × 3 grid less the default (T0=5, r=0.9)
+    lda = bench.fair_methods(100, "lda")
+    assert "stochAVI+doc restart" in lda and lda["stochAVI+doc restart"][0].local_restart
+    assert "detAVI a/T" in lda and not any("jitter" in k for k in lda)   # the jitter: refused by LDA's storage
+    assert {"stochAVI d=0.8", "stochAVI d=0.95"} <= set(bench.fair_methods(100, "gmm", sweep=True))
+
+
+def test_fair_unit_default_start_and_best_of_n_at_equal_sweeps():
+    X, _ = make_blobs(300, seed=2)
+    model = BayesianGMM(4, 2)
+    N = len(X)
+    lam0 = model.random_init(np.random.default_rng(0), X, N)
+    res = bench.fair_unit(model, X, N, lam0, 0, 0, "gmm", 1e-6, 400)
+    eng = SVI(model, N, schedule=bench.Constant(1.0))
+    st = eng.init(X, seed=0)                                   # the product's start (k-means)
+    assert not st.lam.array_equal(lam0)
+    assert res["VI (default start)"]["elbo"] != res["VI"]["elbo"]
+    for a in bench.FAIR_ANNEALERS:
+        row = res[f"best-of-n VI @{a}"]
+        assert row["n"] >= 1
+        assert row["n"] == 1 or row["iters"] <= res[a]["iters"]    # never more sweeps than the annealer
+        assert row["elbo"] >= res["VI"]["elbo"]                   # restart 0 is the VI row itself
+    assert res["SVI+"]["clipped_steps"] >= 0 and res["VI"]["domain_clipped"] == 0
+
+
+def test_clip_fractions_and_distinct_states():
+    assert bench.clip_fractions({}) == {"domain_clipped": 0.0, "clipped_steps": 0.0}
+    f = bench.clip_fractions({"clipped": 3, "steps_clipped": 2, "blocks": 5, "steps": 10})
+    assert f == {"domain_clipped": pytest.approx(3 / 50), "clipped_steps": pytest.approx(0.2)}
+    emit = np.array([[1.0, 3.0], [1.0, 3.0 + 1e-6], [3.0, 1.0]])
+    assert bench.distinct_states({"emit": emit}) == 2
+
+    class Prior:                                            # η_emit = 0.5 everywhere
+        @staticmethod
+        def prior():
+            return {"emit": np.full((3, 2), 0.5)}
+    lam = {"emit": np.array([[10.5, 30.5], [10.5, 30.5], [0.5, 0.5]])}   # two merged states, one empty
+    assert bench.distinct_states(lam, model=Prior) == 1                 # the empty one is left out
+    assert bench.used_states(Prior, lam) == pytest.approx(2.0)          # two equal shares

@@ -24,13 +24,27 @@ Schedules (``n`` = ``n_steps``; after it the annealer is plain SVI/VI, bit for b
 * ``SVIPlus``: constant M_t = M0; linear M_t = min(|S_t|, M0 + m·t) (the growing M
   of seed 000's PMF experiment); geometric M_t = min(|S_t|, M0·g^t).
 * ``Deterministic``: geometric T_t = 1 + (T0 − 1)·r^(t−1), linear
-  T_t = 1 + (T0 − 1)·max(0, 1 − t/n); T_t = 1 for t > n. Seed 002 §4 writes
-  T_t = 5(1 − ρ_t)^(−1) with ρ_t = 0.9^t, which tends to 5, not 1, so its final
-  objective would still be tempered; we read it as "start at 5, cool at rate
-  0.9": defaults T0 = 5, r = 0.9, n = 100 (T_100 − 1 = 1.2e-4).
+  T_t = 1 + (T0 − 1)·max(0, 1 − t/n), inverse T_t = 1/(1 − (1 − 1/T0)·r^(t−1));
+  T_t = 1 for t > n. Seed 002 §4 writes T_t = 5(1 − ρ_t)^(−1) with ρ_t = 0.9^t,
+  which tends to 5, not 1, so its final objective would still be tempered. Two
+  readings are offered: the default, geometric, "start at 5, cool at rate 0.9"
+  (T0 = 5, r = 0.9, n = 100; T_100 − 1 = 1.2e-4), and seed 002 §3.3's
+  T_t = (1 − ρ_t)^(−1) with ρ_t = 0.9^t, i.e. T_t = (1 − 0.9^t)^(−1) (T_1 = 10,
+  T_2 = 5.26, T_3 = 3.69, …): ``Deterministic(T0=10, schedule="inverse")``
+  (the inverse schedule with T0 = 1/(1 − r)). Dirichlet blocks are tempered as
+  ``dirichlet="natural"`` (default: the natural parameter α − 1 divided by T,
+  α_T = 1 + (α − 1)/T, Katahira et al.'s eq. 8 read on α − 1) or
+  ``dirichlet="concentration"`` (α_T = α/T, seed 002 eq. 8 read on the
+  concentrations); the two differ by 1 − 1/T pseudo-counts on every entry.
+  ``jitter`` ε > 0 multiplies every entry of the target's Dirichlet blocks by
+  exp(ε z), z ~ N(0, 1) from the state's random stream, on every cooling step
+  (``jitter_at="cooling"``: each t with T_t > 1 and the first with T_t = 1) or
+  only when T reaches 1 (``"crossing"``): a symmetry-breaking perturbation,
+  off by default (ε = 0: nothing is drawn, bit-identical to no jitter).
 * ``Stochastic``: geometric ρ_t = ρ0·d^(t−1) (ρ0 = d = 0.9 is the paper's 0.9^t),
   linear ρ_t = ρ0·max(0, 1 − t/n) (ρ0 = 0.25, n = 50 is the paper's HMM
-  setting); ρ_t = 0 for t > n (default n = 100 for geometric).
+  setting); ρ_t = 0 for t > n (default n = 100 for geometric). ``local_restart=True``
+  (LDA) also mixes each document's q(π_d) with a fresh draw, seed 002 §4.1.
 
 Examples
 --------
@@ -39,6 +53,9 @@ Examples
 [5.0, 4.6, 4.24, 1.0]
 >>> annealer_from_dict(a.to_dict()) == a
 True
+>>> p = Deterministic(T0=10.0, schedule="inverse")      # seed 002 §3.3: T_t = (1 − 0.9^t)^−1
+>>> [round(p.level(t), 3) for t in (1, 2, 3)]
+[10.0, 5.263, 3.69]
 >>> Stochastic(rho0=0.25, schedule="linear", n_steps=50).level(25)
 0.125
 >>> SVIPlus(20, schedule="linear", increment=5).effective_size(3, batch_size=100)
@@ -53,7 +70,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..models.base import Model, RandomRestart, Tempered
+import numpy as np
+
+from ..models.base import Model, NatParams, RandomRestart, Tempered
+from ..models.blocks import DenseBlock, Dirichlet, blocks_temper
 
 KINDS = ("none", "svi+", "deterministic", "stochastic")
 
@@ -121,6 +141,22 @@ class Annealer:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, **asdict(self)}
+
+    def temper_target(self, model, target: NatParams, T: float) -> NatParams:
+        """λ̂ tempered at T, block by block (each family's ``temper``; the engine's dense path)."""
+        return blocks_temper(model.param_blocks, target, T)
+
+    def perturb_target(self, model, target: NatParams, t: int, rng_state):
+        """``(target, rng_state)`` after this annealer's perturbation at step t (none here)."""
+        return target, rng_state
+
+    def restart_local(self, model, local, t: int, rng_state):
+        """``(local, rng_state)`` after this annealer's restart of the local factors (none here)."""
+        return local, rng_state
+
+    def dirichlet_shift(self, T: float) -> float:
+        """What is subtracted from a Dirichlet block tempered as 1 + (α − 1)/T (0 here)."""
+        return 0.0
 
     def check_model(self, model) -> None:
         """Raise ``ValueError`` if this annealer is not defined for ``model``.
@@ -231,28 +267,64 @@ class Deterministic(Annealer):
     ----------
     T0 : float
         T_1 ≥ 1 (default 5, seed 002 §4).
-    schedule : {"geometric", "linear"}
-        T_t = 1 + (T0 − 1)·rate^(t−1), or 1 + (T0 − 1)·max(0, 1 − t/n_steps).
+    schedule : {"geometric", "linear", "inverse"}
+        T_t = 1 + (T0 − 1)·rate^(t−1); 1 + (T0 − 1)·max(0, 1 − t/n_steps); or
+        1/(1 − (1 − 1/T0)·rate^(t−1)), which with T0 = 1/(1 − rate) is seed 002
+        §3.3's T_t = (1 − ρ_t)^(−1), ρ_t = rate^t (T0 = 10 for rate 0.9).
     rate : float
-        r in (0, 1) of the geometric schedule (default 0.9).
+        r in (0, 1) of the geometric and inverse schedules (default 0.9).
     n_steps : int
         T_t = 1 exactly for t > n_steps (default 100).
+    dirichlet : {"natural", "concentration"}
+        How a Dirichlet block of the target is tempered: α_T = 1 + (α − 1)/T
+        (default: its natural parameter α − 1 divided by T) or α_T = α/T.
+    jitter : float
+        ε ≥ 0 of the symmetry-breaking perturbation: every entry α of the
+        target's Dirichlet blocks becomes α·exp(ε z), z ~ N(0, 1) drawn from the
+        state's random stream (other families are left as they are). Default 0:
+        off, nothing drawn.
+    jitter_at : {"cooling", "crossing"}
+        The steps that jitter: every t ≤ n_steps + 1 with a cooling phase (each
+        step with T_t > 1 and the first with T_t = 1), or only the first step
+        with T_t = 1.
+
+    ``dirichlet="concentration"`` tempers the global Dirichlet blocks (the
+    GMM's weights, every HMM block, LDA's topics through its scaled-columns
+    storage); a local Dirichlet in a model's own tempered local step (LDA's
+    q(π_d)) keeps 1 + (α − 1)/T. The jitter is defined on the engine's dense
+    path only (``model.param_blocks`` of dense blocks: GMM, HMM, Poisson
+    mixture, …); LDA's storage refuses it.
     """
 
     T0: float = 5.0
     schedule: str = "geometric"
     rate: float = 0.9
     n_steps: int = 100
+    dirichlet: str = "natural"
+    jitter: float = 0.0
+    jitter_at: str = "cooling"
 
     kind = "deterministic"
 
     def __post_init__(self):
-        _choice("deterministic schedule", self.schedule, ("geometric", "linear"))
+        _choice("deterministic schedule", self.schedule, ("geometric", "linear", "inverse"))
         _number("deterministic T0 (initial temperature)", self.T0, 1)
         _number("deterministic rate", self.rate, 0, 1, lo_open=True)
         if self.rate == 1:
             raise ValueError("deterministic rate must be in (0, 1), got 1")
         _number("deterministic n_steps", self.n_steps, 1, integer=True)
+        _choice("deterministic dirichlet (tempering of Dirichlet blocks)", self.dirichlet,
+                ("natural", "concentration"))
+        _number("deterministic jitter (symmetry-breaking ε)", self.jitter, 0)
+        _choice("deterministic jitter_at", self.jitter_at, ("cooling", "crossing"))
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        # settings at their defaults are left out, so older configs and checkpoints compare equal
+        for k, v in (("dirichlet", "natural"), ("jitter", 0.0), ("jitter_at", "cooling")):
+            if d[k] == v:
+                del d[k]
+        return d
 
     def level(self, t: int) -> float:
         self._check_t(t)
@@ -260,9 +332,68 @@ class Deterministic(Annealer):
             return 1.0
         if self.schedule == "linear":
             return 1.0 + (self.T0 - 1.0) * max(0.0, 1.0 - t / self.n_steps)
+        if self.schedule == "inverse":
+            return 1.0 / (1.0 - (1.0 - 1.0 / self.T0) * self.rate ** (t - 1))
         return 1.0 + (self.T0 - 1.0) * self.rate ** (t - 1)
 
     temperature = level
+
+    def check_model(self, model) -> None:
+        super().check_model(model)
+        storage = model.global_storage
+        if self.jitter > 0 and (storage != "dense" or model.row_blocks):
+            raise ValueError(
+                f"deterministic jitter={self.jitter!r} is defined on the engine's dense path only; model "
+                f"{model.name!r} keeps its parameters in its own storage "
+                f"({storage if storage != 'dense' else 'row blocks'}); use jitter=0")
+        if self.jitter > 0 and not _dirichlet_blocks(model):
+            raise ValueError(f"deterministic jitter perturbs Dirichlet blocks; model {model.name!r} has none")
+
+    def dirichlet_shift(self, T: float) -> float:
+        """1 − 1/T for ``dirichlet="concentration"`` (α/T = [1 + (α − 1)/T] − (1 − 1/T)), else 0."""
+        return 1.0 - 1.0 / T if self.dirichlet == "concentration" and T != 1.0 else 0.0
+
+    def temper_target(self, model, target: NatParams, T: float) -> NatParams:
+        """λ̂ tempered at T; Dirichlet blocks as ``self.dirichlet`` says (class docs)."""
+        out = blocks_temper(model.param_blocks, target, T)
+        shift = self.dirichlet_shift(T)
+        if shift:
+            out = out.copy() if out is target else out
+            for name in _dirichlet_blocks(model):
+                out[name][...] -= shift
+        return out
+
+    def jitters(self, t: int) -> bool:
+        """Whether step t is perturbed (``jitter`` > 0 and t a cooling or the crossing step)."""
+        if self.jitter == 0 or self.T0 == 1:
+            return False
+        if t < 2:
+            return self.jitter_at == "cooling"
+        if self.jitter_at == "cooling":
+            return self.level(t) > 1.0 or (t >= 2 and self.level(t - 1) > 1.0)
+        return self.level(t) == 1.0 and self.level(t - 1) > 1.0
+
+    def perturb_target(self, model, target: NatParams, t: int, rng_state):
+        """α ← α·exp(ε z) on every Dirichlet entry of ``target`` at a jittered step (class docs).
+
+        z is drawn from the random stream ``rng_state`` (a PCG64 state), whose advanced state
+        is returned; on any other step the target and the stream are returned unchanged.
+        """
+        if not self.jitters(t):
+            return target, rng_state
+        rng = np.random.Generator(np.random.PCG64())
+        rng.bit_generator.state = rng_state
+        out = target.copy()
+        for name in _dirichlet_blocks(model):
+            a = out[name]
+            a *= np.exp(self.jitter * rng.standard_normal(a.shape))
+        return out, rng.bit_generator.state
+
+
+def _dirichlet_blocks(model) -> list:
+    """Names of the arrays of ``model``'s dense Dirichlet blocks."""
+    return [n for b in model.param_blocks if isinstance(b, DenseBlock)
+            and isinstance(b.family, Dirichlet) for n in b.names]
 
 
 @dataclass(frozen=True)
@@ -279,12 +410,18 @@ class Stochastic(Annealer):
         d in (0, 1) of the geometric schedule (default 0.9: the paper's 0.9^t).
     n_steps : int
         ρ_t = 0 for t > n_steps: plain updates after (default 100).
+    local_restart : bool
+        Also restart each document's q(π_d) (seed 002 §4.1, LDA only):
+        γ_d ← (1 − ρ_t) γ_d + ρ_t η_d, η_d = (c/K)·Dirichlet(1, …, 1) from the state's
+        random stream, φ recomputed at the mixed γ (``LDA.restart_documents``). Default
+        False: only the global λ is restarted.
     """
 
     rho0: float = 0.9
     schedule: str = "geometric"
     decay: float = 0.9
     n_steps: int = 100
+    local_restart: bool = False
 
     kind = "stochastic"
 
@@ -295,6 +432,30 @@ class Stochastic(Annealer):
         if self.decay == 1:
             raise ValueError("stochastic decay must be in (0, 1), got 1")
         _number("stochastic n_steps", self.n_steps, 1, integer=True)
+        if not isinstance(self.local_restart, bool):
+            raise ValueError(f"stochastic local_restart must be true or false, got {self.local_restart!r}")
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if not d["local_restart"]:          # the default stays out (older configs compare equal)
+            del d["local_restart"]
+        return d
+
+    def check_model(self, model) -> None:
+        super().check_model(model)
+        if self.local_restart and model.global_storage != "scaled_columns":
+            raise ValueError(f"stochastic local_restart restarts LDA's document proportions q(π_d) "
+                             f"(seed 002 §4.1); model {model.name!r} has none: use local_restart=false")
+
+    def restart_local(self, model, local, t: int, rng_state):
+        """The document-level restart at step t (class docs), drawn from ``rng_state``."""
+        rho = self.level(t)
+        if not self.local_restart or rho == 0:
+            return local, rng_state
+        rng = np.random.Generator(np.random.PCG64())
+        rng.bit_generator.state = rng_state
+        local = model.restart_documents(local, rng, rho)
+        return local, rng.bit_generator.state
 
     def level(self, t: int) -> float:
         self._check_t(t)

@@ -98,7 +98,6 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from ..models.base import NatParams
-from ..models.blocks import blocks_temper
 from .annealing import Annealer, NoAnnealing, SVIPlus, annealer_from_dict
 from ..models.base import PairedStats, StartsFromData
 from .blocks import dense_step, is_rowwise, row_init, row_update
@@ -481,6 +480,7 @@ class SVI:
         target = model.prior() + stats_w * (float(self.n_total) / S)
         if T != 1.0:
             target = self._temper(target, T)
+        target, rng_state = ann.perturb_target(model, target, t, rng_state)   # detAVI's jitter, if set
         rho_a = ann.restart_weight(t)
         if rho_a > 0:
             rng = np.random.Generator(np.random.PCG64())
@@ -555,8 +555,9 @@ class SVI:
         return dense_step(self.model.param_blocks, lam, target, rho, self.boundary_fraction, min_weight)
 
     def _temper(self, target: NatParams, T: float) -> NatParams:
-        """θ(target)/T block by block (each block's family tempers its own parameters)."""
-        return blocks_temper(self.model.param_blocks, target, T)
+        """θ(target)/T block by block (each block's family tempers its own parameters; the
+        annealer says how a Dirichlet block is read, ``Deterministic.dirichlet``)."""
+        return self.annealing.temper_target(self.model, target, T)
 
     def _row_update(self, state: EngineState, x) -> tuple[EngineState, UpdateInfo]:
         """:meth:`update` for a model of row blocks (module docs): same weights, the row step."""
@@ -642,6 +643,7 @@ class SVI:
         local = model.local_step(lam, x) if T == 1.0 else model.local_step(lam, x, temperature=T)
         if elbo and elbo_local is None:
             elbo_local = local
+        local, rng_state = ann.restart_local(model, local, t, rng_state)   # stochAVI's q(π_d) restart
         cols, Sw, Su = model.column_suffstats(local, weights)
         stats = ColumnStats(cols=np.asarray(cols, dtype=np.int64), Sw=Sw, records=S,
                             scale=float(self.n_total) / S,
@@ -682,7 +684,8 @@ class SVI:
         out = storage.step(lam, aux, local, c.cols, c.Sw, scale=float(c.scale), rho=float(rho),
                            tau=float(self.boundary_fraction), min_weight=float(c.min_weight), step=t,
                            temperature=float(c.temperature), restart_weight=rho_a, restart=eta_t,
-                           metrics=metrics)
+                           metrics=metrics,
+                           dirichlet_shift=self.annealing.dirichlet_shift(float(c.temperature)))
         return EngineState(step=t, lam=out["lam"], rng_state=rng_state,
                            records_seen=state.records_seen + int(c.records), aux=out["aux"]), out
 

@@ -176,7 +176,8 @@ class ScaledColumns:
     # ------------------------------------------------------------------ step
     def step(self, lam: NatParams, aux: dict, local, cols, Sw: np.ndarray, *, scale: float,
              rho: float, tau: float, min_weight: float, step: int, temperature: float = 1.0,
-             restart_weight: float = 0.0, restart=None, metrics: bool = True) -> dict:
+             restart_weight: float = 0.0, restart=None, metrics: bool = True,
+             dirichlet_shift: float = 0.0) -> dict:
         """One natural-gradient step of the block over the batch's columns (module docs).
 
         ``lam``/``aux`` as returned by :meth:`prepare`; ``local`` the batch's local
@@ -184,7 +185,9 @@ class ScaledColumns:
         columns are read here, at the λ being stepped); ``cols`` the batch's sorted
         column ids and ``Sw`` (K, |cols|) its weighted statistics Σ_d w_d S_dkw;
         ``scale`` N/|S|; ``rho`` ρ_t; ``tau`` the boundary fraction; ``min_weight`` the
-        smallest SVI+ weight; ``temperature`` T_t; ``restart`` η_t (K, V) when
+        smallest SVI+ weight; ``temperature`` T_t; ``dirichlet_shift`` s subtracted from the
+        tempered target (the annealer's ``dirichlet_shift(T_t)``: 1 − 1/T_t for α/T tempering,
+        else 0); ``restart`` η_t (K, V) when
         ``restart_weight`` ρ^a_t > 0. Returns ``lam``, ``aux``, ``global_elbo`` (the
         term at the λ before the step), ``grad_norm``, ``domain_clipped`` and
         ``domain_blocks``. ``metrics=False`` (a scale-out worker following λ) skips the
@@ -206,9 +209,12 @@ class ScaledColumns:
         if T != 1.0:
             (tgt_u,) = self.family.temper((tgt_u,), T)
             e = float(self.family.temper((np.float64(eta),), T)[0])
+            if dirichlet_shift:                        # α/T = [1 + (α − 1)/T] − (1 − 1/T)
+                tgt_u -= dirichlet_shift
+                e -= dirichlet_shift
         if dense_restart:                              # λ̂ is dense: (1 − ρ^a) λ̂ + ρ^a η_t
             L = model.lam_matrix(lam)                  # (a plain λ itself: not copied)
-            tgt = self._dense_target(cols, Sw, scale, eta, T)
+            tgt = self._dense_target(cols, Sw, scale, eta, T, dirichlet_shift)
             tgt *= 1.0 - rho_a
             tgt += restart * rho_a
         else:
@@ -263,7 +269,7 @@ class ScaledColumns:
 
         if dense_step:                                 # ρ_k ≥ 1 or a restart: the plain form, densely
             if not dense_restart:
-                tgt = self._dense_target(cols, Sw, scale, eta, T)
+                tgt = self._dense_target(cols, Sw, scale, eta, T, dirichlet_shift)
             if (rho_k == 1.0).all():
                 new = NatParams(topic_word=tgt)
             else:
@@ -293,7 +299,7 @@ class ScaledColumns:
         out.update(lam=new_lam, aux={"stored_sqsum": Q_new, "global_elbo": G, "global_elbo_step": G_step})
         return out
 
-    def _dense_target(self, cols, Sw, scale, eta, T) -> np.ndarray:
+    def _dense_target(self, cols, Sw, scale, eta, T, dirichlet_shift=0.0) -> np.ndarray:
         """λ̂ (K, V): η + scale·Sw in the batch's columns, η elsewhere; tempered when T ≠ 1."""
         if cols.size == self.V:
             tgt = Sw * scale
@@ -304,4 +310,6 @@ class ScaledColumns:
         tgt += eta
         if T != 1.0:
             (tgt,) = self.family.temper((tgt,), T)
+            if dirichlet_shift:
+                tgt -= dirichlet_shift
         return tgt

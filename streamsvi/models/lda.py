@@ -165,7 +165,7 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -1037,6 +1037,25 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         documents. η_t of stochastic annealing (``init`` is not consulted).
         """
         return NatParams(topic_word=self.random_topics(rng, self.mean_doc_length(x), n_total))
+
+    def restart_documents(self, local: LDALocal, rng: np.random.Generator, rho: float) -> LDALocal:
+        """stochAVI's document-level restart (seed 002 §4.1), for ``Stochastic(local_restart=True)``.
+
+        γ_d ← (1 − ρ) γ_d + ρ η_d with η_d = (c/K)·u_d, u_d ~ Dirichlet(1, …, 1) and c the
+        batch's mean document length (the paper's scale c/K for q(π_d)); φ is recomputed at
+        the mixed γ, so the statistics follow it. ``log_norm`` is NaN: the engine reports the
+        ELBO of the local step before the restart. Draws n·K numbers from ``rng``.
+        """
+        X = local.x
+        Xc = X if local.xc is None else local.xc
+        n, K = local.gamma.shape
+        eta = (float(X.sum()) / n / K) * rng.dirichlet(np.ones(K), size=n)
+        gamma = (1.0 - rho) * local.gamma + rho * eta
+        elog_t = self._elog_theta(gamma)
+        Et = np.exp(elog_t - elog_t.max(axis=1)[:, None])
+        rows = np.repeat(np.arange(n), np.diff(X.indptr))
+        Z = np.einsum("ij,ji->i", Et[rows], local.exp_beta[:, Xc.indices])
+        return replace(local, gamma=gamma, exp_theta=Et, ratio=X.data / Z, log_norm=np.full(n, np.nan))
 
     def mean_doc_length(self, x) -> float:
         """c of :meth:`random_init`: the mean number of words per document of ``x``."""

@@ -236,10 +236,18 @@ ANNEALING: dict[str, dict[str, Field]] = {
     },
     "deterministic": {
         "T0": Field("float", 5.0, "initial temperature T_1 >= 1", min=1),
-        "schedule": Field("str", "geometric", "T_t = 1 + (T0-1) rate^(t-1) (geometric) or "
-                          "1 + (T0-1) max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
-        "rate": Field("float", 0.9, "cooling rate in (0, 1) (geometric)", min=0, max=1),
+        "schedule": Field("str", "geometric", "T_t = 1 + (T0-1) rate^(t-1) (geometric), "
+                          "1 + (T0-1) max(0, 1 - t/n_steps) (linear) or 1/(1 - (1 - 1/T0) rate^(t-1)) "
+                          "(inverse; T0 = 10, rate = 0.9 is seed 002's (1 - 0.9^t)^-1)",
+                          choices=("geometric", "linear", "inverse")),
+        "rate": Field("float", 0.9, "cooling rate in (0, 1) (geometric, inverse)", min=0, max=1),
         "n_steps": Field("int", 100, "T_t = 1 after this many steps", min=1),
+        "dirichlet": Field("str", "natural", "how a Dirichlet block is tempered: natural (1 + (alpha - 1)/T) "
+                           "or concentration (alpha/T)", choices=("natural", "concentration")),
+        "jitter": Field("float", 0.0, "symmetry-breaking jitter: the target's Dirichlet entries times "
+                        "exp(jitter z), z ~ N(0, 1), seeded; 0 = off (dense models only)", min=0),
+        "jitter_at": Field("str", "cooling", "the steps that jitter: every cooling step, or only the "
+                           "first at T = 1 (crossing)", choices=("cooling", "crossing")),
     },
     "stochastic": {
         "rho0": Field("float", 0.9, "weight of the random restart at t = 1, in [0, 1]", min=0, max=1),
@@ -247,6 +255,8 @@ ANNEALING: dict[str, dict[str, Field]] = {
                           "rho0 max(0, 1 - t/n_steps) (linear)", choices=("geometric", "linear")),
         "decay": Field("float", 0.9, "decay in (0, 1) (geometric)", min=0, max=1),
         "n_steps": Field("int", 100, "rho_t = 0 (plain updates) after this many steps", min=1),
+        "local_restart": Field("bool", False, "lda: also restart each document's q(pi_d) with weight "
+                               "rho_t (seed 002 section 4.1)"),
     },
 }
 

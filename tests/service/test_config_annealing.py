@@ -60,7 +60,8 @@ def test_effective_batch_size_keeps_working():
     ('[inference.annealing]\nschedule = "linear"', r"inference.annealing.kind: required"),
     ('[inference.annealing]\nkind = "quantum"', r"inference.annealing.kind: expected one of none, svi\+"),
     ('[inference.annealing]\nkind = "deterministic"\nrho0 = 0.5',
-     r"unknown setting\(s\) \['rho0'\] for kind = 'deterministic'; known: \['T0', 'n_steps', 'rate', 'schedule'\]"),
+     r"unknown setting\(s\) \['rho0'\] for kind = 'deterministic'; known: "
+     r"\['T0', 'dirichlet', 'jitter', 'jitter_at', 'n_steps', 'rate', 'schedule'\]"),
     ('[inference.annealing]\nkind = "deterministic"\nT0 = "hot"', r"inference.annealing.T0: expected a finite number"),
     ('[inference.annealing]\nkind = "deterministic"\nT0 = 0.5', r"inference.annealing.T0: must be >= 1"),
     ('[inference.annealing]\nkind = "deterministic"\nrate = 1.0', r"rate must be in \(0, 1\)"),
@@ -114,3 +115,19 @@ def test_lda_takes_the_tempering_annealers(kind, expect):
         assert (info.temperature, info.restart_weight) == (expect.temperature(t), expect.restart_weight(t))
         assert np.isfinite(info.elbo)
     assert engine.model.is_scaled(state.lam) and engine.model.in_domain(state.lam)
+
+
+def test_the_variants_of_issue_29_are_config_settings():
+    """detAVI's inverse schedule, α/T tempering and jitter, and stochAVI's document restart, from TOML."""
+    cfg = _cfg('[inference.annealing]\nkind = "deterministic"\nT0 = 10\nschedule = "inverse"\n'
+               'dirichlet = "concentration"\njitter = 0.01\njitter_at = "crossing"')
+    eng = build_engine(cfg, 1000.0)
+    assert eng.annealing == Deterministic(T0=10.0, schedule="inverse", dirichlet="concentration", jitter=0.01,
+                                          jitter_at="crossing")
+    assert eng.annealing.level(2) == pytest.approx(1 / (1 - 0.9 ** 2))       # seed 002's (1 − 0.9^t)^−1
+    lda = _cfg('[inference.annealing]\nkind = "stochastic"\nlocal_restart = true', kind="lda")
+    assert build_engine(lda, 1000.0).annealing == Stochastic(local_restart=True)
+    with pytest.raises(ConfigError, match="dirichlet"):
+        _cfg('[inference.annealing]\nkind = "deterministic"\ndirichlet = "alpha"')
+    with pytest.raises(ConfigError, match="local_restart"):
+        build_engine(_cfg('[inference.annealing]\nkind = "stochastic"\nlocal_restart = true'), 1000.0)
