@@ -67,3 +67,20 @@ def load_pima():
         path = installed[0] if installed else datasets._apt_fetch_member(
             "weka", member, path, "Pima Indians diabetes")
     return datasets.load_pima(path)
+
+
+def paired(a, b, tie):
+    """Wins/ties/losses of ``a`` over ``b`` (paired by index), the mean difference ± its standard
+    error, and the two-sided sign test's p (ties dropped); ``tie(b)`` is the tolerance of a tie."""
+    import math
+
+    import numpy as np
+    from scipy.stats import binomtest
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = a - b
+    tol = tie(b)
+    w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
+    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    return dict(wins=w, ties=len(d) - w - ls, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=float(p))

@@ -71,7 +71,6 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -81,8 +80,8 @@ from multiprocessing import get_context  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+from _common import paired  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
-from scipy.stats import binomtest  # noqa: E402
 
 from streamsvi import SVI  # noqa: E402
 from streamsvi.datasets import (cache_dir, load_dna_splice, load_ldac, load_movielens100k,  # noqa: E402
@@ -420,16 +419,6 @@ def _run_gmm(spec, seed, tol, max_iter, quick):
 
 
 # ------------------------------------------------------------------ summaries
-def paired(a, b, tie):
-    """wins/ties/losses of a over b, mean Δ ± se, sign-test p (ties dropped)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = a - b
-    tol = tie(b)
-    w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
-    t = len(d) - w - ls
-    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-    return dict(wins=w, ties=t, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=float(p))
 
 
 def summarise(results, methods):
@@ -474,6 +463,42 @@ def fmt_rows(label, rows, extra_cols=()):
     return "\n".join(out)
 
 
+def run_cached(name, tasks, args, task_fn, after=None):
+    """Run the ``(spec, seed, …)`` tasks that ~/.cache/streamsvi/anneal/tasks/<name>.jsonl does not
+    hold yet (``args.jobs`` processes), appending each finished one there (not with --quick) and
+    calling ``after(by, seconds, cached)`` after each. Returns ``(by, cached, seconds)``: label →
+    seed → result, how many tasks came from the cache, and the wall time."""
+    done_path = cache_dir() / "anneal" / "tasks" / f"{name}{'_quick' if args.quick else ''}.jsonl"
+    done_path.parent.mkdir(parents=True, exist_ok=True)
+    by = {}
+    if done_path.exists() and not args.quick:
+        for line in done_path.read_text().splitlines():
+            label, seed, out = json.loads(line)
+            by.setdefault(label, {})[int(seed)] = out
+    todo = [t for t in tasks if t[1] not in by.get(t[0]["label"], {})]
+    cached = len(tasks) - len(todo)
+    log(f"{name}: {cached} of {len(tasks)} tasks already done ({done_path})")
+    t0 = time.perf_counter()
+
+    def record(res):
+        label, seed, out = res
+        by.setdefault(label, {})[seed] = out
+        if not args.quick:
+            with done_path.open("a") as f:
+                f.write(json.dumps([label, seed, out]) + "\n")
+        if after is not None:
+            after(by, time.perf_counter() - t0, cached)
+
+    if args.jobs > 1 and len(todo) > 1:
+        with get_context("spawn").Pool(args.jobs) as pool:
+            for res in pool.imap_unordered(task_fn, todo, chunksize=1):
+                record(res)
+    else:
+        for t in todo:
+            record(task_fn(t))
+    return by, cached, time.perf_counter() - t0
+
+
 def run_study(name, specs, args, extra_cols=(), intro=""):
     """Run every (setting, seed) task; rewrite the tables after each finished task.
 
@@ -484,36 +509,14 @@ def run_study(name, specs, args, extra_cols=(), intro=""):
         specs = [sp_ for sp_ in specs if sp_["data"] == args.data]
         name = f"{name}_{args.data}"
     tasks = [(spec, s, args.tol, args.max_iter, args.quick) for spec in specs for s in range(spec["inits"])]
-    done_path = cache_dir() / "anneal" / "tasks" / f"{name}{'_quick' if args.quick else ''}.jsonl"
-    done_path.parent.mkdir(parents=True, exist_ok=True)
-    by = {}
-    if done_path.exists() and not args.quick:
-        for line in done_path.read_text().splitlines():
-            label, seed, out = json.loads(line)
-            by.setdefault(label, {})[int(seed)] = out
-    todo = [t for t in tasks if t[1] not in by.get(t[0]["label"], {})]
-    log(f"{name}: {len(tasks) - len(todo)} of {len(tasks)} tasks already done ({done_path})")
-    t0 = time.perf_counter()
     summary = {}
 
-    def record(res):
-        label, seed, out = res
-        by.setdefault(label, {})[seed] = out
-        if not args.quick:
-            with done_path.open("a") as f:
-                f.write(json.dumps([label, seed, out]) + "\n")
+    def after(by, secs, cached):
         summary.clear()
-        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, time.perf_counter() - t0,
-                                     len(tasks) - len(todo)))
+        summary.update(write_outputs(name, specs, by, args, extra_cols, intro, secs, cached))
 
-    if args.jobs > 1 and len(todo) > 1:
-        with get_context("spawn").Pool(args.jobs) as pool:
-            for res in pool.imap_unordered(run_task, todo, chunksize=1):
-                record(res)
-    else:
-        for t in todo:
-            record(run_task(t))
-    if not todo:
+    by, cached, _ = run_cached(name, tasks, args, run_task, after)
+    if cached == len(tasks):
         summary.update(write_outputs(name, specs, by, args, extra_cols, intro, 0.0, len(tasks)))
     print(summary.pop("_text", ""))
     return summary
@@ -992,33 +995,13 @@ def study_fair(args):
     name = "fair" + (f"_{args.data}" if args.data else "")
     run_specs = [sp_ for sp_ in specs if not args.setting or sp_["label"] == args.setting]
     tasks = [(spec, s, args.tol, args.max_iter, args.quick) for spec in run_specs for s in range(spec["inits"])]
-    done_path = cache_dir() / "anneal" / "tasks" / f"{name}{'_quick' if args.quick else ''}.jsonl"
-    done_path.parent.mkdir(parents=True, exist_ok=True)
-    by = {}
-    if done_path.exists() and not args.quick:
-        for line in done_path.read_text().splitlines():
-            label, seed, out = json.loads(line)
-            by.setdefault(label, {})[int(seed)] = out
-    todo = [t for t in tasks if t[1] not in by.get(t[0]["label"], {})]
-    log(f"{name}: {len(tasks) - len(todo)} of {len(tasks)} tasks already done ({done_path})")
-    t0 = time.perf_counter()
 
-    def record(res):
-        label, seed, out = res
-        by.setdefault(label, {})[seed] = out
+    def after(by, secs, cached):
         if not args.quick:
-            with done_path.open("a") as f:
-                f.write(json.dumps([label, seed, out]) + "\n")
-            write_fair(name, specs, by, args, time.perf_counter() - t0, quiet=True)
+            write_fair(name, specs, by, args, secs, quiet=True)
 
-    if args.jobs > 1 and len(todo) > 1:
-        with get_context("spawn").Pool(args.jobs) as pool:
-            for res in pool.imap_unordered(fair_task, todo, chunksize=1):
-                record(res)
-    else:
-        for t in todo:
-            record(fair_task(t))
-    return write_fair(name, specs, by, args, time.perf_counter() - t0)
+    by, _, secs = run_cached(name, tasks, args, fair_task, after)
+    return write_fair(name, specs, by, args, secs)
 
 
 def write_fair(name, specs, by, args, secs, quiet=False):

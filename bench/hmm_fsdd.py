@@ -41,14 +41,13 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from multiprocessing import get_context  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.stats import binomtest  # noqa: E402
+from _common import paired  # noqa: E402
 
 from streamsvi import SVI  # noqa: E402
 from streamsvi.datasets import _pip_fetch_member, cache_dir  # noqa: E402
@@ -153,14 +152,6 @@ def run_task(task):
     return digit, K, seed, out
 
 
-def paired(a, b, tie):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = a - b
-    tol = tie(b)
-    w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
-    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
-    return dict(wins=w, ties=len(d) - w - ls, losses=ls, mean_diff=float(d.mean()),
-                se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan"), sign_p=float(p))
 
 
 def main(argv=None):

@@ -37,14 +37,13 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from multiprocessing import get_context  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-from scipy.stats import binomtest  # noqa: E402
+from _common import paired  # noqa: E402
 
 from streamsvi import SVI  # noqa: E402
 from streamsvi.datasets import load_nyt  # noqa: E402
@@ -67,15 +66,6 @@ def split_docs(X, frac=0.1, seed=0):
     return X[np.sort(perm[n:])], X[np.sort(perm[:n])]
 
 
-def paired(a, b, tie):
-    """wins/ties/losses of a over b, mean Δ ± se, two-sided sign-test p (ties dropped)."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    d = a - b
-    tol = tie(b)
-    w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
-    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-    return dict(wins=w, ties=len(d) - w - ls, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=float(p))
 
 
 def methods(S_big, M):

@@ -12,51 +12,15 @@ from streamsvi.models.base import NatParams
 from streamsvi.models.logistic import BayesianLogisticRegression, CorrelatedGaussianTarget
 from streamsvi.service.config import ConfigError, build_engine, validate
 
+from .test_gradients_covariance import _draws, _flat, _labelled, _mask, _q
+
 COVS = {"diagonal": {}, "full": {"covariance": "full"}, "lowrank": {"covariance": "lowrank", "rank": 3}}
-
-
-def _labelled(n=40, D=3, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, D))
-    y = (rng.random(n) < 1 / (1 + np.exp(-(X @ np.arange(1.0, D + 1) - 0.5)))).astype(float)
-    return np.column_stack([X, y])
 
 
 CASES = {
     "gaussian_target": (lambda: CorrelatedGaussianTarget(n_dims=8), None, 1.0),
     "logistic": (lambda: BayesianLogisticRegression(n_features=3, prior_var=2.0), _labelled(), 1000.0),
 }
-
-
-def _q(engine, seed):
-    """A q away from the optimum with every covariance parameter non-zero."""
-    rng = np.random.default_rng(seed)
-    P = engine.model.n_params
-    lam = {"mean": rng.normal(1.0, 1.0, P), "log_std": rng.normal(-1.0, 0.3, P)}
-    if engine.covariance == "full":
-        lam["coupling"] = np.tril(rng.normal(0.0, 0.3, (P, P)), -1)
-    if engine.covariance == "lowrank":
-        lam["factor"] = rng.normal(0.0, 0.3, (P, engine.rank))
-    return NatParams(lam)
-
-
-def _flat(g):
-    return np.concatenate([np.ravel(g[k]) for k in g])
-
-
-def _draws(engine, lam, x, M, seed):
-    rng = np.random.default_rng(seed)
-    return np.array([_flat(engine.gradient(lam, x, rng)[0]) for _ in range(M)])
-
-
-def _mask(engine):
-    P = engine.model.n_params
-    m = [np.ones(2 * P, bool)]
-    if engine.covariance == "full":
-        m.append(np.tril(np.ones((P, P), bool), -1).ravel())
-    if engine.covariance == "lowrank":
-        m.append(np.ones(P * engine.rank, bool))
-    return np.concatenate(m)
 
 
 @pytest.mark.parametrize("kl", KLS)
