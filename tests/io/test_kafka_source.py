@@ -405,3 +405,22 @@ def test_drained_means_every_partition_of_the_topic(kafka_broker, new_topic, new
     finally:
         other.kill()
         other.wait(10)
+
+
+def test_committed_leaves_out_a_topic_the_metadata_does_not_know_yet(kafka_broker, new_topic, new_group):
+    """The daemon's fresh-start check reads the group's committed offsets right after the
+    source opens. A subscribed topic the broker has not created yet (tansu creates it when the
+    group's consumer first names it) has no offsets to find: committed() leaves it out, where
+    partitions() says which topic it does not know (a run on a misspelt topic had ended in
+    "no partitions known" instead of "read no record from topic", depending on timing)."""
+    topic = new_topic(1)
+    produce_rows(kafka_broker.bootstrap, topic, rows(4), JsonCodec(2), partitions=1)
+    with source(kafka_broker, topic, new_group()) as src:
+        assert src.wait_for_assignment(10) == {(topic, 0)}
+        src.commit({(topic, 0): 3})
+        missing = f"never-created-{time.monotonic_ns()}"
+        src.topics = [topic, missing]              # as if subscribed before the broker made it
+        assert src.committed() == {(topic, 0): 3}
+        assert src.partitions(strict=False) == {(topic, 0)}
+        with pytest.raises(SourceError, match=f"no partitions known for topic '{missing}'"):
+            src.partitions()

@@ -664,12 +664,14 @@ class KafkaSource(Source):
     def committed(self, partitions=None) -> Offsets:
         """The group's committed offsets (default: for every partition of the topics).
 
-        Partitions without a committed offset are left out. Read by the probe
+        Partitions without a committed offset are left out, and so are topics the
+        cluster's metadata does not know yet (a topic the broker creates when the
+        group first asks for it has no offsets to find). Read by the probe
         consumer (see :meth:`_probe_consumer`), so it is safe during a rebalance.
         """
         from kafka import TopicPartition
 
-        keys = self.partitions() if partitions is None else list(partitions)
+        keys = self.partitions(strict=False) if partitions is None else list(partitions)
         probe = self._probe_consumer()
         out = {}
         for topic, p in sorted(keys):
@@ -779,22 +781,23 @@ class KafkaSource(Source):
         """
         self._probe_consumer().topics()
 
-    def partitions(self) -> set[tuple[str, int]]:
+    def partitions(self, strict: bool = True) -> set[tuple[str, int]]:
         """Every ``(topic, partition)`` of the subscribed topics, from the cluster metadata.
 
-        With a pattern subscription, the topics it matched so far.
+        With a pattern subscription, the topics it matched so far. ``strict=False``
+        leaves out a topic the metadata knows no partitions of, instead of raising.
 
         Raises
         ------
         SourceError
-            If the metadata knows no partitions of a subscribed topic.
+            If ``strict`` and the metadata knows no partitions of a subscribed topic.
         """
         topics = self.topics if self.topics is not None else sorted(self._consumer.subscription() or ())
         probe = self._probe_consumer()
         out = set()
         for topic in topics:
             parts = probe.partitions_for_topic(topic)
-            if not parts:
+            if not parts and strict:
                 raise SourceError(f"no partitions known for topic {topic!r} at "
                                   f"{self.bootstrap_servers} (metadata not loaded yet, or the "
                                   f"topic does not exist)")
