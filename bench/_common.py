@@ -75,12 +75,12 @@ def paired(a, b, tie):
     import math
 
     import numpy as np
-    from scipy.stats import binomtest
+
+    from streamsvi.compare import sign_test
 
     a, b = np.asarray(a, float), np.asarray(b, float)
     d = a - b
     tol = tie(b)
     w, ls = int(np.sum(d > tol)), int(np.sum(d < -tol))
-    p = binomtest(w, w + ls, 0.5).pvalue if w + ls else 1.0
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-    return dict(wins=w, ties=len(d) - w - ls, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=float(p))
+    return dict(wins=w, ties=len(d) - w - ls, losses=ls, mean_diff=float(d.mean()), se=se, sign_p=sign_test(w, ls))

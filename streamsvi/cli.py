@@ -771,24 +771,24 @@ def report(args) -> int:
     return 0
 
 
-def _annealer_list(text: str) -> list[str]:
+def _name_list(text: str, choices) -> list[str]:
+    """A comma-separated list of ``choices`` (an argparse type's body)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in ANNEALER_NAMES]
+    bad = [n for n in names if n not in choices]
     if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ANNEALER_NAMES)}, "
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(choices)}, "
                                          f"got {text!r}" + (f" ({', '.join(bad)} unknown)" if bad else ""))
     return names
+
+
+def _annealer_list(text: str) -> list[str]:
+    return _name_list(text, ANNEALER_NAMES)
 
 
 def _estimator_list(text: str) -> list[str]:
-    from .compare import ESTIMATORS
+    from .inference.gradients import ESTIMATORS
 
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in ESTIMATORS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(ESTIMATORS)}, "
-                                         f"got {text!r}" + (f" ({', '.join(bad)} unknown)" if bad else ""))
-    return names
+    return _name_list(text, ESTIMATORS)
 
 
 def _example_names() -> list[str]:

@@ -54,14 +54,17 @@ from pathlib import Path
 
 import numpy as np
 
+from .inference.annealing import KINDS as ANNEALING_KINDS
+from .inference.gradients import ESTIMATORS as GRADIENT_ESTIMATORS
+
 __all__ = ["compare", "compare_methods", "check_methods", "read_records_file", "split_held_out", "sign_test",
            "format_table", "plot_traces", "Comparison", "MethodRow", "ANNEALERS", "ESTIMATORS", "HELD_OUT",
            "GRADIENT_ELBO_DRAWS", "TRACE_DRAWS", "TIE_RTOL", "SEGMENTS"]
 
-#: ``--annealers`` names (conjugate models; :mod:`streamsvi.inference.annealing`)
-ANNEALERS = ("none", "svi+", "deterministic", "stochastic")
-#: ``--estimators`` names (the gradient path: logistic, softmax)
-ESTIMATORS = ("legrad", "regrad", "ldgrad")
+#: ``--annealers`` names (conjugate models): the annealing kinds of :mod:`streamsvi.inference.annealing`
+ANNEALERS = ANNEALING_KINDS
+#: ``--estimators`` names (the gradient path: logistic, softmax): :mod:`streamsvi.inference.gradients`'s
+ESTIMATORS = GRADIENT_ESTIMATORS
 #: record kind -> (the held-out measure's name, what its sum of log densities is divided by)
 HELD_OUT = {
     "bow": ("held-out bound/word", "words"),          # LDA: the per-word held-out bound

@@ -367,11 +367,10 @@ class Deterministic(Annealer):
         """Whether step t is perturbed (``jitter`` > 0 and t a cooling or the crossing step)."""
         if self.jitter == 0 or self.T0 == 1:
             return False
-        if t < 2:
-            return self.jitter_at == "cooling"
+        was_hot = t >= 2 and self.level(t - 1) > 1.0
         if self.jitter_at == "cooling":
-            return self.level(t) > 1.0 or (t >= 2 and self.level(t - 1) > 1.0)
-        return self.level(t) == 1.0 and self.level(t - 1) > 1.0
+            return self.level(t) > 1.0 or was_hot
+        return self.level(t) == 1.0 and was_hot
 
     def perturb_target(self, model, target: NatParams, t: int, rng_state):
         """α ← α·exp(ε z) on every Dirichlet entry of ``target`` at a jittered step (class docs).

@@ -608,8 +608,11 @@ class GradientVI:
         F = self.model.loglik(W.reshape(P * K, P), x)            # (P·K, n)
         return F.T.reshape(-1, P, K)
 
-    def _prior_terms(self, lam):
-        """(KL or −entropy, its gradient as a NatParams like λ): the exact part, to be subtracted."""
+    def _prior_terms(self, lam, grad: bool = True):
+        """(KL or −entropy, its gradient as a NatParams like λ): the exact part, to be subtracted.
+
+        ``grad=False`` (``kl = "sampled"``: the gradient is estimated) skips the full covariance's
+        O(P³) gradient and returns (KL, None) there."""
         mu = np.asarray(lam["mean"])
         P = mu.shape[0]
         pm = self.model.prior_moments()
@@ -628,10 +631,12 @@ class GradientVI:
                 return -(0.5 * logdet + c), NatParams(mean=np.zeros(P), log_std=-np.ones(P),
                                                       coupling=np.zeros((P, P)))
             m0, v0 = pm
-            GL = L / v0[:, None]                                  # ∂ ½tr(V0⁻¹ L Lᵀ) / ∂L
-            MtG = M.T @ GL
             kl = 0.5 * float(np.sum(L * L / v0[:, None]) + np.sum((mu - m0) ** 2 / v0) - P
                              + np.sum(np.log(v0)) - logdet)
+            if not grad:
+                return kl, None
+            GL = L / v0[:, None]                                  # ∂ ½tr(V0⁻¹ L Lᵀ) / ∂L
+            MtG = M.T @ GL
             return kl, NatParams(mean=(mu - m0) / v0, log_std=s * np.diag(MtG) - 1.0,
                                  coupling=np.tril(MtG @ L.T, -1))
         mu, sd, d, B, DB, Kinv, SinvB, diag_sinv, logdet = self._lowrank_parts(lam)
@@ -673,8 +678,10 @@ class GradientVI:
         """(ĝ of the ELBO, the estimate behind it, the stochastic ELBO value)."""
         est = self.estimate(lam, x, rng)
         scale = self._scale(x, est.g_mean.shape[0])
-        kl, dkl = self._prior_terms(lam)
-        if est.g_rest is not None:                               # kl = "sampled": + ∇E[log p0 − log q], sampled
+        if est.g_rest is None:
+            kl, dkl = self._prior_terms(lam)
+        else:                                                    # kl = "sampled": + ∇E[log p0 − log q], sampled
+            kl = self._prior_terms(lam, grad=False)[0]
             dkl = NatParams({k: -np.asarray(v) for k, v in est.g_rest.items()})
         parts = {"mean": scale * est.g_mean.sum(axis=0) - dkl["mean"],
                  "log_std": scale * est.g_log_std.sum(axis=0) - dkl["log_std"]}
