@@ -25,7 +25,7 @@ Gradient variance, two views:
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from river import stats as river_stats
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -60,6 +60,37 @@ class LatestValue:
         value = self.value
         if value is not None:
             family.add_metric([], value)
+        return [family]
+
+
+class SlowPathFetches:
+    """``streamsvi_slow_path_fetches_total{reason}``: fetches this process handed to
+    kafka-python's own record parser instead of the lean reader, read at scrape time
+    from :func:`streamsvi.io._fastfetch.slow_path_counts` (process-wide, one series per
+    reason in ``SLOW_PATH_REASONS``, 0 included; ``no_hook`` counts consumers whose
+    kafka-python had no hook, every fetch of which is slow). ``read`` replaces that
+    function in tests.
+    """
+
+    name = "streamsvi_slow_path_fetches"
+    _labelnames = ("reason",)            # as prometheus_client's metrics (docs/gen_reference.py)
+    documentation = ("Fetches read by kafka-python's per-record parser instead of the lean "
+                     "reader, by reason (no_hook: consumers whose kafka-python has no hook)")
+
+    def __init__(self, registry: CollectorRegistry, read=None):
+        self._read = read
+        registry.register(self)
+
+    def describe(self):
+        return [CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)]
+
+    def collect(self):
+        if self._read is None:
+            from ..io._fastfetch import slow_path_counts   # at scrape time: no import at start-up
+            self._read = slow_path_counts
+        family = CounterMetricFamily(self.name, self.documentation, labels=self._labelnames)
+        for reason, n in sorted(self._read().items()):
+            family.add_metric([reason], n)
         return [family]
 
 
@@ -163,6 +194,7 @@ class DaemonMetrics:
         self.broker_retries = c("broker_retries", "Retries after the broker was unavailable")
         self.offset_resets = c("offset_resets", "Times the consumer went back to the earliest offset "
                                "because the expected one was past the end of the log", ("topic", "partition"))
+        self.slow_path_fetches = SlowPathFetches(r)
         self.consumers_replaced = c("consumers_replaced", "Kafka consumers replaced by a new member of "
                                     "their group after a poll that never returned (streamsvi.io.callguard)")
         self._ewm = river_stats.EWMean(fading_factor=fading_factor)

@@ -116,17 +116,31 @@ def test_partial_batch_at_the_end_of_a_fetch_is_left_for_the_next_fetch():
     assert out == [(0, b"x")] and end == 1
 
 
-def test_compressed_transactional_and_control_batches_are_read_by_kafka_python():
+def test_compressed_transactional_and_control_batches_are_read_lean():
     plain = batch(0, [(0, None, b"p", [])])
     for other in (batch(1, [(0, None, b"g" * 500, []), (1, None, b"h", [])], compression=1),
                   batch(1, [(0, None, b"t", [])], transactional=True)):
         out, _ = same(plain + other)
         assert [o for o, _ in out][:2] == [0, 1]
         lean = Lean(0, TP, MemoryRecords(plain + other))
-        assert not isinstance(lean.take(1)[0], _fastfetch.LeanRun)   # the stock reader
+        assert all(isinstance(r, _fastfetch.LeanRun) for r in lean.take(None))
     control = batch(1, [(0, None, b"\x00\x00\x00\x00\x00\x00", [])], attrs_or=0x20)
     out, end = same(plain + control + batch(2, [(0, None, b"after", [])]))
     assert out == [(0, b"p"), (2, b"after")] and end == 3
+
+
+def test_legacy_format_batches_are_read_by_kafka_python_and_counted():
+    from kafka.record.legacy_records import LegacyRecordBatchBuilder
+
+    b = LegacyRecordBatchBuilder(magic=1, compression_type=0, batch_size=1 << 20)
+    for i in range(3):
+        b.append(i + 1, timestamp=1_700_000_000_000, key=None, value=b"old%d" % i)
+    raw = batch(0, [(0, None, b"new", [])]) + bytes(b.build())
+    before = _fastfetch.slow_path_counts()["legacy_format"]
+    lean = Lean(0, TP, MemoryRecords(raw))
+    got = lean.take(None)
+    assert not any(isinstance(r, _fastfetch.LeanRun) for r in got)        # the stock reader
+    assert _fastfetch.slow_path_counts()["legacy_format"] == before + 1
 
 
 def test_a_corrupt_batch_raises_the_same_error():
