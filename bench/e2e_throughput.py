@@ -1,61 +1,72 @@
-"""End-to-end throughput (records/s) of the daemon through a Kafka broker.
+"""End-to-end throughput (records/s) of the daemon through a Kafka broker, against its parts
+and against confluent-kafka's reader, on plain and compressed topics, GMM and LDA.
 
-Setting: Bayesian GMM with D = 8, K = 10, records drawn from a 10-component
-Gaussian mixture in 8-D (fixed seed). A :class:`~streamsvi.io.LocalBroker`
-(tansu, on 127.0.0.1, in-memory storage) is started and the records are
-produced to a 3-partition topic *before* anything is timed:
+Workloads (``--workloads``):
 
-* JSON codec: one record per message (``[x_1, ..., x_8]``), 500 000 records;
-* binary batch codec: 1000 float64 rows per message, 5 000 000 records.
+``gmm-json``, ``gmm-binary``
+    Bayesian GMM, D = 8, K = 10; records drawn from a 10-component Gaussian mixture in 8-D
+    (fixed seed). JSON: one record per message (``[x_1, ..., x_8]``); binary: 1000 float64
+    rows per message (``BinaryBatchCodec``). |S| = 1000 (``--batch-size``).
+``lda-json``, ``lda-binary``
+    LDA, K = 50, on the NYT bag of words (seed 002 Table 1: the 7,603 training documents of
+    ``bench/lda_nyt.py``'s split, V = 3,012), three passes in corpus order (22,809
+    documents): the whole run the issue asks about. JSON: ``{"ids": [...], "counts": [...]}``
+    per message; binary: one CSR minibatch of 256 documents per message
+    (``BowBinaryCodec``). |S| = 256, the local step of ``configs/lda.toml``.
 
-Then, per codec, in the same process (each with its own consumer group, so
-each reads the whole topic):
+Each workload's records are produced to one 3-partition topic per compression
+(``--compressions``: none, lz4, zstd, gzip, snappy; kafka-python's producer,
+``compression_type``), on a :class:`~streamsvi.io.LocalBroker` (tansu, 127.0.0.1,
+in-memory), *before* anything is timed. Then in rounds (``--repeats``; in each round every
+topic, and for each topic every stage in turn, so the stages see the same machine load),
+each stage in its own consumer group so each reads the whole topic:
 
-``bare poll, kafka-python reader``
-    ``KafkaConsumer.poll`` in a loop that does nothing with the records, with
-    the consumer settings of ``KafkaSource``: the ceiling of the Kafka client
-    as kafka-python ships it.
-``bare poll, lean reader``
-    the same with the lean record reader ``KafkaSource`` installs
-    (:mod:`streamsvi.io._fastfetch`: offset and value only).
+``confluent-kafka, bare``
+    ``confluent_kafka.Consumer.consume(10000)`` in a loop that counts the messages (the
+    peer: librdkafka's reader). Same group settings as streamsvi's (session 2000 ms,
+    heartbeat 500 ms, fetch sizes 16 MiB per partition / 64 MiB).
+``kafka-python reader, bare`` / ``lean reader, bare``
+    ``KafkaConsumer.poll`` handing out every message, with kafka-python's own record
+    parser and with the lean reader ``KafkaSource`` installs
+    (:mod:`streamsvi.io._fastfetch`).
 ``source only``
-    ``KafkaSource.poll_batch`` (decode + validate, no model) until every
-    record is read, built by the daemon's own source factory from the config.
-``daemon |S|=..., whole run``
-    the real :class:`~streamsvi.service.daemon.Daemon` in-process, config
-    through ``streamsvi.service.config.validate`` (metrics served on port 0,
-    a checkpoint every 2 s into a temporary directory, a small held-out
-    reservoir), timed from the call of ``run(until_drained=True)`` to its
-    return: start-up (metrics server, group join), every batch, the
-    checkpoints, the final checkpoint and the drained check.
-``daemon |S|=..., steady``
-    the same run from the first batch handed to the daemon to the last
-    (start-up and the drained check left out).
+    ``KafkaSource.poll_batch`` (fetch, lean reader, decode, validate; no model) until every
+    record is read: the bare fast reader with decoding.
+``daemon``
+    the real :class:`~streamsvi.service.daemon.Daemon` in-process (config through
+    ``streamsvi.service.config.validate``, metrics served on port 0, a checkpoint every 2
+    s, no held-out reservoir), ``run(until_drained=True)``. Whole run: from the call to its
+    return (metrics server, group join, every batch, checkpoints, the drained check).
+    Steady: from the first batch handed out to the end of the last update, every record
+    of the run counted (the first batch's records too, so the rate is conservative).
+``daemon, no prefetch``
+    the same with ``source.prefetch = false`` (read, then learn, in turn).
 
-The daemon runs with |S| = 1000 for JSON and with |S| = 1000 and 10 000 for
-binary (``--binary-batch-sizes``): at |S| = 1000 the engine alone does about
-1M records/s on this kind of machine, so the binary target needs bigger
-minibatches.
+and, once per workload, ``engine in memory``: the same engine (``build_engine`` from the
+same config) on the decoded records in minibatches of |S|, no I/O. GMM: ``SVI.update`` on
+50 pre-made batches for 3 windows of ``--engine-seconds`` (best and median). LDA: the whole
+run (``init`` on the first minibatch, then ``update`` over the three passes), timed once
+per round.
 
-and, once, ``engine in memory``: ``SVI.update`` on pre-made batches of the
-daemon's batch size (no I/O), the same engine the daemon builds. Rates are
-records that reached the model (or were read, for the source rows) divided by
-wall time. The table ends with the targets: >= 100 000 records/s through the
-broker with JSON and >= 1 000 000 records/s with binary batches.
+Goals (issue 27), printed at the end as ratios from the same run:
 
-Why ``OPENBLAS_NUM_THREADS=1`` (set below before numpy is imported): the
-update's matrices are small ((|S| x 53) times (53 x K)); BLAS threads cost
-more in start-up and synchronisation than they save, and this machine has two
-cores, one of which the broker needs while the daemon consumes.
+* daemon steady ≥ 0.8 × min(source only, engine in memory), per workload and compression;
+* LDA: daemon whole run ≥ 0.8 × the engine's whole run;
+* a compressed topic at the speed of the plain one (daemon steady, compressed / none).
+
+``OPENBLAS_NUM_THREADS=1`` (set below before numpy is imported): the update's matrices
+are small; BLAS threads cost more than they save on a 2-core machine where the broker
+needs a core.
 
 Run::
 
-    python bench/e2e_throughput.py            # 500k JSON + 5M binary records, ~2 min
-    python bench/e2e_throughput.py --repeats 2   # best and median of 2 runs per stage, ~2.5 min
-    python bench/e2e_throughput.py --quick    # 100k JSON + 1M binary records, < 1 min
-    python bench/e2e_throughput.py --codec json --profile   # + cProfile of the daemon run
+    python bench/e2e_throughput.py                 # everything, 3 rounds (~15 min on 2 cores)
+    python bench/e2e_throughput.py --quick         # fewer records, 1 round, lz4 only (~3 min)
+    python bench/e2e_throughput.py --workloads lda-json --compressions none --stages source,daemon
+    python bench/e2e_throughput.py --workloads gmm-json --profile      # + cProfile of the daemon
 
-The table goes to stdout, progress to stderr.
+The table goes to stdout, progress to stderr. confluent-kafka is optional (``pip install
+confluent-kafka``); without it that stage is left out.
 """
 from __future__ import annotations
 
@@ -77,9 +88,15 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from _common import blas_build, cpu_model, fmt_table  # noqa: E402  (bench/ sibling)
 
-D, K = 8, 10
+D, K = 8, 10                    # GMM
+LDA_K, LDA_BATCH, LDA_PASSES = 50, 256, 3
 PARTITIONS = 3
-TARGETS = {"json": 100_000, "binary": 1_000_000}
+WORKLOADS = ("gmm-json", "gmm-binary", "lda-json", "lda-binary")
+COMPRESSIONS = ("none", "lz4", "zstd", "gzip", "snappy")
+STAGES = ("confluent", "stock", "lean", "source", "daemon", "daemon-noprefetch")
+STAGE_NAMES = {"confluent": "confluent-kafka, bare", "stock": "kafka-python reader, bare",
+               "lean": "lean reader, bare", "source": "source only (decode + validate)",
+               "daemon": "daemon", "daemon-noprefetch": "daemon, no prefetch"}
 T0 = time.monotonic()
 
 
@@ -89,37 +106,45 @@ def log(msg):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer records (100k JSON, 1M binary)")
-    ap.add_argument("--codec", choices=("json", "binary", "both"), default="both")
-    ap.add_argument("--json-records", type=int, default=None, help="default 500 000 (100 000 quick)")
-    ap.add_argument("--binary-records", type=int, default=None,
-                    help="default 5 000 000 (1 000 000 quick)")
-    ap.add_argument("--message-rows", type=int, default=1000, help="rows per binary message")
-    ap.add_argument("--batch-size", type=int, default=1000, help="daemon |S| for JSON")
-    ap.add_argument("--binary-batch-sizes", default="1000,10000",
-                    help="daemon |S| for binary, comma-separated: one daemon run each")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs of each timed stage (best and median reported)")
-    ap.add_argument("--M", type=float, default=None,
-                    help="SVI+ effective batch size (default: plain SVI)")
+    ap.add_argument("--quick", action="store_true",
+                    help="100k GMM JSON / 1M binary records, one LDA pass, 1 round, none+lz4")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {WORKLOADS}")
+    ap.add_argument("--compressions", default=None,
+                    help=f"comma list of {COMPRESSIONS} (default all; --quick none,lz4)")
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma list of {STAGES}")
+    ap.add_argument("--json-records", type=int, default=None, help="GMM JSON records (300 000)")
+    ap.add_argument("--binary-records", type=int, default=None, help="GMM binary records (3 000 000)")
+    ap.add_argument("--lda-passes", type=int, default=None, help=f"passes over NYT ({LDA_PASSES})")
+    ap.add_argument("--message-rows", type=int, default=1000, help="rows per binary GMM message")
+    ap.add_argument("--batch-size", type=int, default=1000, help="GMM |S|")
+    ap.add_argument("--repeats", type=int, default=None, help="rounds (default 3; --quick 1)")
     ap.add_argument("--max-wait", type=float, default=0.5, help="inference.max_wait_seconds")
-    ap.add_argument("--engine-seconds", type=float, default=None,
-                    help="length of one timed engine window (default 1, quick 0.5); best of 3")
-    ap.add_argument("--skip", default="", help="comma list of stages to skip: bare,source,daemon")
-    ap.add_argument("--profile", action="store_true",
-                    help="cProfile the daemon runs; top functions to stderr")
+    ap.add_argument("--engine-seconds", type=float, default=1.0,
+                    help="GMM: length of one timed engine window; best of 3")
+    ap.add_argument("--profile", action="store_true", help="cProfile the daemon runs (stderr)")
     args = ap.parse_args(argv)
-    if args.json_records is None:
-        args.json_records = 100_000 if args.quick else 500_000
-    if args.binary_records is None:
-        args.binary_records = 1_000_000 if args.quick else 5_000_000
-    args.binary_batch_sizes = [int(v) for v in str(args.binary_batch_sizes).split(",") if v.strip()]
-    if not args.binary_batch_sizes or min(args.binary_batch_sizes) < 1 or args.repeats < 1:
-        ap.error("--binary-batch-sizes must be integers >= 1 and --repeats >= 1")
-    if args.engine_seconds is None:
-        args.engine_seconds = 0.5 if args.quick else 1.0
-    args.codecs = ["json", "binary"] if args.codec == "both" else [args.codec]
-    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+
+    def names(value, allowed, what):
+        out = [v.strip() for v in value.split(",") if v.strip()]
+        bad = [v for v in out if v not in allowed]
+        if bad or not out:
+            ap.error(f"--{what}: {bad or value!r} not among {allowed}")
+        return out
+
+    args.workloads = names(args.workloads, WORKLOADS, "workloads")
+    args.compressions = names(args.compressions or ("none,lz4" if args.quick else ",".join(COMPRESSIONS)),
+                              COMPRESSIONS, "compressions")
+    args.stages = names(args.stages, STAGES, "stages")
+    args.json_records = args.json_records or (100_000 if args.quick else 300_000)
+    args.binary_records = args.binary_records or (1_000_000 if args.quick else 3_000_000)
+    args.lda_passes = args.lda_passes or (1 if args.quick else LDA_PASSES)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    if "confluent" in args.stages:
+        try:
+            import confluent_kafka  # noqa: F401
+        except ImportError:
+            log("confluent-kafka is not installed: its stage is left out (pip install confluent-kafka)")
+            args.stages.remove("confluent")
     return args
 
 
@@ -127,22 +152,16 @@ def parse_args(argv=None):
 def machine_info() -> list[str]:
     import kafka
 
-    cpu, blas_s = cpu_model(), blas_build()
-    aff = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        import orjson  # noqa: F401
-        fast_json = "orjson " + orjson.__version__
+        import confluent_kafka
+        ck = f"confluent-kafka {confluent_kafka.version()[0]} (librdkafka {confluent_kafka.libversion()[0]})"
     except ImportError:
-        fast_json = "not installed (stdlib json)"
-    try:
-        with open("/proc/meminfo") as f:
-            mem = int(f.readline().split()[1]) / 2 ** 20
-    except (OSError, ValueError, IndexError):
-        mem = float("nan")
-    return [f"CPU: {cpu}; logical CPUs {os.cpu_count()} (usable {aff}); memory {mem:.0f} GiB; "
-            f"load average {os.getloadavg()[0]:.2f}",
-            f"Python {platform.python_version()} ({platform.python_implementation()}), numpy "
-            f"{np.__version__} (BLAS {blas_s}), kafka-python {kafka.__version__}, orjson: {fast_json}",
+        ck = "confluent-kafka not installed"
+    aff = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [f"CPU: {cpu_model()}; logical CPUs {os.cpu_count()} (usable {aff}); load average "
+            f"{os.getloadavg()[0]:.2f} at the end",
+            f"Python {platform.python_version()}, numpy {np.__version__} (BLAS {blas_build()}), "
+            f"kafka-python {kafka.__version__}, {ck}",
             "env: " + " ".join(f"{v}={os.environ.get(v)}" for v in
                                ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"))]
 
@@ -158,50 +177,81 @@ def proc_cpu_seconds(pid: int) -> float:
 
 
 # -------------------------------------------------------------------- data
-def make_data(n: int, seed: int = 0) -> np.ndarray:
-    """``n`` records of a K = 10 Gaussian mixture in D = 8 (identity covariances)."""
-    from streamsvi.datasets import make_blobs
+class Workload:
+    """One model and codec: its records, how they are produced, its config."""
 
-    centers = np.random.default_rng(seed).normal(0.0, 4.0, (K, D))
-    X, _ = make_blobs(n, centers=centers, seed=seed + 1)
-    return X
+    def __init__(self, name: str, args):
+        self.name, self.args = name, args
+        self.model, self.codec = name.split("-")
+        if self.model == "gmm":
+            from streamsvi.datasets import make_blobs
 
+            n = args.json_records if self.codec == "json" else args.binary_records
+            centers = np.random.default_rng(0).normal(0.0, 4.0, (K, D))
+            self.X = make_blobs(n, centers=centers, seed=1)[0]
+            self.n, self.batch = n, args.batch_size
+        else:
+            import scipy.sparse as sp
 
-def produce(bootstrap: str, topic: str, X: np.ndarray, codec, message_rows: int) -> int:
-    from streamsvi.io import create_topic, produce_rows
+            from streamsvi.datasets import load_nyt
 
-    create_topic(bootstrap, topic, partitions=PARTITIONS)
-    multi = codec.rows_per_message != 1
-    return produce_rows(bootstrap, topic, X, codec, batch_rows=message_rows if multi else None,
-                        partitions=PARTITIONS, timeout_s=600.0,
-                        producer_config={"linger_ms": 20, "batch_size": 1 << 20})
+            X = load_nyt()[0]
+            train = X[np.random.default_rng(0).permutation(X.shape[0])[:7603]]  # lda_nyt.py's split
+            self.X = sp.vstack([train] * args.lda_passes).tocsr()
+            self.n, self.batch = self.X.shape[0], LDA_BATCH
+        self.n_messages = None
 
+    def codec_obj(self):
+        from streamsvi.io import BinaryBatchCodec, JsonCodec
+        from streamsvi.io.bow import BowBinaryCodec, BowJsonCodec
 
-# ------------------------------------------------------------------ config
-def make_config(args, bootstrap: str, topic: str, codec: str, n_total: int, ckdir: str,
-                group: str, batch: int) -> dict:
-    from streamsvi.service.config import validate
+        V = self.X.shape[1]
+        return {("gmm", "json"): lambda: JsonCodec(D), ("gmm", "binary"): lambda: BinaryBatchCodec(D),
+                ("lda", "json"): lambda: BowJsonCodec(V),
+                ("lda", "binary"): lambda: BowBinaryCodec(V)}[(self.model, self.codec)]()
 
-    inference = {"n_total": n_total, "batch_size": batch, "max_wait_seconds": args.max_wait,
-                 "seed": 0}
-    if args.M is not None:
-        inference["effective_batch_size"] = min(args.M, batch)
-    return validate({
-        "model": {"kind": "gmm", "n_components": K, "n_features": D,
-                  "weight_concentration": 0.5, "mean_precision": 0.1, "scale": 1.0},
-        "inference": inference,
-        "source": {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic],
-                   "group_id": group, "codec": codec, "connect_attempts": 3},
-        "validation": {"max_message_bytes": 16 << 20},
-        "checkpoint": {"directory": ckdir, "every_seconds": 2.0, "every_batches": 1_000_000,
-                       "keep": 2},
-        "metrics": {"enabled": True, "port": 0, "heldout_size": 200, "heldout_every": 10,
-                    "progress_seconds": 2.0},
-    })
+    def produce(self, bootstrap: str, topic: str, compression: str) -> int:
+        from streamsvi.io import create_topic, produce_rows
+        from streamsvi.io.records import KINDS
+
+        create_topic(bootstrap, topic, partitions=PARTITIONS)
+        codec = self.codec_obj()
+        rows = None if codec.rows_per_message == 1 else \
+            (self.args.message_rows if self.model == "gmm" else LDA_BATCH)
+        conf = {"linger_ms": 20, "batch_size": 1 << 20}
+        if compression != "none":
+            conf["compression_type"] = compression
+        return produce_rows(bootstrap, topic, self.X, codec, batch_rows=rows, partitions=PARTITIONS,
+                            timeout_s=900.0, producer_config=conf,
+                            kind=KINDS["bow"] if self.model == "lda" else None)
+
+    def config(self, bootstrap: str, topic: str, ckdir: str, group: str, prefetch: bool = True) -> dict:
+        from streamsvi.service.config import validate
+
+        if self.model == "gmm":
+            model = {"kind": "gmm", "n_components": K, "n_features": D, "weight_concentration": 0.5,
+                     "mean_precision": 0.1, "scale": 1.0}
+            inference = {"n_total": self.n, "batch_size": self.batch}
+        else:
+            model = {"kind": "lda", "n_components": LDA_K, "n_features": self.X.shape[1],
+                     "doc_topic_prior": 0.02, "topic_word_prior": 0.02, "max_doc_update_iter": 100,
+                     "mean_change_tol": 1e-3, "init": "gamma"}
+            inference = {"n_total": 7603, "batch_size": self.batch, "tau0": 10.0, "kappa": 0.7}
+        return validate({
+            "model": model,
+            "inference": {**inference, "max_wait_seconds": self.args.max_wait, "seed": 0},
+            "source": {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic],
+                       "group_id": group, "codec": self.codec, "connect_attempts": 3,
+                       "prefetch": prefetch},
+            "validation": {"max_message_bytes": 16 << 20},
+            "checkpoint": {"directory": ckdir, "every_seconds": 2.0, "every_batches": 1_000_000,
+                           "keep": 2},
+            "metrics": {"enabled": True, "port": 0, "heldout_size": 0, "progress_seconds": 2.0},
+        })
 
 
 # ------------------------------------------------------------------ stages
-def engine_rate(cfg: dict, X: np.ndarray, batch: int, window_s: float) -> tuple[float, float]:
+def engine_gmm(cfg: dict, X: np.ndarray, batch: int, window_s: float) -> tuple[float, float]:
     """(best, median) records/s of ``SVI.update`` on pre-made batches, 3 windows."""
     from streamsvi.service.config import build_engine
 
@@ -224,8 +274,49 @@ def engine_rate(cfg: dict, X: np.ndarray, batch: int, window_s: float) -> tuple[
     return max(rates), statistics.median(rates)
 
 
-def bare_poll(bootstrap: str, topic: str, n_messages: int, group: str,
-              lean: bool) -> tuple[float, int]:
+def engine_lda_whole(cfg: dict, X) -> float:
+    """Seconds of the engine's whole run over ``X`` in minibatches of |S|, corpus order."""
+    from streamsvi.service.config import build_engine
+
+    S = cfg["inference"]["batch_size"]
+    t0 = time.perf_counter()
+    engine = build_engine(cfg, float(cfg["inference"]["n_total"]))
+    state = engine.init(X[:S], seed=0)
+    for i in range(0, X.shape[0], S):
+        state, _ = engine.update(state, X[i:i + S])
+    return time.perf_counter() - t0
+
+
+def _seconds_left(t0, got, n, what):
+    if time.perf_counter() - t0 > 900:
+        raise RuntimeError(f"{what} read only {got} of {n} messages in 900 s")
+
+
+def bare_confluent(bootstrap: str, topic: str, n_messages: int, group: str) -> float:
+    """Seconds for ``confluent_kafka.Consumer.consume(10000)`` to hand out ``n_messages``."""
+    from confluent_kafka import Consumer
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "session.timeout.ms": 2000,
+                  "heartbeat.interval.ms": 500, "max.partition.fetch.bytes": 16 << 20,
+                  "fetch.max.bytes": 64 << 20, "enable.partition.eof": False})
+    marks = []
+    try:
+        # timed from the assignment (the end of the join), as the kafka-python rows
+        c.subscribe([topic], on_assign=lambda consumer, parts: marks.append(time.perf_counter()))
+        got = 0
+        while not marks:
+            got += len(c.consume(10000, timeout=0.1))
+        t0 = marks[0]
+        while got < n_messages:
+            got += len(c.consume(10000, timeout=1.0))
+            _seconds_left(t0, got, n_messages, "confluent-kafka")
+        return time.perf_counter() - t0
+    finally:
+        c.close()
+
+
+def bare_poll(bootstrap: str, topic: str, n_messages: int, group: str, lean: bool) -> float:
     """Seconds for ``KafkaConsumer.poll`` to hand out ``n_messages`` (records dropped)."""
     from kafka import KafkaConsumer
 
@@ -241,77 +332,58 @@ def bare_poll(bootstrap: str, topic: str, n_messages: int, group: str,
         while not c.assignment():                            # join; give back what it read
             for tp, msgs in c.poll(timeout_ms=500, max_records=1).items():
                 c.seek(tp, msgs[0].offset)
-        got, polls = 0, 0
+        got = 0
         t0 = time.perf_counter()
         while got < n_messages:
-            polls += 1
             for msgs in c.poll(timeout_ms=1000, max_records=100_000).values():
-                # the lean reader hands out one run per record batch
                 got += sum(len(m.offsets) if type(m) is _fastfetch.LeanRun else 1 for m in msgs)
-            if time.perf_counter() - t0 > 600:
-                raise RuntimeError(f"bare poll read only {got} of {n_messages} messages in 600 s")
-        return time.perf_counter() - t0, polls
+            _seconds_left(t0, got, n_messages, "kafka-python")
+        return time.perf_counter() - t0
     finally:
         c.close(autocommit=False)
 
 
-def source_only(cfg: dict, n_records: int) -> tuple[float, int, int]:
-    """(seconds, rows, dead) for ``KafkaSource.poll_batch`` to read every record."""
+def source_only(cfg: dict, n_records: int) -> float:
+    """Seconds for ``KafkaSource.poll_batch`` to read (decode, validate) every record."""
     from streamsvi.service.daemon import default_source
     from streamsvi.service.metrics import DaemonMetrics
 
     src = default_source(cfg, DaemonMetrics())
     try:
         src.wait_for_assignment(timeout_s=60.0)
-        rows = dead = 0
+        got = 0
         inf = cfg["inference"]
         t0 = time.perf_counter()
-        while rows + dead < n_records:
+        while got < n_records:
             b = src.poll_batch(inf["batch_size"], inf["max_wait_seconds"])
             if b is not None:
-                rows += b.n_rows
-                dead += len(b.dead)
-            elif time.perf_counter() - t0 > 600:
-                raise RuntimeError(f"source read only {rows + dead} of {n_records} records in 600 s")
-        return time.perf_counter() - t0, rows, dead
+                got += b.n_rows + len(b.dead)
+            _seconds_left(t0, got, n_records, "the source")
+        return time.perf_counter() - t0
     finally:
         src.close()
 
 
-class _TimedSource:
-    """Wraps the daemon's source to note when the first and last batches came out."""
-
-    def __init__(self, src):
-        self._src = src
-        self.first = self.last = None
-        self.first_rows = 0
-
-    def poll_batch(self, *a, **kw):
-        b = self._src.poll_batch(*a, **kw)
-        if b is not None:
-            now = time.perf_counter()
-            if self.first is None:
-                self.first, self.first_rows = now, b.n_rows + len(b.dead)
-            self.last = now
-        return b
-
-    def __getattr__(self, name):
-        return getattr(self._src, name)
-
-
 def daemon_run(cfg: dict, broker_pid: int, profile: bool) -> dict:
-    """Run the daemon until drained; timings and counts."""
+    """Run the daemon until drained: whole and steady seconds, counts, CPU."""
     from prometheus_client import CollectorRegistry
 
-    from streamsvi.service.daemon import Daemon, default_source
+    from streamsvi.service.daemon import Daemon
 
-    timed = {}
+    marks = {}
 
-    def factory(c, metrics):
-        timed["src"] = _TimedSource(default_source(c, metrics))
-        return timed["src"]
+    class Timed(Daemon):
+        def _poll(self, source, loop):
+            b = super()._poll(source, loop)
+            if b is not None and "first" not in marks:
+                marks["first"] = time.perf_counter()
+            return b
 
-    d = Daemon(cfg, registry=CollectorRegistry(), source_factory=factory, out=sys.stderr)
+        def _update(self, x, loop):
+            super()._update(x, loop)
+            marks["last"] = time.perf_counter()
+
+    d = Timed(cfg, registry=CollectorRegistry(), out=io.StringIO())
     prof = cProfile.Profile() if profile else None
     b0, c0 = proc_cpu_seconds(broker_pid), time.process_time()
     t0 = time.perf_counter()
@@ -320,142 +392,148 @@ def daemon_run(cfg: dict, broker_pid: int, profile: bool) -> dict:
     res = d.run(until_drained=True)
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
-    out = {"wall": wall, "res": res, "first": timed["src"].first - t0,
-           "steady": timed["src"].last - timed["src"].first,
-           "first_rows": timed["src"].first_rows,
-           "cpu": time.process_time() - c0, "broker_cpu": proc_cpu_seconds(broker_pid) - b0}
+    out = {"wall": time.perf_counter() - t0, "res": res, "first": marks["first"] - t0,
+           "steady": marks["last"] - marks["first"], "cpu": time.process_time() - c0,
+           "broker_cpu": proc_cpu_seconds(broker_pid) - b0}
     if prof:
         s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(30)
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
         out["profile"] = s.getvalue()
     return out
 
 
-# ------------------------------------------------------------------- table
-def row(codec, what, n, times, note):
-    """A table row from the seconds of each run (best and median rate of ``n`` records)."""
-    return [codec, what, f"{n:,}", f"{min(times):.2f}", f"{n / min(times):,.0f}",
-            f"{n / statistics.median(times):,.0f}", note]
-
-
+# -------------------------------------------------------------------- main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from streamsvi.io import BinaryBatchCodec, JsonCodec, LocalBroker
+    from streamsvi.io import LocalBroker
 
     info = machine_info()
-    n_max = max(args.json_records if "json" in args.codecs else 0,
-                args.binary_records if "binary" in args.codecs else 0)
-    log(f"making {n_max:,} records (D={D}, K={K} mixture)")
-    X = make_data(n_max)
-    rows, notes = [], []
+    loads = {}
+    for w in args.workloads:
+        log(f"making the records of {w} ...")
+        loads[w] = Workload(w, args)
+    seconds: dict = {}          # (workload, compression, stage) -> [seconds per round]
+    extra: dict = {}            # (workload, compression, stage) -> [dicts per round]
+    engine: dict = {}           # workload -> [records/s per round]
+    runs = 0
+
+    def group(kind):
+        nonlocal runs
+        runs += 1
+        return f"{kind}-{runs}"
+
     with LocalBroker() as broker, tempfile.TemporaryDirectory(prefix="e2e-") as tmp:
-        log(f"broker {broker.bootstrap} (tansu pid {broker.proc.pid})")
-        # ---- load every topic before anything is timed
-        plan = {}
-        for codec in args.codecs:
-            n = args.json_records if codec == "json" else args.binary_records
-            topic = f"e2e-{codec}"
-            c = JsonCodec(D) if codec == "json" else BinaryBatchCodec(D)
-            log(f"producing {n:,} {codec} records to {topic!r} ({PARTITIONS} partitions) ...")
-            t0 = time.perf_counter()
-            n_msg = produce(broker.bootstrap, topic, X[:n], c, args.message_rows)
-            el = time.perf_counter() - t0
-            log(f"  {n_msg:,} messages in {el:.1f} s ({n / el:,.0f} records/s, not timed)")
-            plan[codec] = (topic, n, n_msg)
-        # ---- engine in memory
-        sizes = {c: [args.batch_size] if c == "json" else args.binary_batch_sizes
-                 for c in args.codecs}
-        engine_rates = {}
-        for codec in args.codecs:
-            topic, n, _ = plan[codec]
-            for S in sizes[codec]:
-                if S not in engine_rates:
-                    log(f"engine in memory, |S| = {S} ...")
-                    cfg = make_config(args, broker.bootstrap, topic, codec, n, tmp, "unused", S)
-                    engine_rates[S] = engine_rate(cfg, X, S, args.engine_seconds)
-        for S, (best, med) in engine_rates.items():
-            rows.append(["-", f"engine in memory (SVI.update, |S|={S}), 3 x {args.engine_seconds:g} s",
-                         "", "", f"{best:,.0f}", f"{med:,.0f}", ""])
-        # ---- per codec: bare poll, source only, daemon
-        runs = 0
+        bs = broker.bootstrap
+        log(f"broker {bs} (tansu pid {broker.proc.pid})")
+        topics = {}
+        for w, load in loads.items():
+            for comp in args.compressions:
+                topic = f"e2e-{w}-{comp}"
+                log(f"producing {load.n:,} {w} records to {topic!r} ({comp}) ...")
+                t0 = time.perf_counter()
+                n_msg = load.produce(bs, topic, comp)
+                log(f"  {n_msg:,} messages in {time.perf_counter() - t0:.1f} s (not timed)")
+                topics[(w, comp)] = (topic, n_msg)
+        for r in range(args.repeats):
+            log(f"---- round {r + 1} of {args.repeats}")
+            for w, load in loads.items():
+                cfg = load.config(bs, "unused", tmp, "unused")
+                if load.model == "gmm":
+                    engine.setdefault(w, []).append(engine_gmm(cfg, load.X, load.batch,
+                                                               args.engine_seconds)[1])
+                else:
+                    engine.setdefault(w, []).append(load.n / engine_lda_whole(cfg, load.X))
+                log(f"{w}: engine in memory {engine[w][-1]:,.0f} records/s")
+                for comp in args.compressions:
+                    topic, n_msg = topics[(w, comp)]
+                    for stage in args.stages:
+                        key = (w, comp, stage)
+                        if stage == "confluent":
+                            el = bare_confluent(bs, topic, n_msg, group("ck"))
+                        elif stage in ("stock", "lean"):
+                            el = bare_poll(bs, topic, n_msg, group(stage), lean=stage == "lean")
+                        elif stage == "source":
+                            el = source_only(load.config(bs, topic, tmp, group("source")), load.n)
+                        else:
+                            cfg = load.config(bs, topic, os.path.join(tmp, group("ck")),
+                                              group("daemon"), prefetch=stage == "daemon")
+                            out = daemon_run(cfg, broker.proc.pid, args.profile)
+                            res = out["res"]
+                            if res.records + res.dead != load.n:
+                                raise RuntimeError(f"{w} {comp}: the daemon learned {res.records} "
+                                                   f"records and set aside {res.dead}, of {load.n}")
+                            extra.setdefault(key, []).append(out)
+                            el = out["wall"]
+                            if args.profile:
+                                print(f"---- cProfile, {w} {comp} {stage} (tottime) ----\n"
+                                      f"{out['profile']}", file=sys.stderr)
+                        seconds.setdefault(key, []).append(el)
+                        log(f"{w} {comp:6s} {STAGE_NAMES[stage]:32s} {load.n / el:>12,.0f} records/s")
+    report(args, info, loads, seconds, extra, engine)
+    return 0
 
-        def group(kind):
-            nonlocal runs
-            runs += 1
-            return f"{kind}-{runs}"
 
-        for codec in args.codecs:
-            topic, n, n_msg = plan[codec]
-            target = TARGETS[codec]
-            if "bare" not in args.skip:
-                for lean in (False, True):
-                    what = "lean reader" if lean else "kafka-python reader"
-                    log(f"{codec}: bare poll of {n_msg:,} messages, {what} ...")
-                    times = [bare_poll(broker.bootstrap, topic, n_msg, group("bare"), lean)[0]
-                             for _ in range(args.repeats)]
-                    rows.append(row(codec, f"bare poll, {what}", n, times,
-                                    f"{n_msg / min(times):,.0f} msg/s"))
-            if "source" not in args.skip:
-                S = sizes[codec][0]
-                log(f"{codec}: source only (KafkaSource.poll_batch, |S| = {S}) ...")
-                times = []
-                for _ in range(args.repeats):
-                    cfg = make_config(args, broker.bootstrap, topic, codec, n, tmp, group("source"), S)
-                    el, got, dead = source_only(cfg, n)
-                    times.append(el)
-                rows.append(row(codec, f"source only (poll_batch |S|={S}: decode + validate)",
-                                got, times, f"{dead} dead"))
-            if "daemon" in args.skip:
-                continue
-            for S in sizes[codec]:
-                wall, steady, last, n_steady = [], [], None, 0
-                for _ in range(args.repeats):
-                    log(f"{codec}: daemon run(until_drained=True), |S| = {S} ...")
-                    ckdir = os.path.join(tmp, group("ck"))
-                    cfg = make_config(args, broker.bootstrap, topic, codec, n, ckdir,
-                                      group("daemon"), S)
-                    r = last = daemon_run(cfg, broker.proc.pid, args.profile)
-                    res = r["res"]
-                    seen = res.records + res.heldout
-                    wall.append(r["wall"])
-                    steady.append(r["steady"])
-                    n_steady = seen - r["first_rows"]
-                    notes.append(f"{codec} daemon |S|={S}: {res.batches} batches, {res.heldout} held "
-                                 f"out, {res.dead} dead, {res.checkpoints} checkpoints, stopped by "
-                                 f"{res.stopped_by!r}; first batch after {r['first']:.2f} s, last "
-                                 f"batch {r['wall'] - r['first'] - r['steady']:.2f} s before the "
-                                 f"end; CPU: daemon process {r['cpu']:.1f} s, broker "
-                                 f"{r['broker_cpu']:.1f} s (wall {r['wall']:.1f} s)")
-                    if seen + res.dead != n:
-                        notes.append(f"!! {codec} daemon saw {seen + res.dead:,} records, "
-                                     f"expected {n:,}")
-                    if args.profile:
-                        print(f"---- cProfile of the {codec} daemon run, |S|={S} (tottime) ----\n"
-                              f"{r['profile']}", file=sys.stderr)
-                def met(k, t):
-                    return f">= {target:,}: {'MET' if k / min(t) >= target else 'NOT MET'}"
-                n_model = last["res"].records
-                rows.append(row(codec, f"daemon |S|={S}, whole run(until_drained)", n_model, wall,
-                                met(n_model, wall)))
-                rows.append(row(codec, f"daemon |S|={S}, steady (1st -> last batch)", n_steady,
-                                steady, met(n_steady, steady)))
+def report(args, info, loads, seconds, extra, engine) -> None:
+    med = statistics.median
     print("=" * 100)
-    print(f"end-to-end throughput: GMM D={D}, K={K}, {PARTITIONS} partitions, local tansu broker"
-          f"{' (--quick)' if args.quick else ''}")
+    print(f"end-to-end throughput through a local tansu broker, {PARTITIONS} partitions"
+          f"{' (--quick)' if args.quick else ''}; median of {args.repeats} round(s), stages alternated")
     print("=" * 100)
     for ln in info:
         print(ln)
-    print(f"engine: {'plain SVI' if args.M is None else f'SVI+ M={args.M:g}'}; daemon "
-          f"max_wait_seconds={args.max_wait:g}, checkpoint every 2 s, metrics on, held-out 200; "
-          f"binary messages of {args.message_rows} rows (float64); best of {args.repeats} "
-          f"run(s) per stage, records/s = records / seconds\n")
-    print(fmt_table(["codec", "measurement", "records", "seconds", "records/s",
-                     "median rec/s", "note"], rows, left=2))
+    print(f"daemon: max_wait_seconds={args.max_wait:g}, checkpoint every 2 s, metrics on, no held-out "
+          f"reservoir; GMM |S|={args.batch_size}, binary messages of {args.message_rows} rows; "
+          f"LDA K={LDA_K}, |S|={LDA_BATCH}, NYT x {args.lda_passes} pass(es)\n")
+    rows, goals = [], []
+    for w, load in loads.items():
+        e = med(engine[w])
+        rows.append([w, "-", "engine in memory" + (" (whole run)" if load.model == "lda" else ""),
+                     f"{load.n:,}", f"{e:,.0f}", ""])
+        plain_steady = None
+        for comp in args.compressions:
+            rate = {}
+            for stage in args.stages:
+                t = seconds.get((w, comp, stage))
+                if not t:
+                    continue
+                rate[stage] = load.n / med(t)
+                note = ""
+                if stage in ("daemon", "daemon-noprefetch"):
+                    ex = extra[(w, comp, stage)]
+                    steady = med([load.n / o["steady"] for o in ex])
+                    rate[stage + "/steady"] = steady
+                    cpu = med([o["cpu"] / load.n * 1e6 for o in ex])
+                    bcpu = med([o["broker_cpu"] / load.n * 1e6 for o in ex])
+                    first = med([o["first"] for o in ex])
+                    rows.append([w, comp, STAGE_NAMES[stage] + ", whole run", f"{load.n:,}",
+                                 f"{rate[stage]:,.0f}", f"first batch after {first:.2f} s"])
+                    rows.append([w, comp, STAGE_NAMES[stage] + ", steady", f"{load.n:,}",
+                                 f"{steady:,.0f}", f"CPU/record: daemon {cpu:.1f} us, broker {bcpu:.1f} us"])
+                    continue
+                if stage in ("stock", "lean") and "confluent" in rate:
+                    note = f"{rate[stage] / rate['confluent']:.2f}x confluent"
+                rows.append([w, comp, STAGE_NAMES[stage], f"{load.n:,}", f"{rate[stage]:,.0f}", note])
+            if "daemon/steady" in rate:
+                ceiling = min(rate.get("source", float("inf")), e)
+                r = rate["daemon/steady"] / ceiling
+                goals.append([w, comp, "daemon steady / min(source only, engine)", f"{r:.2f}",
+                              ">= 0.8", "MET" if r >= 0.8 else "NOT MET"])
+                if "daemon-noprefetch/steady" in rate:
+                    goals.append([w, comp, "  the same without prefetch",
+                                  f"{rate['daemon-noprefetch/steady'] / ceiling:.2f}", "", ""])
+                if load.model == "lda":
+                    r = rate["daemon"] / e
+                    goals.append([w, comp, "daemon whole run / engine whole run", f"{r:.2f}", ">= 0.8",
+                                  "MET" if r >= 0.8 else "NOT MET"])
+                if comp == "none":
+                    plain_steady = rate["daemon/steady"]
+                elif plain_steady:
+                    r = rate["daemon/steady"] / plain_steady
+                    goals.append([w, comp, "daemon steady, compressed / plain", f"{r:.2f}", "~1", ""])
+    print(fmt_table(["workload", "compression", "measurement", "records", "records/s", "note"],
+                    rows, left=3))
     print()
-    for ln in notes:
-        print(ln)
-    return 0
+    print(fmt_table(["workload", "compression", "ratio", "value", "goal", ""], goals, left=3))
 
 
 if __name__ == "__main__":

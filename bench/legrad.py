@@ -858,8 +858,13 @@ def speed(args):
             return res.records / (time.perf_counter() - t0)
 
         def run_river(k):
+            # the daemon's group settings (source.session_timeout_ms / heartbeat_interval_ms
+            # defaults and KafkaSource's fetch sizes): kafka-python's own 45 s session timeout
+            # made river's join wait ~20 s on this broker, which measured the setting
             c = KafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=f"r{k}",
-                              auto_offset_reset="earliest", enable_auto_commit=False)
+                              auto_offset_reset="earliest", enable_auto_commit=False,
+                              session_timeout_ms=2000, heartbeat_interval_ms=500,
+                              max_partition_fetch_bytes=16 << 20, fetch_max_bytes=64 << 20)
             rv = linear_model.LogisticRegression()
             names = [f"p{j}" for j in range(D)]
             seen = 0

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..checkpoint import CheckpointStore, check_compatible
 from ..io.records import record_kind
+from ..io.sources.prefetch import Prefetching
 from ..learner import take_start
 from ..models.base import Classifier, StartsFromData
 from .commit import SnapshotCommit
@@ -125,6 +126,10 @@ class Daemon(StagedLoop):
     """
 
     commit_strategy = SnapshotCommit
+    #: Whether the run reads each next minibatch while it learns the last one
+    #: (``source.prefetch``; :mod:`streamsvi.io.sources.prefetch`). The scale-out worker
+    #: reads in turn: its transaction's ranges and group checks follow each poll.
+    prefetches = True
 
     def __init__(self, cfg: dict, registry=None, source_factory=None, dead_sink_factory=None,
                  out=None, allow_fresh_start: bool = False):
@@ -455,6 +460,8 @@ class Daemon(StagedLoop):
         if source is None:                          # stopped while waiting for the brokers
             loop.res.stopped_by = self._stop_reason
             return None
+        if self.prefetches and self.cfg["source"].get("prefetch", True):
+            source = Prefetching(source)            # _poll starts each next batch's read
         stack.callback(source.close)
         if self.state is None:
             self._refuse_fresh_start(source)
@@ -550,6 +557,11 @@ class Daemon(StagedLoop):
             loop.failed_poll = True
             return None
         loop.failed_poll = False
+        if batch is not None and isinstance(source, Prefetching) and any(source.lag().values()):
+            # read the next batch while this one is learned; not when the source has nothing
+            # more yet (the read would wait out max_wait_seconds, and a drained check after
+            # this batch would wait for it)
+            source.prefetch(inf["batch_size"], inf["max_wait_seconds"])
         if (batch is not None or getattr(source, "check_brokers", None) is None) and \
                 (self.cfg["source"]["kind"] == "kafka" or not self.health.up):
             self.health.answered()

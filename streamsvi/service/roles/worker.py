@@ -213,6 +213,7 @@ class Worker(Daemon):
     """
 
     commit_strategy = TransactionCommit
+    prefetches = False
 
     def __init__(self, cfg, registry=None, source_factory=None, dead_sink_factory=None, out=None,
                  allow_fresh_start: bool = False):
