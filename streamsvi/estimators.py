@@ -16,9 +16,22 @@ in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
 
 Feature handling: the feature names are fixed by the ``features`` setting,
 or else by the keys of the first record (sorted, so key order never
-matters). A missing feature is imputed with its running mean (river
-``stats.Mean``; 0 before any value is seen); a feature not in the list is
-ignored.
+matters). A missing, NaN or infinite value is imputed with its feature's
+running mean (river ``stats.Mean`` to rounding; 0 before any value is seen);
+a feature not in the list is ignored; a value that is not a number is refused
+(``ValueError``) by the call that brings it.
+
+Speed: the mixture and the classifiers write each record into a
+preallocated array and hand the rows to the learner a block at a time
+(when an update is due, and before any prediction or read of the state),
+with the running feature moments of the whole block in a few array
+operations (:class:`_RunningMoments`); ``learn_many`` takes a DataFrame
+as one array. What is learned does not depend on the blocks: ``learn_one``
+record by record, ``learn_many`` in chunks of any size and ``learn_one``
+with predictions in between give the same λ. The classifiers'
+``predict_proba_one`` reads weights cached per state (plain floats for the
+binary model), and ``MatrixFactorization.predict_one`` a per-state table of
+the rows' moments once enough predictions are asked under one state.
 
 Examples
 --------
@@ -33,10 +46,12 @@ True
 from __future__ import annotations
 
 import copy
+import math
+import operator
 from functools import partial
 
 import numpy as np
-from river import base, stats
+from river import base
 
 from .inference import SVI, EngineState, RobbinsMonro
 from .inference.annealing import SVIPlus, annealer_from_dict
@@ -72,12 +87,21 @@ def _annealer_of(annealing, batch_size, effective_batch_size):
 class _Face:
     """What the faces share: a :class:`~streamsvi.learner.StreamLearner` (``_learner``; None
     until the engine is built), which owns the engine, its state, the minibatch buffer, the
-    streaming start and the updates. ``_engine``, ``_state`` and ``last_info_`` read it."""
+    streaming start and the updates. ``_engine``, ``_state`` and ``last_info_`` read it.
+
+    A face may hold records back from the learner (the classifiers and the mixture keep
+    raw rows in a preallocated array and turn them into the learner's records a block at
+    a time): :meth:`_sync` hands them over, and every read of the learned state
+    (``_state``, ``last_info_``, the predictions) calls it first, so what a caller sees
+    is what it would be had each record gone to the learner on arrival."""
 
     _learner: StreamLearner | None = None
 
     def _make_learner(self, engine, make_batch) -> None:
         self._learner = StreamLearner(engine, self.batch_size, make_batch, seed=self.seed)
+
+    def _sync(self) -> None:
+        """Hand the records held back to the learner (none here)."""
 
     @property
     def _engine(self):
@@ -89,7 +113,10 @@ class _Face:
 
     @property
     def _state(self):
-        return None if self._learner is None else self._learner.state
+        if self._learner is None:
+            return None
+        self._sync()
+        return self._learner.state
 
     @_state.setter
     def _state(self, state):
@@ -98,10 +125,190 @@ class _Face:
     @property
     def last_info_(self):
         """``UpdateInfo`` of the last update (no attribute before the first)."""
+        if self._learner is not None:
+            self._sync()
         info = None if self._learner is None else self._learner.last_info
         if info is None:
             raise AttributeError("last_info_: no update yet")
         return info
+
+
+class _RunningMoments:
+    """Running mean and variance (ddof = 1) of each feature's finite values, a block of rows at a time.
+
+    What river's ``stats.Mean`` / ``stats.Var`` give value by value (Welford), for D
+    features at once and a block of records in a few array operations: shifted sums
+    since an anchor, ``mean = c + Σ(x − c) / n`` and ``S = S_c + Σ(x − c)² − (Σ(x − c))² / n``
+    with c the mean at the anchor (the first value before any), equal to Welford's to
+    rounding. The sums run record by record (``cumsum`` with the carry in front), and the
+    anchor moves every ``ANCHOR`` records counted from the first, so the values a record
+    gets do not depend on how the stream was cut into blocks: ``learn_one`` over a
+    stream and ``learn_many`` over the same stream agree to the bit.
+
+    A missing (NaN) or infinite value is skipped: it changes neither the mean nor the
+    variance. Before a feature's first value its mean and variance are 0.
+    """
+
+    ANCHOR = 4096
+
+    def __init__(self, n_features: int):
+        D = n_features
+        self.n_rows = 0                      # rows learned, for the anchors
+        self.c = np.zeros(D)                 # the shift: the mean at the anchor (or the first value)
+        self.pinned = np.zeros(D, bool)      # c is set (a value has been seen)
+        self.n0 = np.zeros(D)                # values before the anchor, and their S
+        self.S0 = np.zeros(D)
+        self.cnt = np.zeros(D)               # since the anchor: values, Σ(x − c), Σ(x − c)²
+        self.sy = np.zeros(D)
+        self.syy = np.zeros(D)
+        self._now = None                     # (n_rows, what current() returns) at n_rows
+
+    def learn(self, X: np.ndarray):
+        """Learn the rows of ``X`` (B, D) in order; the mean, S and n after each row, (B, D) each."""
+        if not X.shape[0]:
+            return X.copy(), X.copy(), X.copy()
+        out, start = [], 0
+        while start < X.shape[0]:
+            stop = min(X.shape[0], start + self.ANCHOR - self.n_rows % self.ANCHOR)
+            out.append(self._learn_piece(X[start:stop]))
+            start = stop
+        if len(out) == 1:
+            return out[0]
+        return tuple(np.concatenate(parts) for parts in zip(*out))
+
+    def _learn_piece(self, X):
+        M = np.isfinite(X)
+        new = ~self.pinned & M.any(axis=0)
+        if new.any():                                   # a feature's first value is its shift
+            first = M.argmax(axis=0)
+            self.c[new] = X[first[new], np.flatnonzero(new)]
+            self.pinned |= new
+        Y = X - self.c
+        Y[~M] = 0.0
+        sy = np.cumsum(np.vstack([self.sy, Y]), axis=0)[1:]
+        syy = np.cumsum(np.vstack([self.syy, Y * Y]), axis=0)[1:]
+        cnt = np.cumsum(np.vstack([self.cnt, M]), axis=0)[1:]
+        n = self.n0 + cnt
+        n1 = np.maximum(n, 1.0)
+        mean = self.c + sy / n1
+        mean[n == 0] = 0.0                              # no value yet (c may be a later first value)
+        S = np.maximum(self.S0 + syy - sy * sy / n1, 0.0)
+        self.sy, self.syy, self.cnt = sy[-1], syy[-1], cnt[-1]
+        self.n_rows += X.shape[0]
+        if self.n_rows % self.ANCHOR == 0:              # a new anchor: the sums restart from the mean
+            self.n0, self.c, self.S0 = n[-1].copy(), mean[-1].copy(), S[-1].copy()
+            self.sy, self.syy, self.cnt = np.zeros_like(self.sy), np.zeros_like(self.sy), np.zeros_like(self.sy)
+        return mean, S, n
+
+    def current(self):
+        """The mean, S and n now, (D,) each (computed once per block learned; do not modify)."""
+        now = self._now
+        if now is None or now[0] != self.n_rows:
+            n = self.n0 + self.cnt
+            n1 = np.maximum(n, 1.0)
+            mean = self.c + self.sy / n1
+            mean[n == 0] = 0.0
+            now = self._now = (self.n_rows, mean, np.maximum(self.S0 + self.syy - self.sy * self.sy / n1, 0.0), n)
+        return now[1:]
+
+
+def _impute(X: np.ndarray, mean: np.ndarray) -> np.ndarray:
+    """X with each missing or infinite value replaced by its feature's mean (rows of ``mean``
+    or one row for all)."""
+    bad = ~np.isfinite(X)
+    if bad.any():
+        X = X.copy()
+        X[bad] = np.broadcast_to(mean, X.shape)[bad]
+    return X
+
+
+def _scale(S: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Standard deviations from S and n (river ``Var``: √(S / (n − 1)) once n > 1), with 1
+    where that is 0 (a feature that is only centred)."""
+    sd = np.sqrt(np.where(n > 1, S / np.maximum(n - 1.0, 1.0), 0.0))
+    sd[sd == 0] = 1.0
+    return sd
+
+
+class _DictRows:
+    """Dict records as rows of a preallocated float array, in the order of ``features``.
+
+    ``put(x)`` writes one record into the next row (a missing feature is NaN, a value
+    that is not a number raises ``ValueError`` at once); ``take()`` returns the rows
+    written and empties the buffer; ``matrix(xs)`` converts many records in one go.
+    """
+
+    def __init__(self, features: list, capacity: int):
+        self.features = list(features)
+        self.get = operator.itemgetter(*self.features) if len(self.features) > 1 else None
+        self.rows = np.empty((max(int(capacity), 1), len(self.features)))
+        self.n = 0
+        self._takes: dict = {}                      # DataFrame columns -> positions of the features
+
+    def values(self, x: dict):
+        """The record's values in feature order (None for a missing one)."""
+        if self.get is not None:
+            try:
+                return self.get(x)
+            except KeyError:
+                pass
+        return [x.get(f) for f in self.features]
+
+    def put(self, x: dict) -> None:
+        if self.n == self.rows.shape[0]:
+            self.rows = np.concatenate([self.rows, np.empty_like(self.rows)])
+        vals = self.values(x)
+        try:
+            self.rows[self.n] = vals
+        except (TypeError, ValueError):
+            bad = next((f, v) for f, v in zip(self.features, vals)
+                       if v is not None and not _is_number(v))
+            raise ValueError(f"feature {bad[0]!r} must be a number, got {bad[1]!r}") from None
+        self.n += 1
+
+    def take(self) -> np.ndarray:
+        out = self.rows[:self.n].copy()
+        self.n = 0
+        return out
+
+    def matrix(self, xs) -> np.ndarray:
+        """Records (dicts) as one (n, D) float array, NaN where a feature is missing."""
+        try:
+            return np.array([self.values(x) for x in xs], dtype=float).reshape(-1, len(self.features))
+        except (TypeError, ValueError):
+            out = _DictRows(self.features, len(xs))
+            for x in xs:
+                out.put(x)
+            return out.take()
+
+    def frame(self, X) -> np.ndarray:
+        """A DataFrame's columns ``features`` (NaN for a missing column) as a float array."""
+        cols = tuple(X.columns.tolist())
+        take = self._takes.get(cols)
+        if take is None:                                # where each feature is among the columns
+            pos = {c: j for j, c in enumerate(cols)}
+            take = np.array([pos.get(f, len(cols)) for f in self.features], dtype=np.intp)
+            if len(self._takes) > 64:
+                self._takes.clear()
+            self._takes[cols] = take
+        try:
+            V = X.to_numpy(dtype=float, na_value=np.nan)
+        except (TypeError, ValueError):
+            return self.matrix(X.to_dict(orient="records"))
+        if take.size and take.max() == len(cols):        # a feature with no column: NaN
+            V = np.column_stack([V, np.full(len(V), np.nan)])
+        return V.take(take, axis=1)
+
+
+_sub, _mul = operator.sub, operator.mul
+
+
+def _is_number(v) -> bool:
+    try:
+        float(v)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _dense(rows: list) -> np.ndarray:
@@ -194,7 +401,6 @@ class GaussianMixture(_Face, base.Clusterer):
         self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
         self._features = list(features) if features is not None else None
         self._learner = None
-        self._means: dict = {}
         if self._features is not None:
             self._build()
 
@@ -218,7 +424,8 @@ class GaussianMixture(_Face, base.Clusterer):
                                schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
                                effective_batch_size=self.effective_batch_size, short_batches="svi",
                                annealer=self._annealer), _dense)
-        self._means = {f: stats.Mean() for f in self._features}
+        self._moments = _RunningMoments(D)
+        self._pending = _DictRows(self._features, self.batch_size)
 
     @classmethod
     def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "GaussianMixture":
@@ -272,37 +479,51 @@ class GaussianMixture(_Face, base.Clusterer):
         est._state = EngineState(fitted.step, fitted.lam, fresh.rng_state, fitted.records_seen)
         return est
 
+    _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
+
     # ------------------------------------------------------------ features
-    def _row(self, x: dict, learn: bool) -> np.ndarray:
-        if self._features is None:
-            self._features = sorted(x)
-            self._build()
-        row = np.empty(len(self._features))
-        for i, f in enumerate(self._features):
-            v = x.get(f)
-            if v is None:
-                row[i] = self._means[f].get()
-            else:
-                row[i] = float(v)
-                if learn:
-                    self._means[f].update(row[i])
-        return row
+    def _sync(self) -> None:
+        """Learn the running means of the rows held back, then hand them (imputed) to the learner."""
+        if self._pending is None or not self._pending.n:
+            return
+        X = self._pending.take()
+        self._learner.learn_many(_impute(X, self._moments.learn(X)[0]))
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows imputed with the running means as they are now (for predictions)."""
+        self._sync()
+        return _impute(X, self._moments.current()[0])
+
+    def _row(self, x: dict) -> np.ndarray:
+        """One record as a (1, D) row for the model's predictions."""
+        return self._rows_now(self._pending.matrix([x]))
 
     # ------------------------------------------------------------- learning
     def learn_one(self, x: dict) -> None:
-        row = self._row(x, learn=True)          # builds the learner on the first record
-        self._learner.learn(row)
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        pending = self._pending
+        pending.put(x)
+        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
+            self._sync()
 
     def learn_many(self, X) -> None:
-        """Learn from a pandas DataFrame (columns = features); same batching as learn_one."""
-        for x in X.to_dict(orient="records"):
-            self.learn_one(x)
+        """Learn from a pandas DataFrame (columns = features); same batching, same result as learn_one."""
+        if self._features is None:
+            if not len(X):
+                return
+            self._features = sorted(X.columns)
+            self._build()
+        self._sync()
+        Xr = self._pending.frame(X)
+        self._learner.learn_many(_impute(Xr, self._moments.learn(Xr)[0]))
 
     # ------------------------------------------------------------ predicting
     def predict_one(self, x: dict) -> int:
         if self._state is None:
             return 0
-        return int(self._engine.model.predict(self._state.lam, self._row(x, learn=False)[None, :])[0])
+        return int(self._engine.model.predict(self._state.lam, self._row(x))[0])
 
     def predict_many(self, X):
         """MAP components of a DataFrame's rows, as a pandas Series."""
@@ -310,22 +531,21 @@ class GaussianMixture(_Face, base.Clusterer):
 
         if self._state is None:
             return pd.Series(np.zeros(len(X), dtype=int), index=X.index)
-        rows = np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")])
+        rows = self._rows_now(self._pending.frame(X))
         return pd.Series(self._engine.model.predict(self._state.lam, rows), index=X.index)
 
     def predict_proba_one(self, x: dict) -> dict[int, float]:
         """Responsibilities of each component."""
         if self._state is None:
             return {k: 1.0 / self.n_components for k in range(self.n_components)}
-        r = self._engine.model.responsibilities(self._state.lam, self._row(x, learn=False)[None, :])[0]
-        return {k: float(v) for k, v in enumerate(r)}
+        r = self._engine.model.responsibilities(self._state.lam, self._row(x))[0]
+        return dict(enumerate(r.tolist()))
 
     def score_one(self, x: dict) -> float:
         """Posterior predictive log density of a record."""
         if self._state is None:
             return float("nan")
-        return float(self._engine.model.predictive_logpdf(self._state.lam,
-                                                          self._row(x, learn=False)[None, :])[0])
+        return float(self._engine.model.predictive_logpdf(self._state.lam, self._row(x))[0])
 
 
 # ---------------------------------------------------------------- topic model
@@ -447,10 +667,32 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         if row[0].size:
             self._learner.learn(row)
 
+    def _frame_rows(self, X) -> list:
+        """A DataFrame of counts (columns = words) as documents ``(word ids, counts)``, as
+        :meth:`_row` makes them row by row (columns of unknown words dropped; 0 and NaN…: see there)."""
+        import scipy.sparse as sp
+
+        cols = list(X.columns)
+        ids = [_word_id(c, self._vocab, self.n_features) for c in cols]
+        keep = [j for j, i in enumerate(ids) if i is not None]
+        try:
+            V = X.to_numpy(dtype=float, na_value=np.nan)
+        except (TypeError, ValueError):
+            return [self._row(x) for x in X.to_dict(orient="records")]
+        V = V[:, keep] if len(keep) != len(cols) else V
+        bad = ~(np.isfinite(V) & (V >= 0))
+        if bad.any():                                  # the first bad count, as learn_one says it
+            r, j = np.argwhere(bad)[0]
+            raise ValueError(f"word counts must be finite and > 0, got {cols[keep[j]]!r}: {float(V[r, j])!r}")
+        ids = np.asarray([ids[j] for j in keep], dtype=np.int64)
+        C = sp.csr_matrix(V)
+        C.eliminate_zeros()
+        cut = C.indptr
+        return [(ids[C.indices[a:b]], C.data[a:b].copy()) for a, b in zip(cut[:-1], cut[1:])]
+
     def learn_many(self, X) -> None:
-        """Learn from a DataFrame of counts (columns = words); same batching as learn_one."""
-        for x in X.to_dict(orient="records"):
-            self.learn_one(x)
+        """Learn from a DataFrame of counts (columns = words); same batching, same result as learn_one."""
+        self._learner.learn_many([r for r in self._frame_rows(X) if r[0].size])
 
     def _proportions(self, rows):
         K = self.n_components
@@ -471,7 +713,7 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         """Topic proportions of a DataFrame's rows (columns topic_0 … topic_{K-1})."""
         import pandas as pd
 
-        rows = [self._row(x) for x in X.to_dict(orient="records")]
+        rows = self._frame_rows(X)
         return pd.DataFrame(self._proportions(rows), index=X.index,
                             columns=[f"topic_{k}" for k in range(self.n_components)])
 
@@ -578,10 +820,12 @@ class MatrixFactorization(_Face, _Ranker):
     # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
     # threading.Lock (which cannot be pickled) and is keyed by id() of the state's id lists
     # (meaningless in a copy); learned values live in the learner's state and buffer, which are copied.
+    _table = None       # [state, predictions under it, the rows' moments or None] (_predict_pair)
+
     def __getstate__(self):
         learner = copy.copy(self._learner)
         learner.engine = None
-        return {**self.__dict__, "_learner": learner}
+        return {**self.__dict__, "_learner": learner, "_table": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -624,12 +868,74 @@ class MatrixFactorization(_Face, _Ranker):
                             + (2 * bv if self.biases else 0.0)))
         return self.model.predict_rating(self._state.lam, users, items, aux=self._state.aux)
 
+    def _predict_pair(self, user, item, var: bool = True) -> tuple[float, float | None]:
+        """Predictive mean and (with ``var``) variance of one rating.
+
+        Under one state, the first predictions go through the model's ``predict_rating``
+        (~50 µs each); once they are as many as 1/32 of the known rows (at least 8: a row's
+        moments in the table cost ~1/40 of such a prediction), the moments of every known
+        row are computed in one call and kept for the state, and each further pair
+        of known str or int ids is a dot product or two: E[f] = E[x̃]·a and
+        E[f²] = Σ E[x̃x̃ᵀ]∘Q (``PMF.predict_rating``'s arithmetic, the sums in another order).
+        """
+        state = self._learner.state
+        t = self._table
+        if state is not None and (t is None or t[0] is not state):
+            t = self._table = [state, 0, None]
+        if t is not None:
+            table = t[2]
+            if table is None:
+                t[1] += 1
+                aux = state.aux
+                if t[1] >= max(8, (len(aux["users"]) + len(aux["items"])) // 32):
+                    table = t[2] = self._moments_table(state)
+            if table is not None:
+                urow, irow, Eu, Eul, Q, a, mu0 = table
+                cu, ci = user.__class__, item.__class__          # bool, float, numpy: the model's path
+                u = urow.get(user) if cu is str or cu is int else None
+                i = irow.get(item) if ci is str or ci is int else None
+                if u is not None and i is not None:
+                    Ef = sum(map(_mul, Eul[u], a[i]))
+                    if not var:
+                        return mu0 + Ef, None
+                    return mu0 + Ef, self.sigma2 + max(float(Eu[u] @ Q[i]) - Ef * Ef, 0.0)
+        mean, variance = self._predict([user], [item])
+        return float(mean[0]), float(variance[0])
+
+    def _moments_table(self, state):
+        """Every known row's moments under ``state``: id → row maps (canonical ids, and the int
+        of a decimal one: 42 is "42"), E[X̃X̃ᵀ] of the users (flat) and E[x̃] (their last column,
+        as tuples), the items' Q (flat) and a (``PMF._design_moments``; tuples), and μ0."""
+        model, aux, lam = self.model, state.aux, state.lam
+        users, items = list(aux["users"]), list(aux["items"])
+        Eu = model._row_moments(lam, "user", np.arange(len(users)))
+        Q, a = model._design_moments(model._row_moments(lam, "item", np.arange(len(items))), "user")
+
+        def rows(ids):
+            out = {v: k for k, v in enumerate(ids)}
+            for k, v in enumerate(ids):
+                if v.lstrip("-").isdigit() and str(int(v)) == v:
+                    out[int(v)] = k
+            return out
+
+        return (rows(users), rows(items), Eu.reshape(len(users), -1),
+                [tuple(r) for r in Eu[:, :, -1].tolist()],
+                np.ascontiguousarray(Q).reshape(len(items), -1), [tuple(r) for r in a.tolist()], model.mu0(aux))
+
     def predict_one(self, user, item, x=None) -> float:
-        return float(self._predict([user], [item])[0][0])
+        t = self._table
+        if t is not None and t[2] is not None and t[0] is self._learner.state:     # _predict_pair's table
+            urow, irow, _, Eul, _, a, mu0 = t[2]
+            cu, ci = user.__class__, item.__class__
+            u = urow.get(user) if cu is str or cu is int else None
+            i = irow.get(item) if ci is str or ci is int else None
+            if u is not None and i is not None:
+                return mu0 + sum(map(_mul, Eul[u], a[i]))
+        return self._predict_pair(user, item, var=False)[0]
 
     def predict_var_one(self, user, item) -> float:
         """Posterior predictive variance of the rating."""
-        return float(self._predict([user], [item])[1][0])
+        return self._predict_pair(user, item)[1]
 
     def rank(self, user, items, x=None) -> list:
         items = list(items)
@@ -662,9 +968,10 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
     Binary: labels are bools (or 0 / 1); ``predict_proba_one`` returns
     ``{False: 1 − p, True: p}``. Features are fixed by ``features`` or the
     sorted keys of the first record; a missing feature is imputed with its
-    running mean, an unknown one ignored. With ``standardize`` (default) each
-    feature is centred and scaled by its running mean and standard deviation
-    (river ``stats.Var``) as it arrives, so the defaults work on raw features.
+    running mean (as are NaN and infinite values), an unknown one ignored. With
+    ``standardize`` (default) each feature is centred and scaled by its running
+    mean and standard deviation (river ``stats.Var`` to rounding) as it arrives,
+    so the defaults work on raw features.
 
     Parameters
     ----------
@@ -723,7 +1030,6 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
         self._features = list(features) if features is not None else None
         self._learner = None
-        self._stats: dict = {}
         if self._features is not None:
             self._build()
 
@@ -740,6 +1046,8 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
     def _is_stochastic(self):
         return True
 
+    _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
+
     def _build(self):
         from .inference.gradients import GradientVI
         from .models.logistic import BayesianLogisticRegression
@@ -748,27 +1056,37 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
         self._make_learner(GradientVI(model, n_total=self.n_total, estimator=self.estimator,
                                       optimizer=self.optimizer, learning_rate=self.learning_rate,
                                       schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa)), _dense)
-        self._stats = {f: stats.Var() for f in self._features}
+        self._start_features()
 
-    def _row(self, x: dict, learn: bool) -> np.ndarray:
-        if self._features is None:
-            self._features = sorted(x)
-            self._build()
-        row = np.empty(len(self._features))
-        for i, f in enumerate(self._features):
-            v, st = x.get(f), self._stats[f]
-            if v is not None:
-                v = float(v)
-                if learn and np.isfinite(v):
-                    st.update(v)
-            mean = st.mean.get()
-            if v is None or not np.isfinite(v):
-                v = mean
-            if self.standardize:
-                sd = float(np.sqrt(st.get())) if st.mean.n > 1 else 0.0
-                v = (v - mean) / sd if sd > 0 else v - mean
-            row[i] = v
-        return row
+    def _start_features(self):
+        """The running moments, the buffer of raw rows and their labels, no cached predictor."""
+        self._moments = _RunningMoments(len(self._features))
+        self._pending = _DictRows(self._features, self.batch_size)
+        self._pending_y: list = []
+        self._pred = None
+
+    # ------------------------------------------------------------ features
+    def _transform(self, X, mean, S, n) -> np.ndarray:
+        """Raw rows (NaN: missing) as the model's features: imputed, then standardised."""
+        X = _impute(X, mean)
+        if self.standardize:
+            return (X - mean) / _scale(S, n)
+        return X
+
+    def _sync(self) -> None:
+        """Learn the running moments of the rows held back, then hand them (standardised,
+        label last) to the learner."""
+        if self._pending is None or not self._pending.n:
+            return
+        X = self._pending.take()
+        y, self._pending_y = self._pending_y, []
+        self._pred = None
+        self._learner.learn_many(np.column_stack([self._transform(X, *self._moments.learn(X)), y]))
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows as features with the moments as they are now (for predictions)."""
+        self._sync()
+        return self._transform(X, *self._moments.current())
 
     @staticmethod
     def _label(y) -> float:
@@ -776,15 +1094,77 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
             return float(bool(y))
         raise ValueError(f"LogisticRegression is binary: labels must be bools (or 0 / 1), got {y!r}")
 
+    # ------------------------------------------------------------- learning
     def learn_one(self, x: dict, y) -> None:
         label = self._label(y)
-        row = self._row(x, learn=True)          # builds the learner on the first record
-        self._learner.learn(np.append(row, label))
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        pending = self._pending
+        pending.put(x)
+        self._pending_y.append(label)
+        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
+            self._sync()
 
     def learn_many(self, X, y) -> None:
-        """Learn from a DataFrame and a Series of labels; same batching as learn_one."""
-        for x, yi in zip(X.to_dict(orient="records"), y.tolist()):
-            self.learn_one(x, yi)
+        """Learn from a DataFrame and a Series of labels; same batching, same result as learn_one."""
+        labels = [self._label(v) for v in y.tolist()]
+        if self._features is None:
+            if not len(X):
+                return
+            self._features = sorted(X.columns)
+            self._build()
+        self._sync()
+        Xr = self._pending.frame(X)
+        self._pred = None
+        self._learner.learn_many(np.column_stack([self._transform(Xr, *self._moments.learn(Xr)), labels]))
+
+    # ------------------------------------------------------------ predicting
+    def _predictor(self, state):
+        """What predict_proba_one needs of the state and the moments, as plain floats."""
+        model = self._engine.model
+        lam = state.lam
+        if set(lam.keys()) != {"mean", "log_std"}:
+            return (state, self._moments.n_rows, None)
+        mean, S, n = self._moments.current()
+        mu, sd = (mean, _scale(S, n)) if self.standardize else (np.zeros_like(mean), np.ones_like(mean))
+        w, v = np.asarray(lam["mean"], float), np.exp(2.0 * np.asarray(lam["log_std"], float))
+        D = len(self._features)
+        b, bv = (float(w[D]), float(v[D])) if model.fit_intercept else (0.0, 0.0)
+        get = self._pending.get or self._pending.values
+        # z_i = (x_i − μ_i)/sd_i folded in: w_i z_i = (x_i − μ_i)(w_i/sd_i), v_i z_i² = (x_i − μ_i)²(v_i/sd_i²)
+        return (state, self._moments.n_rows, get, tuple(mu.tolist()), tuple((w[:D] / sd).tolist()),
+                tuple((v[:D] / (sd * sd)).tolist()), b, bv)
+
+    def _p_one(self, x: dict) -> float:
+        """p(y = 1 | x, data) of one record: plain float arithmetic with the cached weights."""
+        pending = self._pending
+        if pending is None:
+            return 0.5
+        if pending.n:
+            self._sync()
+        state = self._learner.state
+        if state is None:
+            return 0.5
+        P = self._pred                      # None after the moments moved (_sync, learn_many)
+        if P is None or P[0] is not state:
+            P = self._pred = self._predictor(state)
+        if P[2] is not None:
+            _, _, get, mu, a, vv, b, bv = P
+            try:
+                d = list(map(_sub, get(x), mu))
+                m = sum(map(_mul, d, a)) + b
+                s2 = sum(map(_mul, map(_mul, d, d), vv)) + bv
+                fast = m - m == 0.0 and s2 - s2 == 0.0          # finite: no NaN, inf
+            except (KeyError, TypeError, ValueError):            # missing or odd values
+                fast = False
+            if fast:
+                k = m / math.sqrt(1.0 + math.pi * s2 / 8.0)
+                if k >= 0:
+                    return 1.0 / (1.0 + math.exp(-k))
+                e = math.exp(k)
+                return e / (1.0 + e)
+        return float(self._p1(self._rows_now(pending.matrix([x])))[0])      # imputes, or says what is wrong
 
     def _p1(self, rows: np.ndarray) -> np.ndarray:
         if self._state is None:
@@ -792,26 +1172,29 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
         return self._engine.model.predict_proba(self._state.lam, rows)
 
     def predict_proba_one(self, x: dict) -> dict:
-        if self._features is None:
-            return {False: 0.5, True: 0.5}
-        p = float(self._p1(self._row(x, learn=False)[None, :])[0])
+        p = self._p_one(x)
         return {False: 1.0 - p, True: p}
+
+    def predict_one(self, x: dict) -> bool:
+        return self._p_one(x) > 0.5
+
+    def _p_many(self, X) -> np.ndarray:
+        """p(y = 1 | x, data) of a DataFrame's rows."""
+        if self._features is None:
+            return np.full(len(X), 0.5)
+        return self._p1(self._rows_now(self._pending.frame(X)))
 
     def predict_proba_many(self, X):
         """A DataFrame with columns False and True."""
         import pandas as pd
 
-        if self._features is None:
-            p = np.full(len(X), 0.5)
-        else:
-            p = self._p1(np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")]))
+        p = self._p_many(X)
         return pd.DataFrame({False: 1.0 - p, True: p}, index=X.index)
 
     def predict_many(self, X):
         import pandas as pd
 
-        proba = self.predict_proba_many(X)
-        return pd.Series(proba[True].to_numpy() > 0.5, index=X.index)
+        return pd.Series(self._p_many(X) > 0.5, index=X.index)
 
     @property
     def weights(self) -> dict | None:
@@ -889,7 +1272,7 @@ class SoftmaxRegression(LogisticRegression):
 
     def _build(self):
         self._make_learner(self._engine_for(max(2, len(self._classes))), _dense)
-        self._stats = {f: stats.Var() for f in self._features}
+        self._start_features()
 
     def _grow(self):
         """One more class: the engine is rebuilt and λ (and Adam's moments) get a new block."""
@@ -926,6 +1309,29 @@ class SoftmaxRegression(LogisticRegression):
             self._build()
         super().learn_one(x, y)
 
+    def learn_many(self, X, y) -> None:
+        """Learn from a DataFrame and a Series of labels; same batching, same result as learn_one
+        (a new class grows the model between the same records)."""
+        ys = y.tolist()
+        if any(v is None for v in ys):
+            raise ValueError("SoftmaxRegression needs a label, got None")
+        if self._features is None:
+            if not len(X):
+                return
+            self._features = sorted(X.columns)
+            self._build()
+        self._sync()
+        Xr = self._pending.frame(X)
+        self._pred = None
+        rows = np.column_stack([self._transform(Xr, *self._moments.learn(Xr)), np.zeros(len(ys))])
+        start = 0
+        for k, v in enumerate(ys):
+            if v not in self._classes and len(self._classes) + 1 > self._engine.model.n_classes:
+                self._learner.learn_many(rows[start:k])      # the records before the new class
+                start = k
+            rows[k, -1] = self._label(v)
+        self._learner.learn_many(rows[start:])
+
     def _proba_rows(self, rows: np.ndarray) -> np.ndarray:
         k = len(self._classes)
         if self._state is None:
@@ -933,11 +1339,66 @@ class SoftmaxRegression(LogisticRegression):
         p = self._engine.model.predict_proba(self._state.lam, rows)[:, :k]
         return p / p.sum(axis=1, keepdims=True)
 
+    def _predictor(self, state):
+        """The weights' means and variances as (C, D) matrices and (C,) intercepts, and the moments."""
+        model = self._engine.model
+        lam = state.lam
+        if set(lam.keys()) != {"mean", "log_std"}:
+            return (state, self._moments.n_rows, None)
+        mean, S, n = self._moments.current()
+        mu, sd = (mean, _scale(S, n)) if self.standardize else (np.zeros_like(mean), np.ones_like(mean))
+        C, P, D = model.n_classes, model.n_inputs, len(self._features)
+        W = np.asarray(lam["mean"], float).reshape(C, P)
+        V = np.exp(2.0 * np.asarray(lam["log_std"], float)).reshape(C, P)
+        if model.fit_intercept:
+            b, bv = W[:, D].copy(), V[:, D].copy()
+        else:
+            b, bv = np.zeros(C), np.zeros(C)
+        get = self._pending.get or self._pending.values
+        # z = (x − μ)/sd folded in: W z = (W/sd)(x − μ), V z² = (V/sd²)(x − μ)²
+        return (state, self._moments.n_rows, get, mu, np.ascontiguousarray(W[:, :D] / sd),
+                np.ascontiguousarray(V[:, :D] / (sd * sd)), b, bv)
+
+    def _proba_one(self, x: dict) -> np.ndarray | None:
+        """p(y = c | x, data) over the classes seen (None when none is): one record with the
+        cached weights, the same arithmetic as the model's mean-field softmax approximation."""
+        k = len(self._classes)
+        pending = self._pending
+        if pending is None or not k:
+            return None if not k else np.full(k, 1.0 / k)
+        if pending.n:
+            self._sync()
+        state = self._learner.state
+        if state is None:
+            return np.full(k, 1.0 / k)
+        P = self._pred                      # None after the moments moved (_sync, learn_many)
+        if P is None or P[0] is not state:
+            P = self._pred = self._predictor(state)
+        if P[2] is not None:
+            _, _, get, mu, W, V, b, bv = P
+            try:
+                d = np.array(get(x), dtype=float) - mu
+            except (KeyError, TypeError, ValueError):
+                d = None
+            if d is not None:
+                dd = d * d
+                if math.isfinite(dd.sum()):                     # NaN, inf: the array path below
+                    a = (W @ d + b) / np.sqrt(1.0 + (V @ dd + bv) * (math.pi / 8.0))
+                    e = np.exp(a - a.max())[:k]                 # softmax over the classes seen
+                    return e / e.sum()
+        return self._proba_rows(self._rows_now(pending.matrix([x])))[0]
+
     def predict_proba_one(self, x: dict) -> dict:
-        if self._features is None or not self._classes:
-            return {c: 1.0 / len(self._classes) for c in self._classes}
-        p = self._proba_rows(self._row(x, learn=False)[None, :])[0]
-        return {c: float(v) for c, v in zip(self._classes, p)}
+        p = self._proba_one(x)
+        if p is None:
+            return {}
+        return dict(zip(self._classes, p.tolist()))
+
+    def predict_one(self, x: dict):
+        p = self._proba_one(x)
+        if p is None:
+            return None
+        return self._classes[int(p.argmax())]
 
     def predict_proba_many(self, X):
         """A DataFrame with one column per class seen."""
@@ -946,7 +1407,7 @@ class SoftmaxRegression(LogisticRegression):
         if self._features is None or not self._classes:
             k = len(self._classes)
             return pd.DataFrame({c: np.full(len(X), 1.0 / k) for c in self._classes}, index=X.index)
-        p = self._proba_rows(np.vstack([self._row(x, learn=False) for x in X.to_dict(orient="records")]))
+        p = self._proba_rows(self._rows_now(self._pending.frame(X)))
         return pd.DataFrame(p, columns=list(self._classes), index=X.index)
 
     def predict_many(self, X):

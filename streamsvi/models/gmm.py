@@ -714,6 +714,10 @@ class BayesianGMM(ConjugateModel, Tempered, RandomRestart, StartsFromData, Mixtu
         xt = Zt[T:T + D]
         xt[...] = x.T
         Zt[T + D] = 1.0
+        if x.shape[0] == 1:                                 # one record: one outer product, same values
+            r = Zt[T:T + D, 0]
+            Zt[:T, 0] = np.multiply.outer(r, r).ravel().take(self._triu_flat)
+            return Zt
         np.multiply(xt, xt, out=Zt[:D])                     # x_i², then x_i x_j for i < j
         o = D
         for i in range(D - 1):
