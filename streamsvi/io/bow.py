@@ -59,7 +59,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_encodable_rows,
-                     json_integer, load_json_message, unpack_binary_header)
+                     json_integer, load_json_message, parse_int_arrays, unpack_binary_header)
 from ..settings import Setting
 from .records import RecordKind, register_kind
 from .validate import check_message_size
@@ -138,6 +138,16 @@ def _doc_from_obj(obj, where="document"):
     return ids, counts
 
 
+_WS = rb"[ \t\n\r]*"            # JSON whitespace (not \f or \v, which re's \s would allow)
+#: A plain bag-of-words message: ``{"ids": [...], "counts": [...]}``, ``{"ids": [...]}`` or a
+#: bare array of ids, with any JSON whitespace; the groups are the insides of the arrays (ids,
+#: counts, bare ids). What the arrays hold is :func:`~streamsvi.io.codecs.parse_int_arrays`'s to
+#: judge; anything this does not match is parsed as JSON.
+_PLAIN_DOC = re.compile(_WS + rb'(?:\{' + _WS + rb'"ids"' + _WS + rb":" + _WS + rb"\[([^\]]*)\]" + _WS
+                        + rb'(?:,' + _WS + rb'"counts"' + _WS + rb":" + _WS + rb"\[([^\]]*)\]" + _WS
+                        + rb")?\}|\[([^\]]*)\])" + _WS)
+
+
 class BowJsonCodec:
     """One document per message: ``{"ids": [...], "counts": [...]}`` (see module docs).
 
@@ -168,7 +178,15 @@ class BowJsonCodec:
         return _csr(ids, counts, [0, len(ids)], self.n_features)
 
     def decode_many(self, payloads: Sequence[bytes]):
-        """All documents at once, or None if any message fails."""
+        """All documents at once, or None if any message fails.
+
+        The fast path (:meth:`_decode_many_fast`) reads documents of integer
+        ids and counts without a JSON parser; anything else is parsed message
+        by message, and None means some message does not decode.
+        """
+        fast = self._decode_many_fast(payloads)
+        if fast is not None:
+            return fast
         ids, counts, indptr = [], [], [0]
         try:
             for p in payloads:
@@ -178,6 +196,75 @@ class BowJsonCodec:
                 indptr.append(len(ids))
         except (DecodeError, TypeError):
             return None
+        return _csr(ids, counts, indptr, self.n_features)
+
+    def _decode_many_fast(self, payloads: Sequence[bytes]):
+        """All documents at once when every message is a plain document of integers, else None.
+
+        Each message must be ``{"ids": [...], "counts": [...]}`` spelled as
+        ``json.dumps`` writes it (cut at its fixed parts), or match
+        :data:`_PLAIN_DOC` (that, ``{"ids": [...]}`` or a bare array, any JSON
+        whitespace, the keys spelled plainly and in that order); the text
+        between the brackets is then read by
+        :func:`~streamsvi.io.codecs.parse_int_arrays`, which accepts only the
+        insides of flat arrays of JSON integers (so nothing else cut in with
+        them: another key, a bracket, a string). The result is used only where decoding each
+        message alone gives the same document: no id is negative or at least
+        :data:`MAX_WORD_ID`, no count beyond 2**53 in magnitude, and every
+        document has as many counts as ids. None otherwise (floats, other keys,
+        a bad message): the caller parses message by message.
+        """
+        n = len(payloads)
+        if n == 0:
+            return _csr([], [], [0], self.n_features)
+        match = _PLAIN_DOC.fullmatch
+        id_texts, count_texts, has_counts = [], [], []
+        try:
+            for p in payloads:
+                if p[:9] == b'{"ids": [' and p[-2:] == b"]}":      # as json.dumps writes it
+                    i = p.find(b'], "counts": [', 9)
+                    if i > 0:                    # anything else cut in: parse_int_arrays refuses it
+                        id_texts.append(p[9:i])
+                        count_texts.append(p[i + 14:-2])
+                        has_counts.append(True)
+                        continue
+                m = match(p)
+                if m is None:
+                    return None
+                ids_text, counts_text, bare = m.groups()
+                if counts_text is None:
+                    id_texts.append(bare if ids_text is None else ids_text)
+                    has_counts.append(False)
+                else:
+                    id_texts.append(ids_text)
+                    count_texts.append(counts_text)
+                    has_counts.append(True)
+        except (TypeError, AttributeError):      # not bytes (a tombstone's None, a str)
+            return None
+        ids = parse_int_arrays(b"[" + b"];[".join(id_texts) + b"];", n)
+        if ids is None:
+            return None
+        ids, lengths = ids
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= MAX_WORD_ID):
+            return None
+        if count_texts:
+            counted = parse_int_arrays(b"[" + b"];[".join(count_texts) + b"];", len(count_texts))
+            if counted is None:
+                return None
+            values, count_lengths = counted
+            flags = np.array(has_counts)
+            if not np.array_equal(count_lengths, lengths[flags]) or \
+                    (values.size and int(np.abs(values).max()) > 2 ** 53):
+                return None
+            if len(count_texts) == n:
+                counts = values.astype(np.float64)
+            else:
+                counts = np.ones(ids.size)
+                counts[np.repeat(flags, lengths)] = values
+        else:
+            counts = np.ones(ids.size)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
         return _csr(ids, counts, indptr, self.n_features)
 
     def encode_rows(self, x) -> bytes:

@@ -13,7 +13,8 @@ letters"). Each kind's codecs live in its own module: :mod:`streamsvi.io.dense`
 Here: :class:`Codec` (the interface the dense codecs implement),
 :class:`DecodeError`, and the helpers every kind uses: :func:`load_json_message`,
 :func:`join_json_arrays` (the one-parse fast path of ``decode_many``),
-:func:`unpack_binary_header`, :func:`check_binary_length`,
+:func:`parse_int_arrays` (the vectorised fast path of the integer kinds: bag of
+words and sequences), :func:`unpack_binary_header`, :func:`check_binary_length`,
 :func:`check_binary_rows`, :func:`check_encodable_rows`.
 
 Reason codes shared by the kinds
@@ -58,7 +59,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 __all__ = ["DecodeError", "Codec", "decode_rows_safely", "decode_many_safely", "json_integer",
-           "load_json_message", "join_json_arrays",
+           "load_json_message", "join_json_arrays", "parse_int_arrays",
            "unpack_binary_header", "check_binary_length", "check_binary_rows",
            "check_encodable_rows"]
 
@@ -244,6 +245,90 @@ def join_json_arrays(payloads: Sequence[bytes], allowed: bytes) -> bytes | None:
     if lens.min() < 1 or not np.all(np.frombuffer(blob, np.uint8)[last] == ord("]")):
         return None
     return blob
+
+
+#: _KEEP[k]: the top k bytes of a uint64 (the last k bytes of an 8-byte window, little-endian)
+_KEEP = np.array([0] + [(2 ** 64 - 1) ^ (2 ** (8 * (8 - k)) - 1) for k in range(1, 9)], dtype=np.uint64)
+#: at most 16 digits: two 8-byte windows, and every such integer fits in an int64
+_MAX_DIGITS = 16
+
+
+def _eight_digits(win: np.ndarray, ends: np.ndarray, n_digits: np.ndarray) -> np.ndarray:
+    """The values of numbers of at most 8 digits ending before ``ends`` (SWAR, no loop over digits).
+
+    ``win[i]`` is the 8 bytes from ``i`` on as a little-endian uint64, so ``win[e - 8]`` holds
+    the 8 bytes before ``e``, last digit in the top byte. The bytes before the number are
+    zeroed, and three multiply-shift steps add pairs of digits, of 2-digit and of 4-digit
+    groups (as simdjson's parse_eight_digits).
+    """
+    v = win[ends - 8] & _KEEP[n_digits]
+    v = ((v & np.uint64(0x0F0F0F0F0F0F0F0F)) * np.uint64(2561)) >> np.uint64(8)
+    v = ((v & np.uint64(0x00FF00FF00FF00FF)) * np.uint64(6553601)) >> np.uint64(16)
+    v = ((v & np.uint64(0x0000FFFF0000FFFF)) * np.uint64(42949672960001)) >> np.uint64(32)
+    return v.astype(np.int64)
+
+
+def parse_int_arrays(blob: bytes, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The integers of n flat JSON arrays of non-negative integers, each followed by ``;``.
+
+    ``blob`` is ``b"[1, 2];[];[3,40];"``: n messages, each a JSON array of
+    non-negative integers written as ``json.dumps`` (``", "``) or a compact
+    writer (``","``) separates them, each followed by ``;``. Returns
+    ``(values, lengths)``: all integers in order as int64 and how many each
+    array holds; or None unless every message is such an array, read exactly
+    as a JSON parser reads it. None covers any other byte (a minus sign, a
+    point, an exponent, a letter, a quote, a brace), whitespace other than one
+    space after a comma, nested arrays, a leading zero (``01``, invalid JSON),
+    a missing or doubled comma, more than 16 digits, and a ``;`` inside a
+    message (then there are not n of them). The caller then takes its general
+    path, which reads every valid JSON text.
+
+    The checks look at each byte and its neighbours, and the digits are
+    converted 8 at a time in uint64 lanes: numpy operations over the bytes, no
+    Python object per number. The fast path of the integer kinds (bag of
+    words, sequences).
+
+    >>> values, lengths = parse_int_arrays(b"[1, 2];[];[3,40];", 3)
+    >>> values.tolist(), lengths.tolist()
+    ([1, 2, 3, 40], [2, 0, 2])
+    >>> [parse_int_arrays(t, 1) for t in (b"[1, 2.5];", b"[01];", b"[-1];", b"[1 ,2];")]
+    [None, None, None, None]
+    """
+    if not isinstance(blob, bytes) or blob.count(b";") != n or blob[:1] != b"[" or blob[-1:] != b";":
+        return None
+    # 8 bytes before (the windows of _eight_digits), and a "[" after: what may follow the last ";"
+    full = np.frombuffer(b";;;;;;;;" + blob + b"[", dtype=np.uint8)
+    d, cm, sp, op, cl, sc = ((full - np.uint8(48)) < 10, full == 44, full == 32, full == 91,
+                             full == 93, full == 59)
+    at, before, after = slice(8, -1), slice(7, -2), slice(9, None)   # a byte, its neighbours
+    digit, semi = d[at], sc[at]
+    bad = ~(digit | cm[at] | sp[at] | op[at] | cl[at] | semi)          # any other byte
+    bad |= cm[at] & ~(d[before] & (d[after] | sp[after]))              # n,n  n, n
+    bad |= sp[at] & ~(cm[before] & d[after])                          # one space, after a comma
+    bad |= op[at] & ~(sc[before] & (d[after] | cl[after]))            # ;[n  ;[]
+    bad |= cl[at] & ~((d[before] | op[before]) & sc[after])           # n];  [];
+    bad |= semi & ~(cl[before] & op[after])                           # ];[
+    bad |= (full[at] == 48) & ~d[before] & d[after]                   # a leading zero
+    if bad.any():
+        return None
+    edges = np.flatnonzero(digit[1:] != digit[:-1]) + 1     # u[0] is "[" and u[-1] ";": pairs
+    starts, ends = edges[0::2], edges[1::2]
+    lengths = np.diff(np.searchsorted(starts, np.flatnonzero(semi)), prepend=0)
+    if not starts.size:
+        return np.empty(0, dtype=np.int64), lengths
+    n_digits = ends - starts
+    longest = int(n_digits.max())
+    if longest > _MAX_DIGITS:
+        return None
+    if longest == 1:                                        # small symbols: no windows needed
+        return (full[starts + 8] - np.uint8(48)).astype(np.int64), lengths
+    win = np.ndarray((full.size - 7,), dtype="<u8", buffer=full, strides=(1,))
+    ends8 = ends + 8                                        # positions in `full`
+    if longest <= 8:
+        return _eight_digits(win, ends8, n_digits), lengths
+    low = _eight_digits(win, ends8, np.minimum(n_digits, 8))
+    high = _eight_digits(win, ends8 - 8, np.maximum(n_digits - 8, 0))
+    return high * 10 ** 8 + low, lengths
 
 
 def unpack_binary_header(payload, header, magic: bytes, version: int) -> tuple:

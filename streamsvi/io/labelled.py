@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from operator import methodcaller
 from typing import Sequence
 
 import numpy as np
@@ -53,6 +55,11 @@ from .codecs import DecodeError, json_integer, load_json_message, short_json
 from .dense import BinaryBatchCodec, RecordValidator
 from .records import RecordKind, register_kind
 from .validate import check_message_size
+
+try:  # as in codecs.py: the fast path parses the joined features with orjson when it is installed
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
 
 __all__ = ["LabelledJsonCodec", "LabelledValidator", "LabelledKind"]
 
@@ -67,6 +74,19 @@ def _feature(value, where: str) -> float:
         return float(value)
     except OverflowError:
         raise DecodeError("out_of_range", f"{where} = {short_json(value)} does not fit in a float64") from None
+
+
+_WS = rb"[ \t\n\r]*"            # JSON whitespace (not \f or \v, which re's \s would allow)
+_X = rb'"x"' + _WS + rb":" + _WS + rb"\[([^\]]*)\]"
+_Y = rb'"y"' + _WS + rb":" + _WS + rb"(-?[0-9]+)"
+#: A plain labelled record: ``{"x": [...], "y": <integer>}`` (or ``y`` first), any JSON
+#: whitespace, nothing else in the object. Groups: x's inside and y, or y and x's inside.
+_PLAIN_RECORD = re.compile(_WS + rb"\{" + _WS + rb"(?:" + _X + _WS + rb"," + _WS + _Y + rb"|" + _Y + _WS
+                           + rb"," + _WS + _X + rb")" + _WS + rb"\}" + _WS)
+#: bytes of JSON numbers, commas and whitespace: what x's inside may hold on the fast path
+#: (no NaN or Infinity: the stdlib alone reads those, message by message)
+_NUMBER_BYTES = b"0123456789+-.eE, \t\n\r"
+_count_commas = methodcaller("count", b",")
 
 
 class LabelledJsonCodec:
@@ -142,6 +162,15 @@ class LabelledJsonCodec:
         return self.decode(payload)[None, :]
 
     def decode_many(self, payloads: Sequence[bytes]) -> np.ndarray | None:
+        """The rows of many messages at once, or None if any message fails.
+
+        The fast path (:meth:`_decode_many_fast`) parses the features of all
+        plain records in one go; otherwise each message is decoded by
+        :meth:`decode`.
+        """
+        fast = self._decode_many_fast(payloads)
+        if fast is not None:
+            return fast
         try:
             rows = [self.decode(p) for p in payloads]
         except DecodeError:
@@ -149,6 +178,63 @@ class LabelledJsonCodec:
         if not rows:
             return np.empty((0, self.n_features))
         return np.vstack(rows)
+
+    def _decode_many_fast(self, payloads: Sequence[bytes]) -> np.ndarray | None:
+        """What :meth:`decode_many` gives when every message is a plain record; else None.
+
+        A plain record is ``{"x": [...], "y": ...}`` spelled as ``json.dumps``
+        writes it (cut at its fixed parts), or matches :data:`_PLAIN_RECORD`
+        (any JSON whitespace, ``y`` first or second). The insides of all x
+        arrays are then joined by commas and parsed as one JSON array, and the
+        labels likewise. Row i is message i because the insides hold only
+        number bytes (:data:`_NUMBER_BYTES`: no bracket, so not a nested array;
+        no letter or quote, so not a bool, null, string or another key) and
+        each exactly D − 1 commas, and the labels only digits and minus signs:
+        the parse fails (None) unless every element is a valid number, so each
+        inside is D numbers and each label an integer. None too unless there
+        are n labels. With ``fields`` there is no fast path.
+        """
+        n = len(payloads)
+        if self.fields is not None or _orjson is None or n == 0:
+            return None
+        match = _PLAIN_RECORD.fullmatch
+        xs, ys = [], []
+        try:
+            for p in payloads:
+                if p[:7] == b'{"x": [' and p[-1:] == b"}":    # as json.dumps writes it
+                    i = p.find(b'], "y": ', 7)
+                    if i > 0:
+                        xs.append(p[7:i])
+                        ys.append(p[i + 8:-1])
+                        continue
+                m = match(p)
+                if m is None:
+                    return None
+                x1, y1, y2, x2 = m.groups()
+                xs.append(x2 if x1 is None else x1)
+                ys.append(y1 if y2 is None else y2)
+        except (TypeError, AttributeError):      # not bytes (a tombstone's None, a str)
+            return None
+        D = self.n_inputs
+        values = b",".join(xs)
+        labels = b",".join(ys)
+        if values.translate(None, _NUMBER_BYTES) or labels.translate(None, b"0123456789-,") \
+                or set(map(_count_commas, xs)) != {D - 1}:
+            return None
+        try:
+            values = _orjson.loads(b"[" + values + b"]")
+            labels = _orjson.loads(b"[" + labels + b"]")
+        except _orjson.JSONDecodeError:          # an invalid number, an empty element, 1e999
+            return None
+        if len(values) != n * D or len(labels) != n:
+            return None
+        out = np.empty((n, D + 1))
+        try:
+            out[:, :D] = np.array(values, dtype=np.float64).reshape(n, D)
+            out[:, D] = labels
+        except (OverflowError, ValueError, TypeError):  # pragma: no cover - orjson's numbers fit
+            return None
+        return out
 
     def encode_rows(self, x) -> bytes:
         x = np.asarray(x, dtype=np.float64)

@@ -55,12 +55,44 @@ from .codecs import (DecodeError, check_binary_length, check_binary_rows, check_
 from .records import RecordKind, register_kind
 from .validate import check_message_size
 
+try:  # as in codecs.py: load_json_message reads with orjson first, so the fast path does too
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
 __all__ = ["RatingsJsonCodec", "RatingsBinaryCodec", "RatingsValidator", "RatingsKind"]
 
 
 def _short(value, limit: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _ids_columns(users: list, items: list, longest_payload: int) -> tuple | None:
+    """``canonical_id`` of every user and item id, as two object arrays; None if any is invalid.
+
+    The rule of :func:`~streamsvi.ratings_batch.canonical_id`, checked on the
+    columns at once: ints become their decimal strings; strings must be
+    non-empty, printable (``str.isprintable`` of them all joined is the same
+    test) and at most MAX_ID_LENGTH characters, which needs no look when no
+    message is longer than that (a character takes at least one byte).
+    """
+    ids = users + items
+    try:
+        joined, kinds = "".join(ids), {str}         # the common case: every id a string
+    except TypeError:
+        kinds = set(map(type, ids))
+        if not kinds <= {str, int}:
+            return None
+        ids = [v for v in ids if type(v) is str]
+        joined = "".join(ids)
+    if ids and ("" in ids or not joined.isprintable()
+                or (longest_payload > MAX_ID_LENGTH and max(map(len, ids)) > MAX_ID_LENGTH)):
+        return None
+    if int in kinds:
+        users = [v if type(v) is str else str(v) for v in users]
+        items = [v if type(v) is str else str(v) for v in items]
+    return np.array(users, dtype=object), np.array(items, dtype=object)
 
 
 class RatingsJsonCodec:
@@ -95,7 +127,14 @@ class RatingsJsonCodec:
         return Ratings(np.array([u], dtype=object), np.array([i], dtype=object), [y], _canonical=True)
 
     def decode_many(self, payloads: Sequence[bytes]) -> Ratings | None:
-        """Every message's rating, or None if any message fails (decode them one by one then)."""
+        """Every message's rating, or None if any message fails (decode them one by one then).
+
+        The fast path (:meth:`_decode_many_fast`) checks the columns at once;
+        otherwise each message is decoded as :meth:`decode` does.
+        """
+        fast = self._decode_many_fast(payloads)
+        if fast is not None:
+            return fast
         try:
             rows = [self.decode(p) for p in payloads]
         except DecodeError:
@@ -104,6 +143,37 @@ class RatingsJsonCodec:
             return Ratings.empty()
         u, i, y = zip(*rows)
         return Ratings(np.array(u, dtype=object), np.array(i, dtype=object), y, _canonical=True)
+
+    def _decode_many_fast(self, payloads: Sequence[bytes]) -> Ratings | None:
+        """What :meth:`decode_many` gives, with the checks of :meth:`decode` done per column; or None.
+
+        Each message is parsed by orjson, as :func:`~streamsvi.io.codecs.load_json_message`
+        does first (so the values are the ones :meth:`decode` sees), and the three
+        fields are taken out with a list comprehension each; then the checks run on
+        whole columns (:func:`_ids_columns`): the types (ids str or int, ratings int
+        or float, never bool), empty and overlong string ids and, on all of them
+        joined, ``str.isprintable``. Any message that is not such an object (or that
+        orjson refuses: NaN, invalid text) gives None, and :meth:`decode_many`
+        decodes message by message to be exact.
+        """
+        if _orjson is None or not payloads:
+            return None
+        try:
+            objs = list(map(_orjson.loads, payloads))
+            users = [o["user"] for o in objs]
+            items = [o["item"] for o in objs]
+            ys = [o["rating"] for o in objs]
+        except (ValueError, TypeError, KeyError):     # not JSON, not an object, a field missing
+            return None
+        ids = _ids_columns(users, items, max(map(len, payloads)))
+        if ids is None or not set(map(type, ys)) <= {int, float}:
+            return None
+        users, items = ids
+        try:
+            y = np.array(ys, dtype=np.float64)
+        except (OverflowError, ValueError, TypeError):   # pragma: no cover - orjson's numbers fit
+            return None
+        return Ratings(users, items, y, _canonical=True)
 
     def encode_rows(self, x: Ratings) -> bytes:
         if len(x) != 1:
