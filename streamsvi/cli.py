@@ -22,12 +22,11 @@ from pathlib import Path
 import sys
 import time
 
-import numpy as np
-
 from . import __version__
-from .datasets import load_pima, standardize
-from .inference import SVI, RobbinsMonro, batch_vi
-from .models import BayesianGMM
+
+# numpy, the models, the engine and the data sets are imported by the commands that use
+# them, not here: ``streamsvi run`` starts without the modules only other commands need
+# (tests/test_lazy_imports.py; bench/startup.py times the start).
 
 
 def _progress(msg):
@@ -48,7 +47,7 @@ def _annealer_methods(args, model, N, sched, S, steps):
     svi+ (seed 000 §IV-A; its noise needs ρ_t → 0). svi+ uses M = the first
     ``--m``; the others their defaults (annealing module docs).
     """
-    from .inference import Constant
+    from .inference import SVI, Constant
     from .inference.annealing import Deterministic, NoAnnealing, Stochastic, SVIPlus
 
     full = args.full_batch
@@ -140,7 +139,11 @@ def _compare_config(args) -> int:
 
 
 def _compare_demo(args) -> int:
+    import numpy as np
+
     from .datasets import gmm_demo_data
+    from .inference import SVI, RobbinsMonro, batch_vi
+    from .models import BayesianGMM
     from .service.console import plural
 
     X, what = gmm_demo_data(args.data)
@@ -234,7 +237,57 @@ def _check_paths(cfg) -> None:
                              f"({exc.strerror or exc})") from None
 
 
+#: The daemon's connect timeout (``streamsvi.service.daemon.CONNECT_TIMEOUT_S``): part of the
+#: consumer settings an early group join must share with the daemon's source
+#: (tests/test_lazy_imports.py checks that they agree).
+_EARLY_JOIN_CONNECT_TIMEOUT_S = 10.0
+
+
+def _start_early_join(config_path) -> bool:
+    """Start the consumer group join of ``streamsvi run`` before it imports numpy and the models.
+
+    Brokers hold a JoinGroup for a while before answering (the local tansu broker at least 1 s,
+    Kafka 3 s for an empty group by default): begun here, the join runs while the command
+    imports, validates the config, builds the model and opens its metrics server, and the
+    daemon's source takes the consumer over (:class:`streamsvi.io.sources.kafka.EarlyJoin`).
+    Only for a Kafka source with a list of topics and no TLS or SASL (whose settings include
+    secrets and their own diagnosis); returns whether one was started.
+    """
+    from .service.config import source_settings
+
+    src = source_settings(config_path)
+    if not src or src["kind"] != "kafka" or src["topics"] is None or \
+            src["security_protocol"] != "PLAINTEXT":
+        return False
+    from .io.sources.kafka import start_early_join
+    from .service.console import quiet_kafka
+
+    start_early_join(src["bootstrap_servers"], src["topics"], group_id=src["group_id"],
+                     session_timeout_ms=src["session_timeout_ms"],
+                     heartbeat_interval_ms=src["heartbeat_interval_ms"],
+                     connect_timeout_s=_EARLY_JOIN_CONNECT_TIMEOUT_S, context=quiet_kafka)
+    return True
+
+
 def run(args) -> int:
+    """``streamsvi run``: the daemon (or a scale-out role) on ``--config``. A single daemon's
+    group join starts first (:func:`_start_early_join`); one no source took over is released
+    at the end (a config refused after it started, a stop while starting)."""
+    from .service.console import setup_logging
+
+    early = False
+    if args.role == "single" and not args.print_config:
+        setup_logging(args.log_level)        # before kafka-python's first line
+        early = _start_early_join(args.config)
+    try:
+        return _run(args)
+    finally:
+        if early:                            # not taken over (a bad config, a stop): leave the group
+            from .io.sources.kafka import release_early_joins
+            release_early_joins(wait_s=1.0)
+
+
+def _run(args) -> int:
     import json
 
     from .service import exitcodes
@@ -284,6 +337,7 @@ def demo(args) -> int:
     """The embedded default (see the module docstring)."""
     import shutil
 
+    import numpy as np
     from prometheus_client import CollectorRegistry, generate_latest
 
     from .datasets import gmm_demo_data
@@ -465,6 +519,8 @@ def score(args) -> int:
 
 def inspect(args) -> int:
     """``streamsvi inspect``: a readable summary of a snapshot."""
+    import numpy as np
+
     from .models.base import Mixture
     from .scoring import load
     from .service.console import plural
@@ -510,6 +566,8 @@ def _vec(v, most: int = 6) -> str:
 def _print_components(means, covs, w, ks) -> None:
     """Per component (the heaviest ten): E[μ_k], the standard deviations √diag E[Σ_k] and
     the largest correlation between two coordinates (the first six coordinates shown)."""
+    import numpy as np
+
     print(f"components {len(ks)} heaviest of {len(w)}: E[mean], sd = sqrt(diag E[cov]), "
           f"largest |correlation|")
     for k in ks:
@@ -522,6 +580,10 @@ def _print_components(means, covs, w, ks) -> None:
 
 def _legacy_rows(args):
     """``--dataset``: Pima, blobs or a CSV file of numbers, as dense rows and what they are."""
+    import numpy as np
+
+    from .datasets import load_pima, standardize
+
     if args.dataset == "pima":
         if args.data is None:
             raise UsageError("--dataset pima needs --data PATH: your diabetes.arff (Weka) or "
@@ -576,6 +638,8 @@ def produce(args) -> int:
     kafka-python's own warnings kept below the shown level.
     """
     import re
+
+    import numpy as np
 
     from .io.broker import create_topic
     from .io.dense import BinaryBatchCodec, JsonCodec
@@ -791,13 +855,39 @@ def _estimator_list(text: str) -> list[str]:
     return _name_list(text, ESTIMATORS)
 
 
+def _method_kinds(lean: bool) -> tuple[str, str, str]:
+    """``compare --help``: the gradient-path kinds, the conjugate kinds, and the conjugate kinds
+    that take only some annealers (all "..." when ``lean``: no models imported)."""
+    if lean:
+        return "...", "...", ""
+    from .models import CONFIG_KINDS, GradientModel
+
+    grad = ", ".join(k for k, cls in CONFIG_KINDS.items() if issubclass(cls, GradientModel))
+    conj = ", ".join(k for k, cls in CONFIG_KINDS.items() if not issubclass(cls, GradientModel))
+    partial = "; ".join(f"{k} takes {', '.join(cls.annealing_kinds)}" for k, cls in CONFIG_KINDS.items()
+                        if not issubclass(cls, GradientModel) and len(cls.annealing_kinds) < 4)
+    return grad, conj, partial
+
+
+def _file_formats(lean: bool) -> dict:
+    """``produce --help``: the ``--file`` formats by record kind (none when ``lean``)."""
+    if lean:
+        return {}
+    from .io.inputs import FILE_FORMATS
+
+    return FILE_FORMATS
+
+
 def _example_names() -> list[str]:
     from .examples import example_names
 
     return example_names()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(lean: bool = False) -> argparse.ArgumentParser:
+    """The command line. ``lean``: for ``streamsvi run``, whose help is all it can print; the
+    other commands' help texts that name the models and file formats (which import numpy and
+    the models) are left short."""
     p = argparse.ArgumentParser(prog="streamsvi", description="Learn Bayesian models from Kafka streams "
                                 "with SVI / SVI+: a daemon, a demo, and tools to produce records, score "
                                 "and inspect snapshots.")
@@ -805,7 +895,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND",
                          help="one of these (streamsvi COMMAND --help says more):")
-    from .io.inputs import FILE_FORMATS
     from .service.console import LEVELS
     from .service.exitcodes import help_text
 
@@ -869,11 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "engine, progress, offsets, the ELBO history and, for mixtures, "
                                      "the heaviest components.")
     ins.add_argument("snapshot", help="snapshot or checkpoint directory")
-    from .models import CONFIG_KINDS, GradientModel
-    grad = ", ".join(k for k, cls in CONFIG_KINDS.items() if issubclass(cls, GradientModel))
-    conj = ", ".join(k for k, cls in CONFIG_KINDS.items() if not issubclass(cls, GradientModel))
-    partial = "; ".join(f"{k} takes {', '.join(cls.annealing_kinds)}" for k, cls in CONFIG_KINDS.items()
-                        if not issubclass(cls, GradientModel) and len(cls.annealing_kinds) < 4)
+    grad, conj, partial = _method_kinds(lean)
     c = sub.add_parser("compare", help="compare inference methods from the same starts (a table): any "
                                        "model of a config on your records, or the demo's GMM",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -959,7 +1044,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "--bootstrap-servers. One line out; against unreachable brokers one\n"
                                     "error line (exit 3).",
                         epilog="--file formats, by record kind:\n" + "\n".join(
-                            f"  {k:<10} {fmt}" for k, fmt in FILE_FORMATS.items()),
+                            f"  {k:<10} {fmt}" for k, fmt in _file_formats(lean).items()),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     pr.add_argument("--config", help="a daemon config (TOML): its topic, brokers, TLS/SASL settings, codec "
                                      "and model (streamsvi init KIND writes one)")
@@ -1018,7 +1103,8 @@ def main(argv=None) -> int:
     """
     from .service import exitcodes, signals
 
-    p = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = build_parser(lean=argv[:1] == ["run"])      # run: only its own help can be printed
     args = p.parse_args(argv)
     if args.command not in ("run", "demo"):
         signals.restore_default()       # only the daemon defers signals; the others stop at once

@@ -17,9 +17,26 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models import CONFIG_KINDS
-from ..models.base import GradientModel
-from ..settings import SettingError, check_settings, did_you_mean
+# The models (streamsvi.models.CONFIG_KINDS, GradientModel) and streamsvi.settings (numpy)
+# are imported by the functions that use them: source_settings() reads the [source] table
+# without them, so that `streamsvi run` starts its group join before it imports numpy.
+
+
+def did_you_mean(*args, **kwargs) -> str:
+    """:func:`streamsvi.settings.did_you_mean`, imported when first needed."""
+    from ..settings import did_you_mean as _did_you_mean
+    return _did_you_mean(*args, **kwargs)
+
+
+def _config_kinds() -> dict:
+    from ..models import CONFIG_KINDS
+    return CONFIG_KINDS
+
+
+def _gradient_model():
+    from ..models.base import GradientModel
+    return GradientModel
+
 
 REQUIRED = object()
 
@@ -473,6 +490,47 @@ def _check(section: str, name: str, f: Field, v):
     return v
 
 
+def _check_section(section: str, fields: dict, given: dict) -> dict:
+    """One table other than ``[model]`` checked against its fields, every default filled in."""
+    extra = set(given) - set(fields)
+    literal = sorted(extra & set(LITERAL_SECRETS)) if section == "source" else []
+    if literal:
+        k = literal[0]
+        raise ConfigError(f"source.{k}: secrets are not read from the config file (it ends up in "
+                          f"snapshots and --print-config); set {LITERAL_SECRETS[k]}_env = \"VAR\" "
+                          f"(an environment variable) or {LITERAL_SECRETS[k]}_file = \"path\"")
+    if extra:
+        hint = did_you_mean(sorted(extra)[0], fields)
+        raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}{hint}; known: {sorted(fields)}")
+    sec = {}
+    for name, f in fields.items():
+        if name in given:
+            sec[name] = _check(section, name, f, given[name])
+        elif f.default is REQUIRED:
+            raise ConfigError(f"{section}.{name}: required ({f.doc})")
+        else:
+            sec[name] = copy.deepcopy(f.default)
+    return sec
+
+
+def source_settings(path) -> dict | None:
+    """The ``[source]`` table of the config file at ``path``, checked and with its defaults,
+    or None if the file cannot be read or the table is not valid (:func:`load_config` then
+    says why).
+
+    Only that table: the rest of :func:`validate` imports the models and numpy. ``streamsvi
+    run`` uses it to start its consumer group join before those imports
+    (:class:`streamsvi.io.sources.kafka.EarlyJoin`); the daemon's source is still made from
+    the fully validated config, and takes that consumer over only if its settings are the same.
+    """
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        given = raw.get("source", {})
+        return _check_section("source", SCHEMA["source"], given) if isinstance(given, dict) else None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError):
+        return None
+
+
 def validate(raw: dict, base_dir: Path | None = None) -> dict:
     """Check a parsed config against :data:`SCHEMA`, fill defaults, return a new dict."""
     if not isinstance(raw, dict):
@@ -490,25 +548,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if section == "model":              # the chosen kind's own table (model_schema)
             out[section] = _check_model(given)
             continue
-        extra = set(given) - set(fields)
-        literal = sorted(extra & set(LITERAL_SECRETS)) if section == "source" else []
-        if literal:
-            k = literal[0]
-            raise ConfigError(f"source.{k}: secrets are not read from the config file (it ends up in "
-                              f"snapshots and --print-config); set {LITERAL_SECRETS[k]}_env = \"VAR\" "
-                              f"(an environment variable) or {LITERAL_SECRETS[k]}_file = \"path\"")
-        if extra:
-            hint = did_you_mean(sorted(extra)[0], fields)
-            raise ConfigError(f"{section}: unknown setting(s) {sorted(extra)}{hint}; known: {sorted(fields)}")
-        sec = {}
-        for name, f in fields.items():
-            if name in given:
-                sec[name] = _check(section, name, f, given[name])
-            elif f.default is REQUIRED:
-                raise ConfigError(f"{section}.{name}: required ({f.doc})")
-            else:
-                sec[name] = copy.deepcopy(f.default)
-        out[section] = sec
+        out[section] = _check_section(section, fields, given)
     # cross-field rules
     inf, src, mdl = out["inference"], out["source"], out["model"]
     cls = model_class(mdl["kind"])
@@ -527,6 +567,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     _check_annealing(inf, mdl["kind"])
     if inf["schedule"] == "robbins_monro" and not 0.5 < inf["kappa"] <= 1:
         raise ConfigError(f"inference.kappa: must be in (0.5, 1], got {inf['kappa']:g}")
+    CONFIG_KINDS, GradientModel = _config_kinds(), _gradient_model()
     if issubclass(cls, GradientModel):
         for key in SVI_ONLY_KEYS:
             if inf[key] is not None:
@@ -600,6 +641,7 @@ def load_config(path) -> dict:
 
 def model_class(kind: str):
     """The model class of a ``model.kind`` (a look-up in ``streamsvi.models.CONFIG_KINDS``)."""
+    CONFIG_KINDS = _config_kinds()
     try:
         return CONFIG_KINDS[kind]
     except KeyError:
@@ -629,6 +671,9 @@ def _record_kind(cls):
 
 def _check_model(given: dict) -> dict:
     """The ``[model]`` table checked against its kind's settings table, every default filled in."""
+    from ..settings import SettingError, check_settings
+
+    CONFIG_KINDS = _config_kinds()
     if "kind" not in given:
         raise ConfigError(f"model.kind: required, one of {', '.join(CONFIG_KINDS)}")
     kind = given["kind"]
@@ -659,6 +704,8 @@ def _check_model(given: dict) -> dict:
 
 def _check_records(given: dict, kind, model_kind: str) -> dict:
     """The ``[records]`` table checked against the record kind's settings table."""
+    from ..settings import SettingError, check_settings
+
     if not isinstance(given, dict):
         raise ConfigError(f"records: expected a table, got {given!r}")
     try:
@@ -693,7 +740,7 @@ def build_engine(cfg: dict, n_total: float, model=None):
     inf = cfg["inference"]
     schedule = (RobbinsMonro(inf["tau0"], inf["kappa"], inf["rho_min"])
                 if inf["schedule"] == "robbins_monro" else Constant(inf["rho"]))
-    if issubclass(model_class(cfg["model"]["kind"]), GradientModel):
+    if issubclass(model_class(cfg["model"]["kind"]), _gradient_model()):
         from ..inference.gradients import GradientVI
 
         covariance = inf["covariance"] or "diagonal"

@@ -2,6 +2,9 @@
 """
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
 from collections import deque
 from typing import Mapping, Sequence
@@ -42,6 +45,276 @@ def _rebalance_listener(source: "KafkaSource", epoch: int):
                 source._on_assigned(assigned)
 
     return _Listener()
+
+
+def consumer_settings(bootstrap_servers, *, group_id: str, client_id: str = "streamsvi",
+                      session_timeout_ms: int = 2000, heartbeat_interval_ms: int = 500,
+                      auto_offset_reset: str = "earliest", max_partition_fetch_bytes: int = 16 << 20,
+                      fetch_max_bytes: int = 64 << 20, connect_timeout_s: float = 10.0,
+                      consumer_config: dict | None = None, security: dict | None = None) -> dict:
+    """The ``kafka.KafkaConsumer`` settings of a :class:`KafkaSource` with these arguments (the
+    same defaults), before :func:`~streamsvi.io._kafka.client_config` drops what this
+    kafka-python does not know. An :class:`EarlyJoin` is adopted by the source whose settings
+    are these exactly."""
+    config = {"bootstrap_servers": bootstrap_servers, "group_id": group_id,
+              "client_id": client_id, "enable_auto_commit": False,
+              "auto_offset_reset": auto_offset_reset,
+              "session_timeout_ms": session_timeout_ms,
+              "heartbeat_interval_ms": heartbeat_interval_ms,
+              "max_partition_fetch_bytes": max_partition_fetch_bytes,
+              "fetch_max_bytes": fetch_max_bytes,
+              "bootstrap_timeout_ms": int(connect_timeout_s * 1000),
+              # kafka-python doubles its reconnect wait up to 30 s by default: after an
+              # outage the consumer came back up to that long after the broker did
+              "reconnect_backoff_max_ms": 1000}
+    config.update(consumer_config or {})
+    config.update(security or {})
+    return config
+
+
+def _keep_join_awaited(consumer) -> None:
+    """Keep a join in flight awaited by the consumer's next poll (see
+    :meth:`KafkaSource._keep_join_awaited`)."""
+    coordinator = getattr(consumer, "_coordinator", None)          # kafka-python 3.0
+    if coordinator is not None and getattr(coordinator, "_join_task", None) is not None \
+            and not getattr(coordinator, "rejoin_needed", True):
+        coordinator.request_rejoin()
+
+
+def _answers(bootstrap_servers, timeout_s: float = 0.2) -> bool:
+    """Whether the first bootstrap server accepts a TCP connection within ``timeout_s``."""
+    first = (bootstrap_servers.split(",") if isinstance(bootstrap_servers, str)
+             else list(bootstrap_servers))[0].strip()
+    host, _, port = first.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+class EarlyJoin:
+    """A group consumer started ahead of its :class:`KafkaSource`, so that the group join
+    overlaps the rest of a start.
+
+    Brokers hold a JoinGroup before they answer it: the local tansu broker (0.6) holds every
+    JoinGroup in 1 s sleeps until half the session timeout has passed since it came (so at
+    least 1 s; 5 s with a 10 s session timeout; a static member, ``group_instance_id``, 3 s),
+    and Kafka holds the first join of an empty group for ``group.initial.rebalance.delay.ms``
+    (3 s by default). ``streamsvi run`` therefore starts one of these from the config's
+    ``[source]`` table before it imports numpy and the models, and the daemon's source takes
+    it over (:meth:`KafkaSource._open_consumer`) when its consumer settings and topics are
+    these exactly; otherwise the source makes its own consumer, as without it.
+
+    The caller's thread makes the consumer (only if the first bootstrap server accepts a TCP
+    connection at once: an unreachable broker is the source's own attempt to report), installs
+    the lean reader, subscribes and polls until the JoinGroup with a member id is out (the
+    broker's hold begins then; CPU work that a thread would only take turns at under the GIL,
+    while the caller imports). A background thread then polls in :attr:`POLL_S` chunks until
+    the group assigns partitions, :meth:`take` or :meth:`release` is called, or :attr:`MAX_S`
+    has passed. A record a poll returns is given back (the partition sought back to it):
+    nothing is read before the source owns the consumer. The rebalance listener keeps what the group did and
+    replays it to the source's listener at the take-over, so the source's ``_on_assigned``
+    (its pending seeks: a resumed checkpoint's offsets) runs before it reads anything.
+    Polling until the take-over matters: kafka-python 3.0.12 drops a join that completed
+    while no poll awaited it and joins again.
+    """
+
+    #: Length of one poll of the thread (also the longest :meth:`take` waits for it).
+    POLL_S = 0.1
+    #: The thread stops polling after this long; the source's own wait takes over.
+    MAX_S = 60.0
+    #: How long the caller polls for the JoinGroup to go out before the thread polls on.
+    SEND_S = 0.5
+
+    def __init__(self, config: dict, topics: Sequence[str], lean_reader: bool = True,
+                 context=None):
+        self.config = dict(config)
+        self.topics = list(topics)
+        self.lean_wanted = bool(lean_reader)
+        self.key = _early_key(self.config, self.topics, self.lean_wanted)
+        self.consumer = None
+        self.lean_reader = False
+        self.error: BaseException | None = None
+        self._context = context
+        self._events: list = []          # ("revoked" | "assigned", partitions) before the take-over
+        self._target = None              # the source's listener, after the take-over
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"streamsvi-early-join-{config.get('group_id')}",
+                                        daemon=True)
+        self._open()
+        self._thread.start()
+
+    def _listener(self):
+        from kafka import ConsumerRebalanceListener
+
+        early = self
+
+        class _Recording(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                early._event("on_partitions_revoked", revoked)
+
+            def on_partitions_assigned(self, assigned):
+                early._event("on_partitions_assigned", assigned)
+
+        return _Recording()
+
+    def _event(self, name, partitions):
+        with self._lock:
+            target = self._target
+            if target is None:
+                self._events.append((name, list(partitions)))
+                return
+        getattr(target, name)(partitions)
+
+    def _guarded(self):
+        import contextlib
+
+        return self._context() if self._context is not None else contextlib.nullcontext()
+
+    def _open(self):
+        """In the caller's thread (CPU work the thread would only take turns at under the GIL):
+        the consumer, subscribed, polled until its JoinGroup with a member id is out (the
+        broker's hold begins then), at most :attr:`SEND_S`."""
+        try:
+            if not _answers(self.config["bootstrap_servers"]):
+                return
+            from kafka import KafkaConsumer
+            from kafka.structs import MemberState
+
+            with self._guarded():
+                consumer = KafkaConsumer(**client_config(KafkaConsumer, self.config))
+                lean = self.lean_wanted and _fastfetch.install(consumer)
+                consumer.subscribe(topics=self.topics, listener=self._listener())
+                self.consumer, self.lean_reader = consumer, lean
+                deadline = time.monotonic() + self.SEND_S
+                while time.monotonic() < deadline and not consumer.assignment():
+                    meta = consumer.group_metadata()
+                    if meta.state == MemberState.REBALANCING and meta.member_id:
+                        break
+                    self._poll_once(consumer, 0.01)
+        except Exception as exc:  # noqa: BLE001 - the source makes its own consumer instead
+            self._failed(exc)
+
+    def _poll_once(self, consumer, timeout_s: float) -> None:
+        _keep_join_awaited(consumer)
+        for tp, msgs in consumer.poll(timeout_ms=max(1, int(timeout_s * 1000)), max_records=1).items():
+            if msgs:                             # given back: nothing is read before the take-over
+                consumer.seek(tp, msgs[0].offset)
+
+    def _failed(self, exc) -> None:
+        self.error = exc
+        log.debug("early group join of %s failed (%s: %s)", self.config.get("group_id"),
+                  type(exc).__name__, exc)
+
+    def _run(self):
+        """The thread: polls until the group assigns partitions, a take-over or :attr:`MAX_S`."""
+        consumer = self.consumer
+        if consumer is None or self.error is not None:
+            return
+        try:
+            with self._guarded():
+                deadline = time.monotonic() + self.MAX_S
+                while not self._stop.is_set() and not consumer.assignment() \
+                        and time.monotonic() < deadline:
+                    self._poll_once(consumer, self.POLL_S)
+        except Exception as exc:  # noqa: BLE001 - the source makes its own consumer instead
+            self._failed(exc)
+
+    def take(self):
+        """Stop the thread (after its current poll) and hand over its consumer: returns
+        ``(consumer, lean_reader)``, or None if the thread made no consumer (the source then
+        makes its own). No listener call comes until the next poll; :meth:`attach` the
+        source's listener before it."""
+        self._stop.set()
+        self._thread.join(self.POLL_S + KafkaSource.STUCK_POLL_S)
+        if self._thread.is_alive():              # a poll that never returned (callguard)
+            log.warning("%s: the early group join's poll did not return; making a new consumer",
+                        self.config.get("group_id"))
+            return None
+        if self.consumer is None or self.error is not None:
+            self._close_quietly()
+            return None
+        return self.consumer, self.lean_reader
+
+    def attach(self, listener) -> None:
+        """Call ``listener`` (the source's) for what the group did before the take-over, in
+        order, and for what it does from now on."""
+        with self._lock:
+            events, self._events, self._target = self._events, [], listener
+        for name, partitions in events:
+            getattr(listener, name)(partitions)
+
+    def release(self, wait_s: float = 0.0) -> None:
+        """Not taken over: stop the thread and close the consumer, completing a join in flight
+        first (a member that leaves during its join can wedge the group on tansu 0.6; see
+        :meth:`KafkaSource._finish_join`). A thread still connecting after ``wait_s`` is left
+        to the end of the process (a daemon thread; the broker times its member out)."""
+        self._stop.set()
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            return
+        self._close_quietly()
+
+    def _close_quietly(self):
+        consumer, self.consumer = self.consumer, None
+        if consumer is None:
+            return
+        try:
+            from kafka.structs import MemberState
+
+            session_s = self.config.get("session_timeout_ms", 2000) / 1000
+            deadline = time.monotonic() + session_s + KafkaSource.JOIN_FINISH_S
+            while time.monotonic() < deadline:
+                meta = consumer.group_metadata()
+                if not (meta.state == MemberState.REBALANCING or
+                        (meta.state == MemberState.UNJOINED and bool(meta.member_id))):
+                    break
+                _keep_join_awaited(consumer)
+                consumer.poll(timeout_ms=int(KafkaSource.JOIN_POLL_S * 1000), max_records=1)
+            consumer.close(autocommit=False)
+        except Exception as exc:  # noqa: BLE001 - leaving is best effort: the broker times us out
+            log.debug("closing the early consumer of %s failed (%s: %s)", self.config.get("group_id"),
+                      type(exc).__name__, exc)
+
+
+_EARLY: dict = {}
+_EARLY_LOCK = threading.Lock()
+
+
+def _early_key(config: dict, topics, lean_reader: bool) -> str:
+    return json.dumps({"config": config, "topics": sorted(topics), "lean": bool(lean_reader)},
+                      sort_keys=True, default=repr)
+
+
+def start_early_join(bootstrap_servers, topics: Sequence[str], *, lean_reader: bool = True,
+                     context=None, **settings) -> EarlyJoin:
+    """Start an :class:`EarlyJoin` for a :class:`KafkaSource` to be made with these
+    ``bootstrap_servers``, ``topics`` and :func:`consumer_settings` ``settings``; the source
+    made with the same ones takes it over. ``context``: a context-manager factory the thread
+    runs in (the CLI's ``quiet_kafka``). Returns it (for :meth:`EarlyJoin.release`)."""
+    early = EarlyJoin(consumer_settings(bootstrap_servers, **settings), topics, lean_reader, context)
+    with _EARLY_LOCK:
+        old = _EARLY.pop(early.key, None)
+        _EARLY[early.key] = early
+    if old is not None:
+        old.release()
+    return early
+
+
+def _take_early(key: str) -> EarlyJoin | None:
+    with _EARLY_LOCK:
+        return _EARLY.pop(key, None)
+
+
+def release_early_joins(wait_s: float = 0.0) -> None:
+    """Release every :class:`EarlyJoin` no source took over (:meth:`EarlyJoin.release`)."""
+    with _EARLY_LOCK:
+        left = list(_EARLY.values())
+        _EARLY.clear()
+    for early in left:
+        early.release(wait_s)
 
 
 class _Run:
@@ -127,10 +400,13 @@ class KafkaSource(Source):
         The record kind of ``codec`` (default dense rows; see
         :mod:`streamsvi.io.records`). Other kinds need their own ``validator``.
     lean_reader : bool
-        Read plain record batches with :mod:`streamsvi.io._fastfetch` (offset
-        and value only, about 3x less CPU per message than kafka-python's own
-        reader); compressed or transactional batches are read by kafka-python
-        either way. False leaves the consumer exactly as kafka-python builds it.
+        Read record batches with :mod:`streamsvi.io._fastfetch` (offset and
+        value only, 4-8x less CPU per message than kafka-python's own reader),
+        compressed, transactional and control batches included. Only the
+        legacy formats, a codec whose library is missing or a deserializer
+        leave a fetch to kafka-python, counted in
+        ``streamsvi_slow_path_fetches_total``. False leaves the consumer
+        exactly as kafka-python builds it.
     security : dict, optional
         kafka-python security settings (``security_protocol``, ``ssl_*``,
         ``sasl_*``), as ``streamsvi.service.config.client_security`` makes
@@ -215,22 +491,16 @@ class KafkaSource(Source):
         self._epoch = 0                     # which consumer this is: 1, 2, ... (_reopen)
         self.reopens = 0                    # consumers replaced after a stuck poll
         self.on_reopen = on_reopen
-        config = {"bootstrap_servers": bootstrap_servers, "group_id": group_id,
-                  "client_id": client_id, "enable_auto_commit": False,
-                  "auto_offset_reset": auto_offset_reset,
-                  "session_timeout_ms": session_timeout_ms,
-                  "heartbeat_interval_ms": heartbeat_interval_ms,
-                  "max_partition_fetch_bytes": max_partition_fetch_bytes,
-                  "fetch_max_bytes": fetch_max_bytes,
-                  "bootstrap_timeout_ms": int(connect_timeout_s * 1000),
-                  # kafka-python doubles its reconnect wait up to 30 s by default: after an
-                  # outage the consumer came back up to that long after the broker did
-                  "reconnect_backoff_max_ms": 1000}
-        config.update(extra)
         self.security = dict(security or {})
-        config.update(self.security)
-        config = client_config(KafkaConsumer, config)
-        self._config = config
+        config = consumer_settings(
+            bootstrap_servers, group_id=group_id, client_id=client_id,
+            session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+            auto_offset_reset=auto_offset_reset, max_partition_fetch_bytes=max_partition_fetch_bytes,
+            fetch_max_bytes=fetch_max_bytes, connect_timeout_s=connect_timeout_s,
+            consumer_config=extra, security=self.security)
+        # an EarlyJoin started with these settings (streamsvi run) is taken over by the first consumer
+        self._early_key = _early_key(config, self.topics, lean_reader) if self.topics is not None else None
+        self._config = client_config(KafkaConsumer, config)
         self._probe = None                  # group-less consumer for highwater marks (drained())
         self._drain_note = None             # the last "waiting for ..." logged by drained()
         self._connect = (connect_attempts, connect_backoff_s)
@@ -241,9 +511,22 @@ class KafkaSource(Source):
             log.info("this kafka-python has no hook for the lean record reader; using its own")
 
     def _open_consumer(self, attempts: int) -> None:
-        """A group consumer subscribed to the topics (the next :attr:`_epoch`), guarded."""
+        """A group consumer subscribed to the topics (the next :attr:`_epoch`), guarded.
+
+        The first one is an :class:`EarlyJoin`'s consumer if one was started with this
+        source's settings and topics (``streamsvi run``), its join maybe done or in flight.
+        """
         from kafka import KafkaConsumer
 
+        early = _take_early(self._early_key) if self._epoch == 0 and self._early_key else None
+        taken = early.take() if early is not None else None
+        if taken is not None:
+            self._epoch += 1
+            self._consumer, self.lean_reader = taken
+            self._guard = CallGuard(self._consumer, f"consumer of {self.group_id}")
+            early.attach(_rebalance_listener(self, self._epoch))
+            log.debug("%s: took over the group consumer started early", self.group_id)
+            return
         config = self._config
         consumer = connect_with_retry(
             lambda: KafkaConsumer(**config), what=f"KafkaSource(group_id={self.group_id!r})",
@@ -384,10 +667,7 @@ class KafkaSource(Source):
         partitions, the member unassigned until the wait ran out). Marking the rejoin as
         requested makes the next poll await the join, or send it again if it has ended.
         """
-        coordinator = getattr(self._consumer, "_coordinator", None)          # kafka-python 3.0
-        if coordinator is not None and getattr(coordinator, "_join_task", None) is not None \
-                and not getattr(coordinator, "rejoin_needed", True):
-            coordinator.request_rejoin()
+        _keep_join_awaited(self._consumer)
 
     def assignment(self) -> set[tuple[str, int]]:
         """The ``(topic, partition)`` pairs this consumer owns now (none while it (re)joins)."""
