@@ -114,6 +114,19 @@ An update is :meth:`GradientVI.gradient` (ĝ from the minibatch) then
 written), which is where scale-out splits it (:mod:`.split_gradient`: workers
 send ĝ, the applier steps with its own λ, Adam moments and ρ_t).
 
+The cost of an update on a small problem is mostly numpy's per-call overhead (a river
+face takes one update per 16 records), so under the mean field an update does the fewest
+calls that give the same numbers: LeGrad's per-record (∂μ, ∂log σ) sit side by side in
+one (n, 2P) array (``GradientEstimate.g_both``), the gradient and the step work on λ's
+flat buffer, the constants (Gauss–Hermite weights, prior moments, log v0) are made once,
+the generator an update leaves is kept for the update from its state (the same draws
+as ``state.rng()``), a model may give LeGrad's coordinate and pivot log-likelihoods from
+one pass (``loglik_coordinate_and_pivot``), and ``UpdateInfo.elbo``,
+``elbo_per_record`` and ``grad_variance`` are computed when first read (|S| · 2P ≤ 4096;
+the daemon's metrics read them). Every number is the plain computation's, to the bit
+(tests/inference/test_gradients_speed_path.py); ``python bench/gradient_update_speed.py``
+measures µs per update.
+
 The engine has the public surface of :class:`~streamsvi.inference.engine.SVI`
 that the daemon, the checkpoints and the scorers use: ``init``, ``update``,
 ``fit``, ``predictive_logpdf``, ``to_dict``, ``n_total``, ``model``; states
@@ -140,7 +153,7 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -177,6 +190,8 @@ class GradientEstimate:
     batch's summed gradient for the covariance factor (A or B), None for the mean field.
     ``g_rest`` (``kl = "sampled"`` only) is the estimate of ∇ E_q[log p0(w) − log q(w)] from the
     same draws, keyed like λ (the prior's and q's part of seed 001's f; None: taken exactly).
+    ``g_both`` (mean-field LeGrad): one (n, 2P) array of which ``g_mean`` and ``g_log_std`` are
+    the halves (the gradient's sums and its variance then take one pass over it); else None.
     """
 
     g_mean: np.ndarray
@@ -184,6 +199,55 @@ class GradientEstimate:
     loglik: np.ndarray
     g_factor: np.ndarray | None = None
     g_rest: dict | None = None
+    g_both: np.ndarray | None = None
+
+
+#: the most per-record gradient numbers (|S| · 2P) an UpdateInfo keeps to compute its variance
+#: when it is read (_LazyInfo); above it the metrics are computed in the update (a list of
+#: unread infos then holds at most 32 KiB of gradients each)
+_LAZY_MAX = 4096
+_LAZY_FIELDS = frozenset(("elbo", "elbo_per_record", "grad_variance"))
+
+
+class _LazyInfo(UpdateInfo):
+    """An :class:`UpdateInfo` whose ``elbo``, ``elbo_per_record`` and ``grad_variance`` are
+    computed when first read, from what the update kept (the estimate, N/|S|, the λ it started
+    from): the numbers :meth:`GradientVI.update` would have put there. A caller that reads none
+    of them (a river face learning record by record) saves their cost; the daemon's metrics
+    read them, and get the same values. Pickled and copied as a plain UpdateInfo."""
+
+    @classmethod
+    def _make(cls, engine, est, scale, lam, parts, n_total, **eager):
+        info = cls.__new__(cls)
+        info.__dict__.update(eager, _lazy=(engine, est, scale, lam, parts, n_total))
+        return info
+
+    def __getattr__(self, name):                  # only for what is not in __dict__ yet
+        d = self.__dict__
+        lazy = d.get("_lazy")
+        if lazy is None or name not in _LAZY_FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        engine, est, scale, lam, parts, n_total = lazy
+        std = np.exp(np.asarray(lam["log_std"]))
+        elbo = scale * float(np.sum(est.loglik)) - engine._kl_diagonal(np.asarray(lam["mean"]), std, parts)
+        d.update(elbo=elbo, elbo_per_record=elbo / n_total,
+                 grad_variance=GradientVI._grad_variance(est, scale))
+        d.pop("_lazy", None)
+        return d[name]
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(UpdateInfo))
+
+    def __reduce__(self):
+        return UpdateInfo, self._values()
+
+    def __eq__(self, other):                      # equal to a plain UpdateInfo of the same values
+        if not isinstance(other, UpdateInfo):
+            return NotImplemented
+        cmp = [f.name for f in fields(UpdateInfo) if f.compare]     # as the dataclass compares
+        return tuple(getattr(self, k) for k in cmp) == tuple(getattr(other, k) for k in cmp)
+
+    __hash__ = UpdateInfo.__hash__
 
 
 def _check_choice(name, v, choices):
@@ -277,6 +341,17 @@ class GradientVI:
                              f"O(P^3) work per update); this model has P = {P}: use covariance = 'lowrank' "
                              f"with a rank such as 10")
         self._nodes, self._weights = gauss_hermite(self.quadrature_points)
+        z, pi = self._nodes, self._weights
+        # LeGrad's per-update constants: the node weights of ∂μ and ∂log σ and q's part of the
+        # sampled f at the nodes (½ z_k²), the same arrays the expressions below would make anew
+        self._piz, self._piz2, self._half_z2 = pi * z, pi * (z * z - 1.0), 0.5 * z[None, :] ** 2
+        self._prior_cache = None                 # (model, P, _prior_parts()) of model.prior_moments()
+        self._plain_layout = None                # the last λ layout _plain found plain
+        # generators left by update(), keyed by id of the rng_state dict they stand at (_take_rng)
+        self._rngs = {}
+
+    def __getstate__(self):                       # pickles and copies keep no generators
+        return {**self.__dict__, "_rngs": {}}
 
     # ------------------------------------------------------------ settings
     @property
@@ -342,8 +417,12 @@ class GradientVI:
             return self._estimate_full(lam, x, rng)
         if self.covariance == "lowrank":
             return self._estimate_lowrank(lam, x, rng)
-        mu = np.asarray(lam["mean"])
-        std = np.exp(np.asarray(lam["log_std"]))
+        if self._plain(lam):                                     # (μ, log σ) as views of λ's buffer
+            flat = lam._flat
+            mu, std = flat[:flat.shape[0] // 2], np.exp(flat[flat.shape[0] // 2:])
+        else:
+            mu = np.asarray(lam["mean"])
+            std = np.exp(np.asarray(lam["log_std"]))
         S = self.samples
         P = mu.shape[0]
         model = self.model
@@ -371,32 +450,51 @@ class GradientVI:
                     + 0.5 * P * _LOG_2PI
                 rest = {"mean": (h @ eps) / (S * std), "log_std": (h @ (eps * eps - 1.0)) / S}
             return GradientEstimate(g_mean, g_ls, F[0], g_rest=rest)
-        # legrad
-        z, pi = self._nodes, self._weights
-        g_mean = g_ls = f0 = None
+        return self._estimate_legrad(mu, std, x, rng)
+
+    def _estimate_legrad(self, mu, std, x, rng) -> GradientEstimate:
+        """LeGrad under the mean field (seed 001 Algorithm 1), S pivots.
+
+        ``g_both`` holds (∂μ, ∂log σ) per record side by side, shape (n, 2P); ``g_mean`` and
+        ``g_log_std`` are its halves. The arithmetic is the plain loop's, op for op
+        (tests/inference/test_gradients_speed_path.py holds it to a reference to the bit)."""
+        model = self.model
+        S, P = self.samples, mu.shape[0]
+        z, piz, piz2 = self._nodes, self._piz, self._piz2
         sampled = self.kl == "sampled"
+        nodes = mu[:, None] + std[:, None] * z[None, :]          # (P, K), the same for every pivot
+        coordinate = isinstance(model, CoordinateLoglik)
+        g_mean = g_ls = f0 = None
         rm = rl = 0.0
         for s in range(S):
             w = mu + std * rng.standard_normal(P)
-            nodes = mu[:, None] + std[:, None] * z[None, :]      # (P, K)
-            if isinstance(model, CoordinateLoglik):
-                F = model.loglik_coordinate(w, nodes, x)         # (n, P, K)
+            if coordinate:                                       # F (n, P, K), f (n,) from one pass
+                F, f = model.loglik_coordinate_and_pivot(w, nodes, x)
             else:
-                F = self._coordinate_by_loglik(w, nodes, x)
-            f = model.loglik(w[None, :], x)[0]                   # (n,)
-            F = F - f[:, None, None]                             # Σ π z = Σ π (z²−1) = 0: exact shift
-            gm = (F @ (pi * z)) / std[None, :]
-            gl = F @ (pi * (z * z - 1.0))
+                F, f = self._coordinate_by_loglik(w, nodes, x), model.loglik(w[None, :], x)[0]
+            if F.flags.c_contiguous:                             # Σ π z = Σ π (z²−1) = 0: exact shift
+                F -= f[:, None, None]
+            else:
+                F = F - f[:, None, None]
+            gm = (F @ piz) / std[None, :]
+            gl = F @ piz2
             if sampled:                                          # log p0 − log q with w_i at the nodes
-                H = self._log_prior_coordinate(w, nodes) + 0.5 * z[None, :] ** 2
-                rm = rm + (H @ (pi * z)) / std
-                rl = rl + H @ (pi * (z * z - 1.0))
+                H = self._log_prior_coordinate(w, nodes) + self._half_z2
+                rm = rm + (H @ piz) / std
+                rl = rl + H @ piz2
             if s == 0:
                 g_mean, g_ls, f0 = gm, gl, f
             else:
                 g_mean, g_ls = g_mean + gm, g_ls + gl
-        rest = {"mean": rm / S, "log_std": rl / S} if sampled else None
-        return GradientEstimate(g_mean / S, g_ls / S, f0, g_rest=rest)
+        if S == 1:                                               # x / 1 is x: the division is left out
+            both = np.concatenate([g_mean, g_ls], axis=1)
+            rest = {"mean": rm, "log_std": rl} if sampled else None
+        else:
+            both = np.empty((g_mean.shape[0], 2 * P))
+            np.divide(g_mean, S, out=both[:, :P])
+            np.divide(g_ls, S, out=both[:, P:])
+            rest = {"mean": rm / S, "log_std": rl / S} if sampled else None
+        return GradientEstimate(both[:, :P], both[:, P:], f0, g_rest=rest, g_both=both)
 
     def _coordinate(self, w, nodes, x) -> np.ndarray:
         if isinstance(self.model, CoordinateLoglik):
@@ -574,11 +672,45 @@ class GradientVI:
         return GradientEstimate(g_mean / S, g_ls / S, f0, g_B / S, rest)
 
     # --------------------------------------- f's prior and q part (kl = "sampled")
+    def _prior_moments(self):
+        """``model.prior_moments()``, kept while the engine has the same model (of the same size):
+        (m0, v0) depend on the model's settings only. Read only."""
+        return self._prior_parts()[0]
+
+    def _prior_parts(self):
+        """(prior_moments(), m0 is all 0, v0's one value or None, log v0): kept as
+        :meth:`_prior_moments` says. Subtracting a zero mean and dividing by a constant array are
+        then skipped or done with the scalar: the same numbers."""
+        model, c = self.model, self._prior_cache
+        if c is None or c[0] is not model or c[1] != model.n_params:
+            pm = model.prior_moments()
+            if pm is None:
+                parts = (None, False, None, None)
+            else:
+                m0, v0 = pm
+                c0 = float(v0[0]) if v0.size and np.all(v0 == v0[0]) else None
+                parts = (pm, not np.any(m0), c0, np.log(v0))
+            c = self._prior_cache = (model, model.n_params, parts)
+        return c[2]
+
+    def _kl_diagonal(self, mu, std, parts=None) -> float:
+        """KL(q ‖ p0) of the mean field: :func:`gaussian_kl`'s arithmetic with its constant parts kept
+        (``parts``: :meth:`_prior_parts`, taken now if None)."""
+        pm, zero_mean, v0c, log_v0 = self._prior_parts() if parts is None else parts
+        m0, v0 = pm
+        var = std * std
+        d2 = mu * mu if zero_mean else (mu - m0) ** 2
+        t = (var + d2) / (v0 if v0c is None else v0c)
+        t -= 1.0
+        t -= np.log(var)
+        t += log_v0
+        return float(0.5 * t.sum())
+
     def _log_prior(self, W) -> np.ndarray:
         """log p0(w) for the rows of ``W``, shape (S,); 0 for a target without a separate prior
         (its log-likelihood is log p(w))."""
         W = np.atleast_2d(W)
-        pm = self.model.prior_moments()
+        pm = self._prior_moments()
         if pm is None:
             return np.zeros(W.shape[0])
         m0, v0 = pm
@@ -586,7 +718,7 @@ class GradientVI:
 
     def _grad_log_prior(self, W) -> np.ndarray:
         """∇_w log p0(w) for the rows of ``W``, shape (S, P)."""
-        pm = self.model.prior_moments()
+        pm = self._prior_moments()
         if pm is None:
             return np.zeros_like(W)
         m0, v0 = pm
@@ -594,10 +726,12 @@ class GradientVI:
 
     def _log_prior_coordinate(self, w, nodes) -> np.ndarray:
         """log p0(w with w_i at nodes[i, k]) − log p0(w), shape (P, K)."""
-        pm = self.model.prior_moments()
+        pm, zero_mean, v0c, _ = self._prior_parts()
         if pm is None:
             return np.zeros_like(nodes)
         m0, v0 = pm
+        if zero_mean and v0c is not None:
+            return -0.5 * (nodes * nodes - (w * w)[:, None]) / v0c
         return -0.5 * ((nodes - m0[:, None]) ** 2 - ((w - m0) ** 2)[:, None]) / v0[:, None]
 
     def _coordinate_by_loglik(self, w, nodes, x) -> np.ndarray:
@@ -611,14 +745,16 @@ class GradientVI:
     def _prior_terms(self, lam, grad: bool = True):
         """(KL or −entropy, its gradient as a NatParams like λ): the exact part, to be subtracted.
 
-        ``grad=False`` (``kl = "sampled"``: the gradient is estimated) skips the full covariance's
-        O(P³) gradient and returns (KL, None) there."""
+        ``grad=False`` (``kl = "sampled"``: the gradient is estimated) skips the gradient and returns
+        (KL, None) for a model with a prior (the full covariance's gradient is O(P³))."""
         mu = np.asarray(lam["mean"])
         P = mu.shape[0]
-        pm = self.model.prior_moments()
+        pm = self._prior_moments()
         c = 0.5 * P * math.log(2 * math.pi * math.e)
         if self.covariance == "diagonal":
             std = np.exp(np.asarray(lam["log_std"]))
+            if pm is not None and not grad:
+                return self._kl_diagonal(mu, std), None
             if pm is None:
                 H = float(np.sum(np.log(std))) + c
                 return -H, NatParams(mean=np.zeros_like(mu), log_std=-np.ones_like(mu))
@@ -676,19 +812,51 @@ class GradientVI:
 
     def gradient(self, lam: NatParams, x, rng) -> tuple[NatParams, GradientEstimate, float]:
         """(ĝ of the ELBO, the estimate behind it, the stochastic ELBO value)."""
+        g, est, scale, kl = self._gradient(lam, x, rng)
+        if kl is None:
+            kl = self._prior_terms(lam, grad=False)[0]
+        return g, est, scale * float(np.sum(est.loglik)) - kl
+
+    def _gradient(self, lam, x, rng):
+        """(ĝ, the estimate, N/|S|, the KL term of the ELBO or None where ĝ did not need it)."""
         est = self.estimate(lam, x, rng)
         scale = self._scale(x, est.g_mean.shape[0])
         if est.g_rest is None:
             kl, dkl = self._prior_terms(lam)
         else:                                                    # kl = "sampled": + ∇E[log p0 − log q], sampled
-            kl = self._prior_terms(lam, grad=False)[0]
+            kl = dkl = None
+        if est.g_both is not None and self._plain(lam):
+            # the mean field's (mean, log σ) side by side: the same sums and differences on one array
+            g = scale * est.g_both.sum(axis=0)
+            if dkl is None:                                      # − (−rest) is + rest, to the bit
+                P = est.g_mean.shape[1]
+                g[:P] += est.g_rest["mean"]
+                g[P:] += est.g_rest["log_std"]
+            else:
+                g -= dkl._flat
+            return NatParams._wrap(lam._layout, g), est, scale, kl
+        if dkl is None:
             dkl = NatParams({k: -np.asarray(v) for k, v in est.g_rest.items()})
         parts = {"mean": scale * est.g_mean.sum(axis=0) - dkl["mean"],
                  "log_std": scale * est.g_log_std.sum(axis=0) - dkl["log_std"]}
         if self.factor_key is not None:
             parts[self.factor_key] = scale * est.g_factor - dkl[self.factor_key]
-        elbo = scale * float(np.sum(est.loglik)) - kl
-        return NatParams(parts), est, elbo
+        return NatParams(parts), est, scale, kl
+
+    def _plain(self, lam) -> bool:
+        """λ is a mean field's ``NatParams(mean, log_std)`` of two (P,) vectors in that order: its flat
+        buffer is (μ, log σ) and the gradient and the step may be written on it directly."""
+        if type(lam) is not NatParams:
+            return False
+        layout = lam._layout
+        if layout is self._plain_layout:                         # seen before (states share it)
+            return True
+        if self.covariance != "diagonal" or not (
+                len(layout) == 2 and layout[0][0] == "mean" and layout[1][0] == "log_std"
+                and len(layout[0][1]) == 1 and len(layout[1][1]) == 1):
+            return False
+        self._plain_layout = layout
+        return True
 
     def exact_gradient(self, lam: NatParams, x=None) -> NatParams:
         """∇ of the ELBO in closed form, for models with ``expected_loglik_grad`` (tests)."""
@@ -716,18 +884,50 @@ class GradientVI:
         """
         if x is not None:
             x = self.model.check_batch(x)
-        rng = state.rng()
-        g, est, elbo = self.gradient(state.lam, x, rng)
+        rng = self._take_rng(state)
+        lam = state.lam
+        g, est, scale, kl = self._gradient(lam, x, rng)
         S = 0 if x is None else x.shape[0]
         t = state.step + 1
         rho = self.schedule(t)
-        new_lam, aux = self.step_with(state.lam, state.aux, g, t, rho)
+        new_lam, aux = self.step_with(lam, state.aux, g, t, rho)
+        N = float(self.n_total)
+        if est.g_both is not None and est.g_both.size <= _LAZY_MAX and kl is None and self._plain(lam):
+            # the ELBO and the gradient's variance when first read (_LazyInfo): the same numbers
+            parts = self._prior_parts()
+            if parts[0] is not None:
+                info = _LazyInfo._make(self, est, scale, lam, parts, N, step=t, rho=rho, batch_size=S,
+                                       effective_batch_size=float(S), noise_std=0.0,
+                                       grad_norm=math.sqrt(g.sqnorm()), gradient=g)
+                return EngineState(step=t, lam=new_lam, rng_state=self._keep_rng(rng),
+                                   records_seen=state.records_seen + S, aux=aux), info
+        if kl is None:
+            kl = self._prior_terms(lam, grad=False)[0]
+        elbo = scale * float(np.sum(est.loglik)) - kl
         info = UpdateInfo(step=t, rho=rho, batch_size=S, effective_batch_size=float(S), noise_std=0.0,
-                          elbo=elbo, elbo_per_record=elbo / float(self.n_total),
+                          elbo=elbo, elbo_per_record=elbo / N,
                           grad_variance=self.gradient_variance(est, x),
                           grad_norm=math.sqrt(g.sqnorm()), gradient=g)
-        return EngineState(step=t, lam=new_lam, rng_state=rng.bit_generator.state,
+        return EngineState(step=t, lam=new_lam, rng_state=self._keep_rng(rng),
                            records_seen=state.records_seen + S, aux=aux), info
+
+    def _take_rng(self, state: EngineState) -> np.random.Generator:
+        """The generator of ``state.rng_state``: the one :meth:`update` left at exactly that state
+        (then taken out, so no other update draws from it), else a new one (``state.rng()``).
+        Either draws the same numbers; the first saves building a generator per update."""
+        d = state.rng_state
+        kept = self._rngs.pop(id(d), None)
+        if kept is not None and kept[0] is d:
+            return kept[1]
+        return state.rng()
+
+    def _keep_rng(self, rng: np.random.Generator) -> dict:
+        """``rng``'s state for the new EngineState, with ``rng`` kept for the update from it."""
+        d = rng.bit_generator.state
+        if len(self._rngs) > 8:
+            self._rngs.clear()
+        self._rngs[id(d)] = (d, rng)
+        return d
 
     def step_with(self, lam: NatParams, aux: dict | None, g: NatParams, t: int,
                   rho: float) -> tuple[NatParams, dict | None]:
@@ -741,6 +941,8 @@ class GradientVI:
         Raises ``FloatingPointError`` if λ' would not be finite (nothing is changed).
         """
         step = self.learning_rate * rho
+        if self._plain(lam) and type(g) is NatParams and g._layout == lam._layout:
+            return self._step_plain(lam, aux, g, t, step)
         keys = list(lam)                                         # mean, log_std[, coupling | factor]
         gflat = np.concatenate([np.ravel(g[k]) for k in keys]) / float(self.n_total)
         if self.optimizer == "adam":
@@ -768,15 +970,58 @@ class GradientVI:
                                      f"(lower learning_rate)")
         return new_lam, aux
 
+    def _step_plain(self, lam: NatParams, aux, g: NatParams, t: int, step: float):
+        """:meth:`step_with` for the mean field's flat (μ, log σ): the same arithmetic on the
+        flat buffers (clip as max then min: the same numbers for any ordered bounds)."""
+        lf, gf = lam._flat, g._flat
+        P = lf.shape[0] // 2
+        if self.optimizer == "natural":
+            sd = np.exp(lf[P:])
+            delta = np.empty(2 * P)
+            dm = step * sd
+            dm *= sd
+            dm *= gf[:P]
+            lim = MAX_MEAN_STEP * sd
+            np.maximum(dm, -lim, out=dm)
+            np.minimum(dm, lim, out=delta[:P])
+            dl = step * 0.5 * gf[P:]
+            np.maximum(dl, -MAX_LOG_STD_STEP, out=dl)
+            np.minimum(dl, MAX_LOG_STD_STEP, out=delta[P:])
+        else:
+            gflat = gf / float(self.n_total)
+            if self.optimizer == "adam":
+                m = _ADAM_B1 * aux["adam_m"] + (1 - _ADAM_B1) * gflat
+                v = _ADAM_B2 * aux["adam_v"] + (1 - _ADAM_B2) * gflat * gflat
+                mhat, vhat = m / (1 - _ADAM_B1 ** t), v / (1 - _ADAM_B2 ** t)
+                delta = step * mhat / (np.sqrt(vhat) + _ADAM_EPS)
+                aux = {"adam_m": m, "adam_v": v}
+            else:
+                delta = step * gflat
+        new = lf + delta
+        if not np.isfinite(new).all():
+            raise FloatingPointError(f"update {t} would make q non-finite; state left unchanged "
+                                     f"(lower learning_rate)")
+        return NatParams._wrap(lam._layout, new), aux
+
     def gradient_variance(self, est: GradientEstimate, x) -> float:
         """N² tr(Σ̂)/|S| from the records' gradient contributions (μ and log σ coordinates);
         NaN with fewer than two records."""
+        return self._grad_variance(est, self._scale(x, est.g_mean.shape[0]))
+
+    @staticmethod
+    def _grad_variance(est: GradientEstimate, scale: float) -> float:
         n = est.g_mean.shape[0]
         if n < 2:
             return float("nan")
-        scale = self._scale(x, n)
-        C = np.concatenate([est.g_mean, est.g_log_std], axis=1)
-        tr = float(np.sum(C.var(axis=0, ddof=1)))
+        C = est.g_both if est.g_both is not None else np.concatenate([est.g_mean, est.g_log_std], axis=1)
+        # C.var(axis=0, ddof=1), written out as numpy's _var computes it (the same numbers)
+        m = np.add.reduce(C, axis=0, keepdims=True)
+        m /= n
+        d = C - m
+        d *= d
+        v = np.add.reduce(d, axis=0)
+        v /= n - 1
+        tr = float(v.sum())
         return scale * scale * n * tr       # = N² tr Σ̂ / |S|
 
     def predictive_logpdf(self, state: EngineState, x) -> np.ndarray:

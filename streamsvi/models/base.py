@@ -325,6 +325,12 @@ class CoordinateLoglik:
     def loglik_coordinate(self, w, nodes, x):
         """log p(x | w) with one coordinate of w moved to each node."""
 
+    def loglik_coordinate_and_pivot(self, w, nodes, x):
+        """``(loglik_coordinate(w, nodes, x), loglik(w[None, :], x)[0])``: LeGrad's work per pivot
+        in one call, so that a model can share its pass over the batch between the two. The first
+        is a new array the caller may overwrite."""
+        return self.loglik_coordinate(w, nodes, x), self.loglik(w[None, :], x)[0]
+
 
 class RowWise:
     """λ (and ``aux``) grow with the data or are written only where a batch touches them

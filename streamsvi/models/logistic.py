@@ -101,8 +101,8 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         """A (n, D + 1) array, features then a 0/1 label; ``ValueError`` otherwise."""
         arr = check_matrix(x, self.n_features + 1, "labelled batch")
         y = arr[:, -1]
-        bad = np.flatnonzero((y != 0) & (y != 1))
-        if bad.size:
+        if (y * (y - 1.0)).any():                  # finite y: y (y − 1) = 0 only for 0 and 1
+            bad = np.flatnonzero((y != 0) & (y != 1))
             raise ValueError(f"labels must be 0 or 1; records {bad[:10].tolist()} have "
                              f"{y[bad[:3]].tolist()}")
         return arr
@@ -117,8 +117,14 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         return X
 
     def _split(self, x):
+        """(the design Z, ỹ = 2y − 1) of labelled rows."""
         x = np.asarray(x, float)
-        return self.design(x[:, :-1]), 2.0 * x[:, -1] - 1.0
+        if not self.fit_intercept:
+            return x[:, :-1], 2.0 * x[:, -1] - 1.0
+        Z = np.empty(x.shape)                      # design(x[:, :-1]): the features, then 1
+        Z[:, :-1] = x[:, :-1]
+        Z[:, -1] = 1.0
+        return Z, 2.0 * x[:, -1] - 1.0
 
     # --------------------------------------------------------- interface
     def prior_moments(self):
@@ -152,6 +158,22 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         A = a[:, None, None] + Z[:, :, None] * shift[None, :, :]     # (n, P, K)
         A *= yt[:, None, None]
         return log_expit(A, out=A)
+
+    def loglik_coordinate_and_pivot(self, w, nodes, x):
+        """(:meth:`loglik_coordinate`, :meth:`loglik` at the pivot w) of checked records, the same
+        numbers from one pass: with labels 0 / 1, ỹ = ±1 and multiplying by it only flips signs,
+        which rounding commutes with, so ỹ is folded into the design once (Ẑ = ỹ z) instead
+        of multiplying the (n, P, K) array (a zero may change sign, which log σ ignores)."""
+        x = np.asarray(x, float)
+        yt = 2.0 * x[:, -1] - 1.0
+        Zy = np.empty(x.shape if self.fit_intercept else (x.shape[0], x.shape[1] - 1))
+        np.multiply(x[:, :self.n_features], yt[:, None], out=Zy[:, :self.n_features])
+        if self.fit_intercept:
+            Zy[:, -1] = yt
+        shift = nodes - w[:, None]                                   # (P, K)
+        A = Zy[:, :, None] * shift[None, :, :]
+        A += (Zy @ w)[:, None, None]                                 # ỹ (a + z_i (u − w_i))
+        return log_expit(A, out=A), log_expit(w[None, :] @ Zy.T)[0]
 
     def expected_loglik_grad(self, mean, std, x, n_points: int = 80):
         """Exact ∇_(μ, σ) Σ_n E_q[log σ(ỹ_n a_n)]: a_n ~ N(z_nᵀμ, Σ_i z_ni² σ_i²) is 1-D,
@@ -369,6 +391,8 @@ class SoftmaxRegression(BayesianLogisticRegression):
         R = -Pr
         R[:, np.arange(len(y)), y] += 1.0                                   # onehot − p
         return np.einsum("snc,np->sncp", R, Z).reshape(R.shape[0], len(y), -1)
+
+    loglik_coordinate_and_pivot = CoordinateLoglik.loglik_coordinate_and_pivot   # not the binary model's
 
     def loglik_coordinate(self, w, nodes, x) -> np.ndarray:
         """Changing w_{c,i} by δ moves only logit c, by z_i δ: log-sum-exp updated in closed form."""
