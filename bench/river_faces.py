@@ -113,8 +113,9 @@ def _classifier(face, peer, data, chunk):
                        "predict_proba_one": proba_one, "predict_many": predict_many}, (face, peer)
 
 
-def _clusterer(face, peer, xs, chunk):
-    frames = _frames(xs, None, chunk)
+def _unsupervised(face, peer, xs, frames, one="predict_one", many="predict_many"):
+    """The timed methods of a face without labels: ``one``/``many`` its prediction methods
+    (``transform_one``/``transform_many`` for the topic model)."""
 
     def learn_one(make):
         m = make()
@@ -132,55 +133,29 @@ def _clusterer(face, peer, xs, chunk):
         return m, False
 
     def predict_one(m):
-        p = m.predict_one
+        p = getattr(m, one)
         for x in xs:
             p(x)
 
     def predict_many(m):
-        if not hasattr(m, "predict_many"):
+        if not hasattr(m, many):
             predict_one(m)
             return True
         for X, _ in frames:
-            m.predict_many(X)
+            getattr(m, many)(X)
         return False
 
     return len(xs), {"learn_one": learn_one, "learn_many": learn_many, "predict_one": predict_one,
                      "predict_many": predict_many}, (face, peer)
 
 
+def _clusterer(face, peer, xs, chunk):
+    return _unsupervised(face, peer, xs, _frames(xs, None, chunk))
+
+
 def _topics(face, peer, docs, chunk):
     frames = [(X.fillna(0.0), None) for X, _ in _frames(docs, None, chunk)]     # counts, 0 = absent
-
-    def learn_one(make):
-        m = make()
-        learn = m.learn_one
-        for x in docs:
-            learn(x)
-        return m
-
-    def learn_many(make):
-        m = make()
-        if not hasattr(m, "learn_many"):
-            return learn_one(make), True
-        for X, _ in frames:
-            m.learn_many(X)
-        return m, False
-
-    def transform_one(m):
-        t = m.transform_one
-        for x in docs:
-            t(x)
-
-    def transform_many(m):
-        if not hasattr(m, "transform_many"):
-            transform_one(m)
-            return True
-        for X, _ in frames:
-            m.transform_many(X)
-        return False
-
-    return len(docs), {"learn_one": learn_one, "learn_many": learn_many, "predict_one": transform_one,
-                       "predict_many": transform_many}, (face, peer)
+    return _unsupervised(face, peer, docs, frames, "transform_one", "transform_many")
 
 
 def _ratings(face, peer, triples):

@@ -1109,15 +1109,22 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
     def learn_many(self, X, y) -> None:
         """Learn from a DataFrame and a Series of labels; same batching, same result as learn_one."""
         labels = [self._label(v) for v in y.tolist()]
+        rows = self._frame_rows(X)
+        if rows is not None:
+            self._learner.learn_many(np.column_stack([rows, labels]))
+
+    def _frame_rows(self, X):
+        """A DataFrame's rows as the model sees them (imputed, standardised, the moments learnt
+        from them), after what is held back; None for an empty frame before any feature is known."""
         if self._features is None:
             if not len(X):
-                return
+                return None
             self._features = sorted(X.columns)
             self._build()
         self._sync()
         Xr = self._pending.frame(X)
         self._pred = None
-        self._learner.learn_many(np.column_stack([self._transform(Xr, *self._moments.learn(Xr)), labels]))
+        return self._transform(Xr, *self._moments.learn(Xr))
 
     # ------------------------------------------------------------ predicting
     def _predictor(self, state):
@@ -1315,15 +1322,10 @@ class SoftmaxRegression(LogisticRegression):
         ys = y.tolist()
         if any(v is None for v in ys):
             raise ValueError("SoftmaxRegression needs a label, got None")
-        if self._features is None:
-            if not len(X):
-                return
-            self._features = sorted(X.columns)
-            self._build()
-        self._sync()
-        Xr = self._pending.frame(X)
-        self._pred = None
-        rows = np.column_stack([self._transform(Xr, *self._moments.learn(Xr)), np.zeros(len(ys))])
+        rows = self._frame_rows(X)
+        if rows is None:
+            return
+        rows = np.column_stack([rows, np.zeros(len(ys))])
         start = 0
         for k, v in enumerate(ys):
             if v not in self._classes and len(self._classes) + 1 > self._engine.model.n_classes:

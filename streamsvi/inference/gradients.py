@@ -256,6 +256,14 @@ def _check_choice(name, v, choices):
     return v
 
 
+def _adam_step(aux: dict, gflat: np.ndarray, t: int, step: float) -> tuple[np.ndarray, dict]:
+    """Adam's move of the flat parameters at step ``t`` and its new moments (``aux``)."""
+    m = _ADAM_B1 * aux["adam_m"] + (1 - _ADAM_B1) * gflat
+    v = _ADAM_B2 * aux["adam_v"] + (1 - _ADAM_B2) * gflat * gflat
+    mhat, vhat = m / (1 - _ADAM_B1 ** t), v / (1 - _ADAM_B2 ** t)
+    return step * mhat / (np.sqrt(vhat) + _ADAM_EPS), {"adam_m": m, "adam_v": v}
+
+
 @dataclass
 class GradientVI:
     """Mean-field Gaussian VI by stochastic gradients (LeGrad, ReGrad or LdGrad).
@@ -946,11 +954,7 @@ class GradientVI:
         keys = list(lam)                                         # mean, log_std[, coupling | factor]
         gflat = np.concatenate([np.ravel(g[k]) for k in keys]) / float(self.n_total)
         if self.optimizer == "adam":
-            m = _ADAM_B1 * aux["adam_m"] + (1 - _ADAM_B1) * gflat
-            v = _ADAM_B2 * aux["adam_v"] + (1 - _ADAM_B2) * gflat * gflat
-            mhat, vhat = m / (1 - _ADAM_B1 ** t), v / (1 - _ADAM_B2 ** t)
-            delta = step * mhat / (np.sqrt(vhat) + _ADAM_EPS)
-            aux = {"adam_m": m, "adam_v": v}
+            delta, aux = _adam_step(aux, gflat, t, step)
         elif self.optimizer == "natural":
             sd = np.exp(np.asarray(lam["log_std"]))
             delta = np.concatenate([np.clip(step * sd * sd * g["mean"], -MAX_MEAN_STEP * sd, MAX_MEAN_STEP * sd),
@@ -990,11 +994,7 @@ class GradientVI:
         else:
             gflat = gf / float(self.n_total)
             if self.optimizer == "adam":
-                m = _ADAM_B1 * aux["adam_m"] + (1 - _ADAM_B1) * gflat
-                v = _ADAM_B2 * aux["adam_v"] + (1 - _ADAM_B2) * gflat * gflat
-                mhat, vhat = m / (1 - _ADAM_B1 ** t), v / (1 - _ADAM_B2 ** t)
-                delta = step * mhat / (np.sqrt(vhat) + _ADAM_EPS)
-                aux = {"adam_m": m, "adam_v": v}
+                delta, aux = _adam_step(aux, gflat, t, step)
             else:
                 delta = step * gflat
         new = lf + delta

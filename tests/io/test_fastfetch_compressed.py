@@ -21,8 +21,7 @@ from kafka.record.util import calc_crc32c
 
 from streamsvi.io import _fastfetch
 
-TP = TopicPartition("t", 0)
-Lean = _fastfetch.lean_partition_records_class(Fetcher.PartitionRecords)
+from tests.io.test_fastfetch import TP, Lean, read, same  # noqa: E402,F401  (one reader harness)
 READ_COMMITTED = 1
 
 #: codec id in the batch attributes, kafka-python's compression_type name, its library check
@@ -65,30 +64,6 @@ def marker(offset, producer_id, commit):
     """A control batch holding one transaction marker (key: version 0, type 1 commit / 0 abort)."""
     return batch(offset, [(0, struct.pack(">hh", 0, int(commit)), struct.pack(">hi", 0, 0), [])],
                  producer_id=producer_id, transactional=True, control=True)
-
-
-def read(cls, raw, fetch_offset=0, take=None, **kw):
-    """(offset, value) pairs a reader hands out, and its next_fetch_offset."""
-    part = cls(fetch_offset, TP, MemoryRecords(raw), **kw)
-    out = []
-    while part:
-        got = part.take(take)
-        if not got:
-            break
-        for r in got:
-            if isinstance(r, _fastfetch.LeanRun):
-                assert r.offset == r.offsets[0] and len(r.offsets) == len(r.values)
-                out += list(zip(r.offsets, r.values))
-            else:
-                out.append((r.offset, r.value))
-    return out, part.next_fetch_offset
-
-
-def same(raw, **kw):
-    stock = read(Fetcher.PartitionRecords, raw, **kw)
-    lean = read(Lean, raw, **kw)
-    assert lean == stock
-    return lean
 
 
 def records(n, seed=0):
