@@ -118,9 +118,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "word id i); unset = the hashing trick into n_features buckets"),
         "fields": Field("list[str]", None, "for JSON objects: the field names, in feature order"),
         "dead_letter_topic": Field("str", None, "Kafka topic for records that fail decoding or validation"),
-        "prefetch": Field("bool", True, "read and decode the next minibatch in a background thread while "
+        "prefetch": Field("bool", False, "read and decode the next minibatch in a background thread while "
                           "the model learns the last one (one batch ahead; offsets are committed only "
-                          "for what a checkpoint holds, as without it)"),
+                          "for what a checkpoint holds, as without it). Off by default: on 2 cores it "
+                          "gained nothing (bench/e2e_throughput.py)"),
         "path": Field("str", None, "file source: JSONL or CSV file"),
         "format": Field("str", "jsonl", "file source format: jsonl or csv", choices=("jsonl", "csv")),
         "dead_letter_path": Field("str", None, "file for dead letters (file source, or Kafka without a "

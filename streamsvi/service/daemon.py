@@ -460,7 +460,7 @@ class Daemon(StagedLoop):
         if source is None:                          # stopped while waiting for the brokers
             loop.res.stopped_by = self._stop_reason
             return None
-        if self.prefetches and self.cfg["source"].get("prefetch", True):
+        if self.prefetches and self.cfg["source"].get("prefetch", False):
             source = Prefetching(source)            # _poll starts each next batch's read
         stack.callback(source.close)
         if self.state is None:
