@@ -289,6 +289,15 @@ def engine_lda_whole(cfg: dict, X) -> float:
     return time.perf_counter() - t0
 
 
+def _steady_seconds(t0, first: int, n: int) -> float:
+    """Seconds a bare reader would take for all ``n`` messages at its steady rate: the time
+    since ``t0`` (when the first poll's ``first`` messages came) over the ``n - first`` after
+    them; nan when the first poll brought everything (or none came)."""
+    if t0 is None or first >= n:
+        return float("nan")
+    return (time.perf_counter() - t0) * n / (n - first)
+
+
 def _seconds_left(t0, got, n, what):
     if time.perf_counter() - t0 > 900:
         raise RuntimeError(f"{what} read only {got} of {n} messages in 900 s")
@@ -312,9 +321,7 @@ def bare_confluent(bootstrap: str, topic: str, n_messages: int, group: str) -> f
         while got < n_messages:
             got += len(c.consume(10000, timeout=1.0))
             _seconds_left(t0, got, n_messages, "confluent-kafka")
-        if first >= n_messages:
-            return float("nan")
-        return (time.perf_counter() - t0) * n_messages / (n_messages - first)
+        return _steady_seconds(t0, first, n_messages)
     finally:
         c.close()
 
@@ -344,9 +351,7 @@ def bare_poll(bootstrap: str, topic: str, n_messages: int, group: str, lean: boo
                     t0, first = time.perf_counter(), got
                 continue
             _seconds_left(t0, got, n_messages, "kafka-python")
-        if t0 is None or first >= n_messages:
-            return float("nan")
-        return (time.perf_counter() - t0) * n_messages / (n_messages - first)
+        return _steady_seconds(t0, first, n_messages)
     finally:
         c.close(autocommit=False)
 

@@ -237,10 +237,9 @@ def _check_paths(cfg) -> None:
                              f"({exc.strerror or exc})") from None
 
 
-#: The daemon's connect timeout (``streamsvi.service.daemon.CONNECT_TIMEOUT_S``): part of the
-#: consumer settings an early group join must share with the daemon's source
-#: (tests/test_lazy_imports.py checks that they agree).
-_EARLY_JOIN_CONNECT_TIMEOUT_S = 10.0
+#: The daemon's connect timeout (``streamsvi.service.health.CONNECT_TIMEOUT_S``): part of the
+#: consumer settings an early group join must share with the daemon's source.
+from .service.health import CONNECT_TIMEOUT_S as _EARLY_JOIN_CONNECT_TIMEOUT_S  # noqa: E402
 
 
 def _start_early_join(config_path) -> bool:

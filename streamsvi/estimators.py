@@ -1127,14 +1127,19 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
         return self._transform(Xr, *self._moments.learn(Xr))
 
     # ------------------------------------------------------------ predicting
+    def _centre_scale(self):
+        """The running means and standard deviations the features are standardised with
+        (0 and 1 without ``standardize``)."""
+        mean, S, n = self._moments.current()
+        return (mean, _scale(S, n)) if self.standardize else (np.zeros_like(mean), np.ones_like(mean))
+
     def _predictor(self, state):
         """What predict_proba_one needs of the state and the moments, as plain floats."""
         model = self._engine.model
         lam = state.lam
         if set(lam.keys()) != {"mean", "log_std"}:
             return (state, self._moments.n_rows, None)
-        mean, S, n = self._moments.current()
-        mu, sd = (mean, _scale(S, n)) if self.standardize else (np.zeros_like(mean), np.ones_like(mean))
+        mu, sd = self._centre_scale()
         w, v = np.asarray(lam["mean"], float), np.exp(2.0 * np.asarray(lam["log_std"], float))
         D = len(self._features)
         b, bv = (float(w[D]), float(v[D])) if model.fit_intercept else (0.0, 0.0)
@@ -1347,8 +1352,7 @@ class SoftmaxRegression(LogisticRegression):
         lam = state.lam
         if set(lam.keys()) != {"mean", "log_std"}:
             return (state, self._moments.n_rows, None)
-        mean, S, n = self._moments.current()
-        mu, sd = (mean, _scale(S, n)) if self.standardize else (np.zeros_like(mean), np.ones_like(mean))
+        mu, sd = self._centre_scale()
         C, P, D = model.n_classes, model.n_inputs, len(self._features)
         W = np.asarray(lam["mean"], float).reshape(C, P)
         V = np.exp(2.0 * np.asarray(lam["log_std"], float)).reshape(C, P)

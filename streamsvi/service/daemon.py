@@ -42,6 +42,7 @@ from .commit import SnapshotCommit
 from .config import build_engine, build_model, client_security
 from .console import plural
 from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S: its old home)
+from .health import CONNECT_TIMEOUT_S as _CONNECT_TIMEOUT_S
 from .loop import StagedLoop, _Loop
 from .metrics import DaemonMetrics
 
@@ -49,13 +50,10 @@ log = logging.getLogger("streamsvi.daemon")
 
 from .history import HISTORY_FILE  # noqa: E402  (one JSON object per line, next to the snapshots)
 
-#: How long one attempt to reach the brokers at start may take (kafka-python
-#: reconnects by itself within an attempt); after it the daemon counts a retry
-#: in ``streamsvi_broker_retries_total``, logs a warning and backs off
-#: (:meth:`BrokerHealth.attempt_failed <streamsvi.service.health.BrokerHealth.attempt_failed>`).
-#: The backoffs and the probe cadence (``MAX_CONNECT_BACKOFF_S``, ``MAX_POLL_BACKOFF_S``,
-#: ``BROKER_PROBE_S``) live in :mod:`streamsvi.service.health`.
-CONNECT_TIMEOUT_S = 10.0
+#: How long one attempt to reach the brokers at start may take (its home, with the backoffs
+#: and the probe cadence, is :mod:`streamsvi.service.health`); read here at each start, so a
+#: test can lower it on this module.
+CONNECT_TIMEOUT_S = _CONNECT_TIMEOUT_S
 #: How long the daemon waits at start for its consumer group to assign it partitions, unless
 #: ``source.assignment_timeout_seconds`` says otherwise.
 ASSIGNMENT_TIMEOUT_S = 60.0

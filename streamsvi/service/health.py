@@ -29,6 +29,12 @@ import logging
 import threading
 import time
 
+#: How long one attempt to reach the brokers at start may take (kafka-python reconnects by
+#: itself within an attempt); after it the daemon counts a retry, logs a warning and backs off
+#: (:meth:`BrokerHealth.attempt_failed`). The daemon's and the worker's sources use it, and so
+#: does ``streamsvi run``'s early group join, whose consumer the daemon's source takes over
+#: only if their settings agree (``streamsvi.service.daemon.CONNECT_TIMEOUT_S`` is this).
+CONNECT_TIMEOUT_S = 10.0
 #: Largest wait between connection attempts at start (``source.connect_backoff_seconds``
 #: doubles up to it).
 MAX_CONNECT_BACKOFF_S = 30.0

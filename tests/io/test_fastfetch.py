@@ -21,13 +21,16 @@ TP = TopicPartition("t", 0)
 Lean = _fastfetch.lean_partition_records_class(Fetcher.PartitionRecords)
 
 
-def batch(base_offset, records, compression=0, transactional=False, attrs_or=0):
-    """One v2 batch: ``records`` is a list of (offset_delta, key, value, headers)."""
+def batch(base_offset, records, compression=0, transactional=False, attrs_or=0, producer_id=None):
+    """One v2 batch: ``records`` is a list of (offset_delta, key, value, headers); ``attrs_or``
+    bits are set in the attributes afterwards (CRC recomputed); the producer id defaults to 7
+    for a transactional batch, else none (-1)."""
+    if producer_id is None:
+        producer_id = 7 if transactional else -1
     b = DefaultRecordBatchBuilder(magic=2, compression_type=compression,
-                                  is_transactional=transactional,
-                                  producer_id=7 if transactional else -1,
-                                  producer_epoch=0 if transactional else -1,
-                                  base_sequence=0 if transactional else -1, batch_size=1 << 24)
+                                  is_transactional=transactional, producer_id=producer_id,
+                                  producer_epoch=0 if producer_id >= 0 else -1,
+                                  base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 24)
     for delta, key, value, headers in records:
         assert b.append(delta, timestamp=1_700_000_000_000 + delta, key=key, value=value,
                         headers=headers) is not None

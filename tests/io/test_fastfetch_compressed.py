@@ -15,13 +15,13 @@ from kafka import TopicPartition
 from kafka import codec as kafka_codec
 from kafka.consumer.fetcher import Fetcher
 from kafka.errors import CorruptRecordError
-from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords
 from kafka.record.util import calc_crc32c
 
 from streamsvi.io import _fastfetch
 
 from tests.io.test_fastfetch import TP, Lean, read, same  # noqa: E402,F401  (one reader harness)
+from tests.io.test_fastfetch import batch as _batch  # noqa: E402
 READ_COMMITTED = 1
 
 #: codec id in the batch attributes, kafka-python's compression_type name, its library check
@@ -45,19 +45,8 @@ class Upper:
 
 def batch(base_offset, records, compression=0, producer_id=-1, transactional=False, control=False):
     """One v2 batch: ``records`` is a list of (offset_delta, key, value, headers)."""
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=compression,
-                                  is_transactional=transactional, producer_id=producer_id,
-                                  producer_epoch=0 if producer_id >= 0 else -1,
-                                  base_sequence=0 if producer_id >= 0 else -1, batch_size=1 << 24)
-    for delta, key, value, headers in records:
-        assert b.append(delta, timestamp=1_700_000_000_000 + delta, key=key, value=value,
-                        headers=headers) is not None
-    buf = bytearray(b.build())
-    struct.pack_into(">q", buf, 0, base_offset)          # the base offset is not under the CRC
-    if control:
-        struct.pack_into(">h", buf, 21, struct.unpack_from(">h", buf, 21)[0] | 0x20)
-        struct.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
-    return bytes(buf)
+    return _batch(base_offset, records, compression, transactional, attrs_or=0x20 if control else 0,
+                  producer_id=producer_id)
 
 
 def marker(offset, producer_id, commit):

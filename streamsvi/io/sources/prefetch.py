@@ -4,8 +4,9 @@
 calls :meth:`Prefetching.prefetch`; one background thread then runs the wrapped source's
 ``poll_batch`` (fetch, the lean reader, decoding, validation) while the caller updates
 the model, and the next :meth:`Prefetching.poll_batch` hands that batch out. The model's
-heavy parts release the GIL (BLAS, the compiled LDA local step, numpy loops), so reading
-and learning overlap instead of taking turns.
+compiled parts release the GIL (BLAS, the compiled LDA local step), so reading and
+learning can overlap there; on 2 cores they mostly took turns and it gained nothing, so
+the daemon's ``source.prefetch`` is off by default (docs/running.md, "Reading ahead").
 
 The bound is one batch: at most one poll runs in the background and at most one batch
 is held, so memory stays at two minibatches. Nothing else changes for the caller:
@@ -94,12 +95,15 @@ class Prefetching(Source):
             return None
         return pending.result()
 
+    @staticmethod
+    def _starts(batch: Batch) -> Offsets:
+        """The offset each partition ``batch`` read began at."""
+        return {k: batch.first_offsets.get(k, off) for k, off in batch.next_offsets.items()}
+
     def _give_back(self) -> Offsets:
         """Drop the held batch; the offsets each partition it read began at (to seek back to)."""
         batch, self._pending = self._held(), None
-        if batch is None:
-            return {}
-        return {k: batch.first_offsets.get(k, off) for k, off in batch.next_offsets.items()}
+        return {} if batch is None else self._starts(batch)
 
     # ------------------------------------------------------------ Source
     def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
@@ -121,17 +125,16 @@ class Prefetching(Source):
         held = self._held()
         out = self.source.positions()
         if held is not None:
-            out.update({k: held.first_offsets.get(k, off) for k, off in held.next_offsets.items()
-                        if k in out})
+            out.update({k: off for k, off in self._starts(held).items() if k in out})
         return out
 
     def lag(self) -> Offsets:
         held = self._held()
         out = self.source.lag()
         if held is not None:
-            for k, off in held.next_offsets.items():
+            for k, start in self._starts(held).items():
                 if k in out:
-                    out[k] += off - held.first_offsets.get(k, off)
+                    out[k] += held.next_offsets[k] - start
         return out
 
     def exhausted(self) -> bool:
