@@ -944,6 +944,21 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         """Learn from a DataFrame of counts (columns = words); same batching, same result as learn_one."""
         self._learner.learn_many([r for r in self._frame_rows(X) if r[0].size])
 
+    _dense_lam = None       # (state, λ in the dense form) that the predictions use
+
+    def __getstate__(self):
+        return {**self.__dict__, "_dense_lam": None}
+
+    def _scoring_lam(self):
+        """λ in the dense form, as ``streamsvi.load`` presents it (``LDA.dense_params``), made once per
+        state: the engine steps λ stored as scaled columns, and the local step on that form can
+        differ from the dense one in the last bit."""
+        state = self._state
+        d = self._dense_lam
+        if d is None or d[0] is not state:
+            d = self._dense_lam = (state, self._engine.model.dense_params(state.lam))
+        return d[1]
+
     def _proportions(self, rows):
         K = self.n_components
         out = np.full((len(rows), K), 1.0 / K)
@@ -951,7 +966,7 @@ class TopicModel(_Face, base.MiniBatchTransformer):
             return out
         keep = [i for i, r in enumerate(rows) if r[0].size]
         if keep:
-            out[keep] = self._engine.model.topic_proportions(self._state.lam,
+            out[keep] = self._engine.model.topic_proportions(self._scoring_lam(),
                                                              _docs([rows[i] for i in keep], self.n_features))
         return out
 
@@ -976,7 +991,7 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         keep = [i for i, r in enumerate(rows) if r[0].size]
         if keep:
             X = _docs([rows[i] for i in keep], self.n_features)
-            out[keep] = self._engine.model.predictive_logpdf(self._state.lam, X) / np.asarray(X.sum(axis=1)).ravel()
+            out[keep] = self._engine.model.predictive_logpdf(self._scoring_lam(), X) / np.asarray(X.sum(axis=1)).ravel()
         return out
 
     def score_one(self, x: dict) -> float:
@@ -1244,6 +1259,16 @@ class MatrixFactorization(_Face, _Ranker):
             if u is not None and i is not None:
                 return mu0 + sum(map(_mul, Eul[u], a[i]))
         return self._predict_pair(user, item, var=False)[0]
+
+    def predict_many(self, users, items) -> np.ndarray:
+        """Predictive means of the pairs ``zip(users, items)`` in one call: exactly
+        ``streamsvi.load(path).predict_rating(users, items)[0]`` (``predict_one`` may differ
+        from it in the last bit: it sums in another order once it keeps a table of moments)."""
+        return self._predict(list(users), list(items))[0]
+
+    def predict_var_many(self, users, items) -> np.ndarray:
+        """Predictive variances of the pairs ``zip(users, items)`` (σ² + Var_q[f]) in one call."""
+        return self._predict(list(users), list(items))[1]
 
     def predict_var_one(self, user, item) -> float:
         """Posterior predictive variance of the rating."""
@@ -1735,7 +1760,10 @@ class SoftmaxRegression(LogisticRegression):
         k = len(self._classes)
         if self._state is None:
             return np.full((rows.shape[0], k), 1.0 / max(k, 1))
-        p = self._engine.model.predict_proba(self._state.lam, rows)[:, :k]
+        p = self._engine.model.predict_proba(self._state.lam, rows)
+        if k == p.shape[1]:                 # every class seen: the model's probabilities as they are
+            return p
+        p = p[:, :k]
         return p / p.sum(axis=1, keepdims=True)
 
     def _predictor(self, state):
