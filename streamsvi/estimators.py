@@ -13,6 +13,21 @@ documents ``{word: count}`` in, topic proportions out.
 records and applies an SVI / SVI+ update each time ``batch_size`` of them are
 in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
 ``predict_one`` / ``predict_many`` give the MAP component.
+:class:`HiddenMarkovModel` learns a discrete HMM from symbol sequences (river
+has no sequence base class: its docstring states the interface).
+
+Snapshots: every face has ``from_snapshot(path, ...)``, which loads a
+snapshot the daemon wrote (or one the face's ``to_snapshot(directory)``
+wrote) and adopts its engine and state: the face then predicts exactly what
+``streamsvi.load(path)`` predicts for the same input (the ``_many`` methods;
+a ``_one`` method on one record gives what the library gives on that one
+record, except for the per-record fast paths noted at the classifiers' and
+``MatrixFactorization.predict_one``, which agree to rounding), and learning
+goes on from the snapshot's step, λ, random stream and records count, bit
+for bit as the snapshot's engine would go on. A snapshot of another model is
+refused with ``ValueError`` naming the face that loads it. ``repr`` shows the
+class name and the settings that differ from the defaults (river's
+convention), long values shortened.
 
 Feature handling: the feature names are fixed by the ``features`` setting,
 or else by the keys of the first record (sorted, so key order never
@@ -107,7 +122,7 @@ def _short_repr(value, limit: int = 60) -> str:
 
 #: the face that loads each model of a snapshot (model name -> face)
 _FACE_OF = {"gmm": "GaussianMixture", "lda": "TopicModel", "pmf": "MatrixFactorization",
-            "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "SequenceModel"}
+            "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "HiddenMarkovModel"}
 
 
 def _face_snapshot(cls, path, models: tuple, what: str):
@@ -1855,3 +1870,193 @@ class SoftmaxRegression(LogisticRegression):
         names = [*self._features, "intercept"]
         return {c: {f: (float(a), float(b)) for f, a, b in zip(names, m[i], s[i])}
                 for i, c in enumerate(self._classes)}
+
+
+# ------------------------------------------------------------- sequences (HMM)
+def _sequences(rows: list):
+    """Sequences (int64 arrays) as one :class:`~streamsvi.sequence_batch.Sequences` batch."""
+    from .sequence_batch import Sequences
+
+    return Sequences.from_list(rows)
+
+
+class HiddenMarkovModel(_Face, base.Estimator):
+    """A discrete hidden Markov model learned online with SVI / SVI+: symbol sequences in.
+
+    river has no base class for sequence models, so this face keeps river's
+    names with one sequence where river has one record. The interface:
+
+    * ``learn_one(sequence)``: one sequence (a list of ints in 0 … V−1) is one
+      record; sequences are buffered and one update of
+      :class:`streamsvi.models.DiscreteHMM` is applied per ``batch_size`` of
+      them (the daemon's streaming start first); an empty sequence is skipped.
+      ``learn_many(sequences)``: the same for an iterable of sequences (same
+      batching, same result).
+    * ``score_one(sequence)``: log p(x | E_q[π], E_q[A], E_q[B]), the
+      sequence's log-likelihood under the posterior-mean parameters
+      (``streamsvi.load(path).log_likelihood``); 0.0 for an empty sequence, NaN
+      before the first update. ``score_many(sequences)``: an array.
+    * ``predict_one(sequence)``: the most likely state path (Viterbi, under the
+      posterior-mean parameters; ``streamsvi.load(path).viterbi``) as a list of
+      ints; all 0 before the first update. ``predict_many(sequences)``: a list.
+    * ``predict_proba_one(sequence)``: the filtering distributions p(z_t | x_1..x_t),
+      an (L, K) array (``streamsvi.load(path).filtering``).
+
+    A symbol outside 0 … V−1 or not an integer is refused (``ValueError``) by the
+    call that brings it.
+
+    Parameters
+    ----------
+    n_states, n_symbols
+        K hidden states, V symbols.
+    init_concentration, transition_concentration, emission_concentration, init
+        As :class:`streamsvi.models.DiscreteHMM` (None: 1/K, 1/K and 10/V).
+    batch_size, effective_batch_size, n_total, tau0, kappa
+        |S| sequences per update, M (SVI+; None = SVI), N and the Robbins–Monro schedule.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer or its dict form (as :class:`GaussianMixture`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamsvi.models.hmm import sample_hmm
+    >>> A = np.array([[0.9, 0.1], [0.1, 0.9]]); B = np.array([[0.8, 0.2, 0.0], [0.0, 0.2, 0.8]])
+    >>> X, _ = sample_hmm(np.array([0.5, 0.5]), A, B, lengths=[30] * 400, rng=np.random.default_rng(0))
+    >>> model = HiddenMarkovModel(n_states=2, n_symbols=3, batch_size=50, n_total=400, seed=0)
+    >>> model.learn_many(X.to_list())
+    >>> path = model.predict_one([0, 0, 0, 2, 2, 2])
+    >>> path[0] == path[1] == path[2] != path[3] == path[4] == path[5]
+    True
+    """
+
+    def __init__(self, n_states: int = 5, n_symbols: int = 4, init_concentration=None,
+                 transition_concentration=None, emission_concentration=None, init: str = "dirichlet",
+                 batch_size: int = 32, effective_batch_size: float | None = None, n_total: float = 10_000.0,
+                 tau0: float = 1.0, kappa: float = 0.7, seed: int | None = None, annealing=None):
+        from .models import DiscreteHMM
+
+        self.n_states = n_states
+        self.n_symbols = n_symbols
+        self.init_concentration = init_concentration
+        self.transition_concentration = transition_concentration
+        self.emission_concentration = emission_concentration
+        self.init = init
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.seed = seed
+        self.annealing = annealing
+        _check_batch_sizes(batch_size, effective_batch_size)
+        annealer = _annealer_of(annealing, batch_size, effective_batch_size)
+        model = DiscreteHMM(n_states=n_states, n_symbols=n_symbols, init_concentration=init_concentration,
+                            transition_concentration=transition_concentration,
+                            emission_concentration=emission_concentration, init=init)
+        self._make_learner(SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
+                               effective_batch_size=effective_batch_size, short_batches="svi",
+                               annealer=annealer), _sequences)
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_states": 2, "n_symbols": 3, "batch_size": 8, "n_total": 200.0, "seed": 0}
+
+    @classmethod
+    def from_snapshot(cls, path, batch_size: int | None = None) -> "HiddenMarkovModel":
+        """A sequence model that starts from an HMM snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        It scores what ``streamsvi.load(path)`` scores (``log_likelihood``, ``viterbi``,
+        ``filtering``), and learning goes on from the snapshot's engine and state (step,
+        λ, random stream, records seen). ``batch_size`` defaults to the daemon's
+        ``inference.batch_size`` stored with the snapshot (32 without one); SVI+ is kept
+        as for :meth:`GaussianMixture.from_snapshot`. ``ValueError`` for a snapshot of
+        another model.
+        """
+        from .models import DiscreteHMM
+
+        snap, face = _face_snapshot(cls, path, (DiscreteHMM,), "a discrete hidden Markov model")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_states=p["n_states"], n_symbols=p["n_symbols"], init_concentration=p["init_concentration"],
+                  transition_concentration=p["transition_concentration"],
+                  emission_concentration=p["emission_concentration"], init=p["init"], batch_size=batch_size,
+                  effective_batch_size=M, n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng))
+        est._adopt(snap, face)
+        return est
+
+    @staticmethod
+    def _record_to_json(record):
+        return np.asarray(record).tolist()
+
+    @staticmethod
+    def _record_from_json(value):
+        return np.asarray(value, dtype=np.int64)
+
+    def _seq(self, x) -> np.ndarray:
+        """One sequence as an int64 array; ``ValueError`` for a symbol that is not an int in 0 … V−1."""
+        try:
+            a = np.asarray(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"a sequence must be a flat list of integer symbols, got {_short_repr(x)}") from None
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iuf"):
+            raise ValueError(f"a sequence must be a flat list of integer symbols, got {_short_repr(x)}")
+        if a.size and (a.dtype.kind == "f" and not np.all(a == np.round(a))):
+            raise ValueError(f"symbols must be integers, got {_short_repr(x)}")
+        a = a.astype(np.int64)
+        if a.size and (a.min() < 0 or a.max() >= self.n_symbols):
+            bad = int(a[(a < 0) | (a >= self.n_symbols)][0])
+            raise ValueError(f"symbols must be in 0..{self.n_symbols - 1} (n_symbols={self.n_symbols}), got {bad}")
+        return a
+
+    def learn_one(self, x) -> None:
+        a = self._seq(x)
+        if a.size:
+            self._learner.learn(a)
+
+    def learn_many(self, X) -> None:
+        """Learn from an iterable of sequences; same batching, same result as learn_one."""
+        rows = [self._seq(x) for x in X]             # every sequence checked before any is learned
+        self._learner.learn_many([a for a in rows if a.size])
+
+    def _apply(self, method: str, seqs: list, empty, before):
+        """``model.<method>(λ, non-empty sequences)`` placed back among the empty ones."""
+        out = [empty(0) if not a.size else None for a in seqs]
+        keep = [i for i, a in enumerate(seqs) if a.size]
+        if keep:
+            if self._state is None:
+                for i in keep:
+                    out[i] = before(seqs[i].size)
+            else:
+                got = getattr(self._engine.model, method)(self._state.lam, _sequences([seqs[i] for i in keep]))
+                for i, v in zip(keep, got):
+                    out[i] = v
+        return out
+
+    def score_many(self, X) -> np.ndarray:
+        """log p(x | E_q[β]) of each sequence (0.0 for an empty one, NaN before the first update)."""
+        seqs = [self._seq(x) for x in X]
+        return np.array(self._apply("log_likelihood", seqs, lambda L: 0.0, lambda L: np.nan), dtype=float)
+
+    def score_one(self, x) -> float:
+        return float(self.score_many([x])[0])
+
+    def predict_many(self, X) -> list:
+        """The most likely state path of each sequence (lists of ints)."""
+        seqs = [self._seq(x) for x in X]
+        return [np.asarray(p).tolist() for p in
+                self._apply("viterbi", seqs, lambda L: [], lambda L: [0] * L)]
+
+    def predict_one(self, x) -> list:
+        return self.predict_many([x])[0]
+
+    def predict_proba_one(self, x) -> np.ndarray:
+        """p(z_t | x_1..x_t) for t = 1 … L, an (L, K) array (uniform rows before the first update)."""
+        K = self.n_states
+        return self._apply("filtering", [self._seq(x)], lambda L: np.empty((0, K)),
+                           lambda L: np.full((L, K), 1.0 / K))[0]
+
+    def mean_params(self):
+        """(E_q[π], E_q[A], E_q[B]), or None before the first update."""
+        return None if self._state is None else self._engine.model.mean_params(self._state.lam)

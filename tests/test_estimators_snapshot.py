@@ -17,16 +17,18 @@ import pytest
 
 from streamsvi.checkpoint import CheckpointStore, load_snapshot
 from streamsvi.datasets import make_blobs
-from streamsvi.estimators import (GaussianMixture, LogisticRegression, MatrixFactorization,
-                                  SoftmaxRegression, TopicModel, _docs)
+from streamsvi.estimators import (GaussianMixture, HiddenMarkovModel, LogisticRegression,
+                                  MatrixFactorization, SoftmaxRegression, TopicModel, _docs)
 from streamsvi.inference import SVI
 from streamsvi.models import HPF, Ratings
+from streamsvi.models.hmm import sample_hmm
 from streamsvi.models.hpf import sample_counts
 from streamsvi.scoring import load
+from streamsvi.sequence_batch import Sequences
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 
-FACES = (GaussianMixture, TopicModel, MatrixFactorization, LogisticRegression, SoftmaxRegression)
+FACES = (GaussianMixture, TopicModel, MatrixFactorization, LogisticRegression, SoftmaxRegression, HiddenMarkovModel)
 
 
 # ------------------------------------------------------------------ data
@@ -59,6 +61,14 @@ def _labelled(n, seed, classes=2, D=3):
     W = rng.normal(size=(classes, D)) * 2
     y = (X @ W.T).argmax(axis=1) if classes > 2 else (X @ W[0] > 0).astype(int)
     return X, y
+
+
+def _sequences_of(n, seed):
+    """Sequences of a 2-state HMM over 3 symbols, lengths 5..14, as lists."""
+    A = np.array([[0.9, 0.1], [0.1, 0.9]])
+    B = np.array([[0.8, 0.2, 0.0], [0.0, 0.2, 0.8]])
+    rng = np.random.default_rng(seed)
+    return sample_hmm(np.array([0.5, 0.5]), A, B, lengths=rng.integers(5, 15, size=n), rng=rng)[0].to_list()
 
 
 def _frame(X, names):
@@ -194,6 +204,41 @@ def test_classifier_from_a_daemon_snapshot(tmp_path, cls, classes):
     _same_state(est._state, _engine_goes_on(ck, _chunks(rows, 100)))
 
 
+def test_hidden_markov_model_from_a_daemon_snapshot(tmp_path):
+    seqs = _sequences_of(500, seed=3)
+    ck = _daemon_snapshot(tmp_path, "hmm", {"n_components": 2, "n_symbols": 3}, seqs[:300], 50)
+    est, fitted = HiddenMarkovModel.from_snapshot(ck), load(ck)
+    assert (est.n_states, est.n_symbols, est.batch_size) == (2, 3, 50)
+    rest = seqs[300:]
+    np.testing.assert_array_equal(est.score_many(rest), fitted.log_likelihood(rest))
+    assert est.predict_many(rest) == [p.tolist() for p in fitted.viterbi(rest)]
+    for x in rest[:20]:                                         # one sequence: the library on that one
+        assert est.score_one(x) == fitted.log_likelihood([x])[0]
+        assert est.predict_one(x) == fitted.viterbi([x])[0].tolist()
+        np.testing.assert_array_equal(est.predict_proba_one(x), fitted.filtering([x])[0])
+    assert est.score_one([]) == 0.0 and est.predict_one([]) == []
+    est.learn_many(rest)
+    _same_state(est._state, _engine_goes_on(ck, [Sequences.from_list(c) for c in _chunks(rest, 50)]))
+
+
+def test_hidden_markov_model_refuses_bad_symbols_and_works_before_its_first_update():
+    est = HiddenMarkovModel(n_states=2, n_symbols=3, batch_size=4, seed=0)
+    assert np.isnan(est.score_one([0, 1])) and est.predict_one([0, 1, 2]) == [0, 0, 0]
+    np.testing.assert_array_equal(est.predict_proba_one([0, 1]), np.full((2, 2), 0.5))
+    for bad, why in (([0, 3], r"symbols must be in 0\.\.2 \(n_symbols=3\), got 3"),
+                     ([0.5], "symbols must be integers"), ("abc", "flat list of integer symbols"),
+                     ([[0], [1, 2]], "flat list of integer symbols")):
+        with pytest.raises(ValueError, match=why):
+            est.learn_one(bad)
+    with pytest.raises(ValueError, match="got -1"):
+        est.learn_many([[0, 1], [2, -1]])                      # checked before any is learned
+    assert est._learner.unlearned() == []
+    est.learn_many(_sequences_of(8, seed=0))                  # two minibatches: two steps
+    assert est._state.step == 2 and est._state.records_seen == 8
+    est2 = pickle.loads(pickle.dumps(est))
+    assert est2.score_one([0, 2, 2]) == est.score_one([0, 2, 2])
+
+
 # ------------------------------------------------ the face's own snapshots
 def _fit(cls, n_extra):
     """A fitted face, the records it learned from a second part of the stream, and a learn function."""
@@ -233,6 +278,13 @@ def _fit(cls, n_extra):
             return (fit.predict_rating(u, i)[0],
                     np.array([fit.predictive_logpdf(Ratings([a], [b], [y]))[0] for a, b, y in part]))
         return face, ratings[:900], ratings[900:], learn, score, library
+    if cls is HiddenMarkovModel:
+        seqs = _sequences_of(300 + n_extra, seed=9)
+        face = cls(n_states=2, n_symbols=3, batch_size=20, n_total=300, seed=0)
+        learn = lambda f, part: [f.learn_one(x) for x in part]                          # noqa: E731
+        score = lambda f, part: (f.score_many(part), f.predict_many(part))              # noqa: E731
+        library = lambda fit, part: (fit.log_likelihood(part), [p.tolist() for p in fit.viterbi(part)])  # noqa: E731
+        return face, seqs[:300], seqs[300:], learn, score, library
     classes = 2 if cls is LogisticRegression else 3
     X, y = _labelled(500 + n_extra, seed=8, classes=classes)
     X = X * [1.0, 10.0, 100.0] + [0.0, 5.0, -50.0]              # raw units: the face standardises
@@ -262,13 +314,21 @@ def test_a_face_written_snapshot_round_trips(tmp_path, cls):
     loaded, fitted = cls.from_snapshot(tmp_path / "ck"), load(tmp_path / "ck")
     assert fitted.path == path and loaded.batch_size == face.batch_size
     for a, b, c in zip(score(face, rest), score(loaded, rest), library(fitted, rest)):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(b, c)
+        _equal(a, b)
+        _equal(b, c)
     learn(face, rest)
     learn(loaded, rest)
     _same_state(face._state, loaded._state)
     assert len(face._learner.buffer) == len(loaded._learner.buffer)
     for a, b in zip(score(face, first[:50]), score(loaded, first[:50])):
+        _equal(a, b)
+
+
+def _equal(a, b):
+    """Equal arrays, or equal lists (state paths of several lengths)."""
+    if isinstance(a, list):
+        assert a == b
+    else:
         np.testing.assert_array_equal(a, b)
 
 
