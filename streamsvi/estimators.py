@@ -238,6 +238,11 @@ class _Face:
         self._learner.state = state
 
     @property
+    def state(self):
+        """The engine state (step, λ, random stream, records seen); None before the first update."""
+        return self._state
+
+    @property
     def last_info_(self):
         """``UpdateInfo`` of the last update (no attribute before the first)."""
         if self._learner is not None:
