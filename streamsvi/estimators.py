@@ -758,7 +758,8 @@ class GaussianMixture(_Face, base.Clusterer):
         return float(self._engine.model.predictive_logpdf(self._state.lam, self._row(x))[0])
 
     def predict_proba_many(self, X):
-        """Responsibilities of a DataFrame's rows (columns 0 … K−1), as ``streamsvi.load(path).responsibilities``."""
+        """Responsibilities of a DataFrame's rows (columns 0 … K−1), as
+        ``streamsvi.load(path).responsibilities`` gives them."""
         import pandas as pd
 
         if self._state is None:
