@@ -13,6 +13,21 @@ documents ``{word: count}`` in, topic proportions out.
 records and applies an SVI / SVI+ update each time ``batch_size`` of them are
 in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
 ``predict_one`` / ``predict_many`` give the MAP component.
+:class:`HiddenMarkovModel` learns a discrete HMM from symbol sequences (river
+has no sequence base class: its docstring states the interface).
+
+Snapshots: every face has ``from_snapshot(path, ...)``, which loads a
+snapshot the daemon wrote (or one the face's ``to_snapshot(directory)``
+wrote) and adopts its engine and state: the face then predicts exactly what
+``streamsvi.load(path)`` predicts for the same input (the ``_many`` methods;
+a ``_one`` method on one record gives what the library gives on that one
+record, except for the per-record fast paths noted at the classifiers' and
+``MatrixFactorization.predict_one``, which agree to rounding), and learning
+goes on from the snapshot's step, λ, random stream and records count, bit
+for bit as the snapshot's engine would go on. A snapshot of another model is
+refused with ``ValueError`` naming the face that loads it. ``repr`` shows the
+class name and the settings that differ from the defaults (river's
+convention), long values shortened.
 
 Feature handling: the feature names are fixed by the ``features`` setting,
 or else by the keys of the first record (sorted, so key order never
@@ -84,6 +99,106 @@ def _annealer_of(annealing, batch_size, effective_batch_size):
     return ann
 
 
+def _same_setting(value, default) -> bool:
+    """A setting equal to its default (numbers compared by value, never raising)."""
+    if value is default:
+        return True
+    try:
+        return bool(type(value) is type(default) and value == default) or (
+            isinstance(value, (int, float)) and isinstance(default, (int, float))
+            and not isinstance(value, bool) and not isinstance(default, bool) and float(value) == float(default))
+    except (TypeError, ValueError):
+        return False
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    """``repr(value)``, a long sequence as its length and first items, anything else cut at ``limit``."""
+    if isinstance(value, (tuple, list)) and len(value) > 6:
+        head = ", ".join(_short_repr(v, 20) for v in value[:3])
+        return f"<{len(value)} items: {head}, …>"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+#: the face that loads each model of a snapshot (model name -> face)
+_FACE_OF = {"gmm": "GaussianMixture", "lda": "TopicModel", "pmf": "MatrixFactorization",
+            "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "HiddenMarkovModel"}
+
+
+def _face_snapshot(cls, path, models: tuple, what: str):
+    """Load the snapshot at ``path`` for the face ``cls``: ``(snapshot, face state or None)``.
+
+    ``ValueError`` naming the model it holds (and the face that loads it) unless its model is
+    one of ``models`` (exact types). The face state is ``extra["face"]`` of a snapshot that a
+    face of this class wrote (:meth:`_Face.to_snapshot`), else None (a daemon's snapshot).
+    """
+    from .checkpoint import load_snapshot
+
+    snap = load_snapshot(path)
+    model = snap.engine.model
+    if type(model) not in models:
+        face = _FACE_OF.get(model.name)
+        hint = (f"; load it with streamsvi.estimators.{face}.from_snapshot" if face
+                else "; no river face loads it: score it with streamsvi.load(path)")
+        raise ValueError(f"snapshot {snap.path} holds a {model.name!r} model, not {what}{hint}")
+    face = (snap.extra or {}).get("face")
+    if not isinstance(face, dict) or face.get("class") != cls.__name__:
+        face = None
+    return snap, face
+
+
+def _snapshot_batching(snap, face, batch_size, default: int):
+    """|S|, M and the annealing setting of a face started from ``snap``.
+
+    |S|: ``batch_size`` if given, else the one stored with the snapshot (the daemon's
+    ``inference.batch_size``, or the writing face's), else ``default`` (or M rounded up if
+    that is larger). The snapshot's SVI+ setting is kept: M itself, or M =
+    ``effective_fraction`` · |S|; |S| must be at least M (``ValueError`` saying what to pass).
+    """
+    eng = snap.engine.to_dict()
+    M = eng.get("effective_batch_size")
+    annealing = eng.get("annealer")
+    if annealing is not None and annealing.get("kind") == "svi+" and annealing.get("M0") is not None:
+        M = annealing["M0"]      # for the default batch_size and its check below
+    daemon_S = ((snap.config or {}).get("inference") or {}).get("batch_size")
+    if batch_size is None:
+        batch_size = daemon_S if daemon_S is not None else max(default, int(np.ceil(M or 0)))
+    if eng.get("effective_fraction") is not None:
+        M = eng["effective_fraction"] * batch_size
+    if M is not None and M > batch_size:
+        raise ValueError(
+            f"batch_size={batch_size} is smaller than the snapshot's SVI+ effective batch size "
+            f"M={M:g}; pass batch_size >= {int(np.ceil(M))}"
+            + (f" (the daemon used batch_size={daemon_S})" if daemon_S is not None else "")
+            + " or leave it out to use the daemon's")
+    return batch_size, (M if annealing is None else None), annealing
+
+
+def _schedule_settings(eng: dict) -> dict:
+    """``tau0`` and ``kappa`` of the engine's schedule (a Robbins–Monro one; the face keeps the
+    snapshot's engine, so another schedule still steps as it did)."""
+    s = eng.get("schedule") or {}
+    return {k: s[k] for k in ("tau0", "kappa") if k in s}
+
+
+def _engine_of_spec(spec):
+    """An engine rebuilt from ``(engine class name, model dict, engine dict)`` (``_Face._spec``),
+    as :func:`streamsvi.inference.state.state_from_arrays` rebuilds a snapshot's."""
+    from .inference.schedules import schedule_from_dict
+    from .inference.state import ENGINES
+    from .models import model_from_dict
+
+    cls_name, model, eng = spec
+    eng = dict(eng)
+    eng["schedule"] = schedule_from_dict(eng["schedule"])
+    return ENGINES[cls_name](model_from_dict(model), **eng)
+
+
+def _json_id(v):
+    """A user or item id as a JSON value (numpy integers as ints)."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
 class _Face:
     """What the faces share: a :class:`~streamsvi.learner.StreamLearner` (``_learner``; None
     until the engine is built), which owns the engine, its state, the minibatch buffer, the
@@ -123,6 +238,11 @@ class _Face:
         self._learner.state = state
 
     @property
+    def state(self):
+        """The engine state (step, λ, random stream, records seen); None before the first update."""
+        return self._state
+
+    @property
     def last_info_(self):
         """``UpdateInfo`` of the last update (no attribute before the first)."""
         if self._learner is not None:
@@ -131,6 +251,86 @@ class _Face:
         if info is None:
             raise AttributeError("last_info_: no update yet")
         return info
+
+    # ------------------------------------------------------------ snapshots
+    #: (engine class, model dict, engine dict) of the engine adopted from a snapshot, so that a
+    #: face that rebuilds its engine (MatrixFactorization after pickling) rebuilds that one
+    _spec = None
+
+    @staticmethod
+    def _record_to_json(record):
+        """One learner record (of the minibatch being filled) as a JSON value: a dense row."""
+        return np.asarray(record, dtype=float).tolist()
+
+    @staticmethod
+    def _record_from_json(value):
+        return np.asarray(value, dtype=float)
+
+    def _face_state(self) -> dict:
+        """What the face keeps beside the engine state (features, running moments, classes, ...)."""
+        return {}
+
+    def to_snapshot(self, directory, keep: int = 3):
+        """Write what the face has learned as a snapshot in the checkpoint directory ``directory``.
+
+        The snapshot is the daemon's format (:class:`~streamsvi.checkpoint.CheckpointStore`:
+        checksummed, no pickle), so ``streamsvi.load``, ``streamsvi score``, ``streamsvi
+        inspect`` and this face's ``from_snapshot`` read it. It holds the engine state (step,
+        λ, the random stream, records seen), the face's ``batch_size`` as
+        ``config["inference"]["batch_size"]``, and in ``extra["face"]`` what the face keeps
+        besides: its feature names, running feature moments, classes, vocabulary, and the
+        records of the minibatch being filled, so that ``from_snapshot`` then learning goes
+        on exactly as this face would. Returns the snapshot's path.
+
+        Raises ``ValueError`` before the first update (nothing learned yet; ``flush()``
+        starts from fewer records) and ``TypeError`` for values JSON cannot hold (labels).
+        """
+        from .checkpoint import CheckpointStore
+
+        state = self._state
+        if state is None:
+            raise ValueError(f"{type(self).__name__} has learned nothing yet: its first update has not "
+                             f"run (it waits for batch_size records, or the streaming start's); "
+                             f"nothing to write")
+        face = {"class": type(self).__name__, **self._face_state(),
+                "buffer": [self._record_to_json(r) for r in self._learner.buffer]}
+        snap = CheckpointStore(directory, keep=keep).save(
+            self._engine, state, offsets=[], config={"inference": {"batch_size": int(self.batch_size)}},
+            extra={"face": face})
+        return snap.path
+
+    def _adopt(self, snap, face: dict | None) -> None:
+        """Take the snapshot's engine (its model and engine settings exactly) and state (step, λ,
+        random stream, records seen), then the records of a face's unfinished minibatch."""
+        from .models import model_to_dict
+
+        self._spec = (type(snap.engine).__name__, model_to_dict(snap.engine.model), snap.engine.to_dict())
+        self._learner.engine = snap.engine
+        self._learner.state = snap.state
+        if face:
+            self._learner.learn_many([self._record_from_json(r) for r in face.get("buffer", ())])
+
+    # ---------------------------------------------------------------- repr
+    def __repr__(self) -> str:
+        """Class name and the settings that differ from the defaults (river's convention), long
+        values shortened: a few lines whatever the face has learned or loaded."""
+        import inspect
+        import textwrap
+
+        parts = []
+        for name, p in inspect.signature(type(self).__init__).parameters.items():
+            if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                continue
+            value = getattr(self, name, p.default)
+            if _same_setting(value, p.default):
+                continue
+            parts.append(f"{name}={_short_repr(value)}")
+        line = f"{type(self).__name__}({', '.join(parts)})"
+        if len(line) <= 100:
+            return line
+        body = textwrap.fill(", ".join(parts), width=96, initial_indent="    ", subsequent_indent="    ",
+                             break_long_words=False, break_on_hyphens=False)
+        return f"{type(self).__name__}(\n{body}\n)"
 
 
 class _RunningMoments:
@@ -210,6 +410,27 @@ class _RunningMoments:
             mean[n == 0] = 0.0
             now = self._now = (self.n_rows, mean, np.maximum(self.S0 + self.syy - self.sy * self.sy / n1, 0.0), n)
         return now[1:]
+
+    _FIELDS = ("c", "pinned", "n0", "S0", "cnt", "sy", "syy")
+
+    def to_json(self) -> dict:
+        """The moments as JSON values (floats round-trip exactly), for a face's snapshot."""
+        return {"n_rows": int(self.n_rows), **{k: getattr(self, k).tolist() for k in self._FIELDS}}
+
+    @classmethod
+    def from_json(cls, d: dict, n_features: int) -> "_RunningMoments":
+        """Inverse of :meth:`to_json`; ``ValueError`` unless it has ``n_features`` features."""
+        out = cls(n_features)
+        try:
+            out.n_rows = int(d["n_rows"])
+            for k in cls._FIELDS:
+                v = np.asarray(d[k], dtype=bool if k == "pinned" else float)
+                if v.shape != (n_features,):
+                    raise ValueError(f"{k} has shape {v.shape}, expected ({n_features},)")
+                setattr(out, k, v)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the snapshot's running feature moments are malformed: {exc}") from None
+        return out
 
 
 def _impute(X: np.ndarray, mean: np.ndarray) -> np.ndarray:
@@ -429,55 +650,44 @@ class GaussianMixture(_Face, base.Clusterer):
 
     @classmethod
     def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "GaussianMixture":
-        """A clusterer that starts from a daemon snapshot (``streamsvi.load(path)``).
+        """A clusterer that starts from a snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
 
-        ``features`` names the D columns in order (default ``("x0", …)``).
-        ``batch_size`` is |S| of the clusterer's updates; by default the
-        daemon's own ``inference.batch_size``, stored with the snapshot (32
-        for a snapshot written without a daemon config, or M rounded up if
-        that is larger). The snapshot's SVI+ setting is kept: M itself, or
-        M = ``effective_fraction`` · ``batch_size``; ``batch_size`` must be
-        at least M.
+        It predicts what ``streamsvi.load(path)`` predicts, and learning goes on from the
+        snapshot's state: its engine (model and engine settings as stored), step, λ,
+        random stream and records seen, so ``learn_one`` / ``learn_many`` then take the
+        steps the daemon's engine would take on the same minibatches.
+        ``features`` names the D columns in order (default: the writing face's names,
+        else ``("x0", …)``). ``batch_size`` is |S| of the clusterer's updates; by default
+        the daemon's own ``inference.batch_size``, stored with the snapshot (32 for a
+        snapshot written without a daemon config, or M rounded up if that is larger). The
+        snapshot's SVI+ setting is kept: M itself, or M = ``effective_fraction`` ·
+        ``batch_size``; ``batch_size`` must be at least M. ``ValueError`` for a snapshot of
+        another model, or ``features`` of the wrong length.
         """
-        from .scoring import load
-
-        fitted = load(path)
-        model = fitted.model
-        if not isinstance(model, BayesianGMM):
-            raise ValueError(f"snapshot {fitted.path} holds a {model.name!r} model, not a Gaussian mixture")
-        p, eng = model.get_params(), fitted.engine_settings
+        snap, face = _face_snapshot(cls, path, (BayesianGMM,), "a Gaussian mixture")
+        model = snap.engine.model
+        p, eng = model.get_params(), snap.engine.to_dict()
+        if features is None and face is not None:
+            features = face.get("features")
         features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(p["n_features"]))
         if len(features) != p["n_features"]:
             raise ValueError(f"features has {len(features)} names, the snapshot's model has "
                              f"{p['n_features']} features")
         if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
             raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
-        M = eng["effective_batch_size"]
-        annealing = eng.get("annealer")
-        if annealing is not None and annealing.get("kind") == "svi+" and annealing.get("M0") is not None:
-            M = annealing["M0"]      # for the default batch_size and its check below
-        daemon_S = (fitted.config.get("inference") or {}).get("batch_size")
-        if batch_size is None:
-            batch_size = daemon_S if daemon_S is not None else max(32, int(np.ceil(M or 0)))
-        if eng.get("effective_fraction") is not None:
-            M = eng["effective_fraction"] * batch_size
-        if M is not None and M > batch_size:
-            raise ValueError(
-                f"batch_size={batch_size} is smaller than the snapshot's SVI+ effective batch size "
-                f"M={M:g}; pass batch_size >= {int(np.ceil(M))}"
-                + (f" (the daemon used batch_size={daemon_S})" if daemon_S is not None else "")
-                + " or leave it out to use the daemon's")
-        sched = eng["schedule"]
-        est = cls(n_components=p["n_components"], batch_size=batch_size,
-                  effective_batch_size=M if annealing is None else None, n_total=eng["n_total"],
-                  annealing=annealing,
-                  tau0=sched.get("tau0", 1.0), kappa=sched.get("kappa", 0.7),
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_components=p["n_components"], batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
                   weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
                   degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
                   init=p["init"], init_batches=p.get("init_batches", 4), features=features)
-        fresh = est._engine.state_from_params(fitted.lam, seed=0)
-        est._state = EngineState(fitted.step, fitted.lam, fresh.rng_state, fitted.records_seen)
+        if face is not None and face.get("moments") is not None:
+            est._moments = _RunningMoments.from_json(face["moments"], len(features))
+        est._adopt(snap, face)
         return est
+
+    def _face_state(self) -> dict:
+        return {"features": list(self._features), "moments": self._moments.to_json()}
 
     _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
 
@@ -546,6 +756,25 @@ class GaussianMixture(_Face, base.Clusterer):
         if self._state is None:
             return float("nan")
         return float(self._engine.model.predictive_logpdf(self._state.lam, self._row(x))[0])
+
+    def predict_proba_many(self, X):
+        """Responsibilities of a DataFrame's rows (columns 0 … K−1), as
+        ``streamsvi.load(path).responsibilities`` gives them."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.DataFrame(np.full((len(X), self.n_components), 1.0 / self.n_components), index=X.index)
+        rows = self._rows_now(self._pending.frame(X))
+        return pd.DataFrame(self._engine.model.responsibilities(self._state.lam, rows), index=X.index)
+
+    def score_many(self, X):
+        """Posterior predictive log densities of a DataFrame's rows, as a pandas Series (NaN before the start)."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.Series(np.full(len(X), np.nan), index=X.index)
+        rows = self._rows_now(self._pending.frame(X))
+        return pd.Series(self._engine.model.predictive_logpdf(self._state.lam, rows), index=X.index)
 
 
 # ---------------------------------------------------------------- topic model
@@ -648,6 +877,48 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         yield {"n_components": 2, "n_features": 16, "batch_size": 8, "n_total": 200.0, "seed": 1,
                "annealing": {"kind": "deterministic", "T0": 2.0, "n_steps": 4}}
 
+    @classmethod
+    def from_snapshot(cls, path, vocabulary=None, batch_size: int | None = None) -> "TopicModel":
+        """A topic model that starts from an LDA snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        Its ``transform_one`` / ``transform_many`` give what ``streamsvi.load(path).topic_proportions``
+        gives for the same documents, ``score_one`` the document's bound per word, and
+        learning goes on from the snapshot's engine and state (step, λ, random stream,
+        records seen). Words map to ids as the daemon's codecs map them: integer keys are
+        ids, other words go through ``vocabulary`` (default: the writing face's) or else
+        ``crc32(word) mod V`` (the ``text`` codec's hashing). ``batch_size`` defaults to
+        the daemon's ``inference.batch_size`` stored with the snapshot (64 without one);
+        SVI+ is kept as for :meth:`GaussianMixture.from_snapshot`. ``ValueError`` for a
+        snapshot of another model.
+        """
+        from .models import LDA
+
+        snap, face = _face_snapshot(cls, path, (LDA,), "an LDA topic model")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        if vocabulary is None and face is not None and face.get("vocabulary") is not None:
+            vocabulary = face["vocabulary"]
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 64)
+        a = p["doc_topic_prior"]
+        est = cls(n_components=p["n_components"], n_features=p["n_features"],
+                  vocabulary=tuple(vocabulary) if vocabulary is not None else None, batch_size=batch_size,
+                  effective_batch_size=M, n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
+                  doc_topic_prior=tuple(a) if isinstance(a, list) else a,
+                  topic_word_prior=p["topic_word_prior"], max_doc_update_iter=p["max_doc_update_iter"],
+                  mean_change_tol=p["mean_change_tol"])
+        est._adopt(snap, face)
+        return est
+
+    def _face_state(self) -> dict:
+        return {"vocabulary": list(self.vocabulary) if self.vocabulary is not None else None}
+
+    @staticmethod
+    def _record_to_json(record):
+        return [np.asarray(record[0]).tolist(), np.asarray(record[1]).tolist()]
+
+    @staticmethod
+    def _record_from_json(value):
+        return np.asarray(value[0], dtype=np.int64), np.asarray(value[1], dtype=np.float64)
+
     def _row(self, x: dict):
         ids, counts = [], []
         for k, v in x.items():
@@ -694,6 +965,21 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         """Learn from a DataFrame of counts (columns = words); same batching, same result as learn_one."""
         self._learner.learn_many([r for r in self._frame_rows(X) if r[0].size])
 
+    _dense_lam = None       # (state, λ in the dense form) that the predictions use
+
+    def __getstate__(self):
+        return {**self.__dict__, "_dense_lam": None}
+
+    def _scoring_lam(self):
+        """λ in the dense form, as ``streamsvi.load`` presents it (``LDA.dense_params``), made once per
+        state: the engine steps λ stored as scaled columns, and the local step on that form can
+        differ from the dense one in the last bit."""
+        state = self._state
+        d = self._dense_lam
+        if d is None or d[0] is not state:
+            d = self._dense_lam = (state, self._engine.model.dense_params(state.lam))
+        return d[1]
+
     def _proportions(self, rows):
         K = self.n_components
         out = np.full((len(rows), K), 1.0 / K)
@@ -701,7 +987,7 @@ class TopicModel(_Face, base.MiniBatchTransformer):
             return out
         keep = [i for i, r in enumerate(rows) if r[0].size]
         if keep:
-            out[keep] = self._engine.model.topic_proportions(self._state.lam,
+            out[keep] = self._engine.model.topic_proportions(self._scoring_lam(),
                                                              _docs([rows[i] for i in keep], self.n_features))
         return out
 
@@ -716,6 +1002,30 @@ class TopicModel(_Face, base.MiniBatchTransformer):
         rows = self._frame_rows(X)
         return pd.DataFrame(self._proportions(rows), index=X.index,
                             columns=[f"topic_{k}" for k in range(self.n_components)])
+
+    def _bounds(self, rows) -> np.ndarray:
+        """L_d / N_d of each document: its local-step bound on log p(w_d | α, data) per word
+        (``LDA.predictive_logpdf`` / its word count); NaN for an empty document or before the start."""
+        out = np.full(len(rows), np.nan)
+        if self._state is None:
+            return out
+        keep = [i for i, r in enumerate(rows) if r[0].size]
+        if keep:
+            X = _docs([rows[i] for i in keep], self.n_features)
+            out[keep] = self._engine.model.predictive_logpdf(self._scoring_lam(), X) / np.asarray(X.sum(axis=1)).ravel()
+        return out
+
+    def score_one(self, x: dict) -> float:
+        """The document's bound per word, L_d / N_d in nats (higher is better; ``streamsvi.load(path)``'s
+        ``predictive_logpdf`` of the document divided by its word count); NaN for an empty document
+        or before the first update."""
+        return float(self._bounds([self._row(x)])[0])
+
+    def score_many(self, X):
+        """:meth:`score_one` of a DataFrame's rows, as a pandas Series."""
+        import pandas as pd
+
+        return pd.Series(self._bounds(self._frame_rows(X)), index=X.index)
 
     def topics(self) -> np.ndarray | None:
         """E_q[β] (K, V), or None before the first update."""
@@ -805,8 +1115,12 @@ class MatrixFactorization(_Face, _Ranker):
         self._make_learner(self._make_engine(), _ratings)
 
     def _make_engine(self) -> SVI:
-        """The engine of these settings (a function of the constructor arguments only)."""
+        """The engine of these settings (a function of the constructor arguments only), or the
+        engine of the snapshot the face started from (:meth:`from_snapshot`), rebuilt from its dicts."""
         from .models import PMF
+
+        if self._spec is not None:
+            return _engine_of_spec(self._spec)
 
         model = PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
                     biases=self.biases, offset=self.offset, init_scale=self.init_scale,
@@ -836,6 +1150,40 @@ class MatrixFactorization(_Face, _Ranker):
         yield {"n_factors": 2, "batch_size": 8, "seed": 0}
         yield {"n_factors": 2, "batch_size": 8, "seed": 1,
                "annealing": {"kind": "svi+", "M0": 2.0, "schedule": "linear", "increment": 1.0}}
+
+    @classmethod
+    def from_snapshot(cls, path, batch_size: int | None = None) -> "MatrixFactorization":
+        """A ranker that starts from a PMF snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        ``predict_one`` / :meth:`predict_var_one` give what ``streamsvi.load(path).predict_rating``
+        gives, :meth:`score_one` its ``predictive_logpdf``, :meth:`recommend` its ``recommend``
+        (leaving out what each user rated, when the model has ``remember_rated``), and
+        learning goes on from the snapshot's engine and state (step, λ, the id→row maps,
+        random stream, records seen). ``batch_size`` defaults to the daemon's
+        ``inference.batch_size`` stored with the snapshot (1000 without one). ``ValueError``
+        for a snapshot of another model (the Poisson factorisation, ``hpf``, has no face:
+        score it with ``streamsvi.load``).
+        """
+        from .models import PMF
+
+        snap, face = _face_snapshot(cls, path, (PMF,), "a probabilistic matrix factorisation (PMF)")
+        m, eng = snap.engine.model, snap.engine.to_dict()
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 1000)
+        est = cls(n_factors=m.n_factors, sigma2=m.sigma2, prior_var=m.prior_var, biases=m.biases,
+                  offset=m.offset, init_scale=m.init_scale, batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], row_counts=m.row_counts, **_schedule_settings(eng),
+                  bias_var=m.bias_var, row_clock=m.row_clock, sweep=m.sweep, annealing=annealing)
+        est._adopt(snap, face)
+        return est
+
+    @staticmethod
+    def _record_to_json(record):
+        user, item, y = record
+        return [_json_id(user), _json_id(item), float(y)]
+
+    @staticmethod
+    def _record_from_json(value):
+        return tuple(value[:2]) + (float(value[2]),)
 
     @property
     def model(self):
@@ -933,9 +1281,36 @@ class MatrixFactorization(_Face, _Ranker):
                 return mu0 + sum(map(_mul, Eul[u], a[i]))
         return self._predict_pair(user, item, var=False)[0]
 
+    def predict_many(self, users, items) -> np.ndarray:
+        """Predictive means of the pairs ``zip(users, items)`` in one call: exactly
+        ``streamsvi.load(path).predict_rating(users, items)[0]`` (``predict_one`` may differ
+        from it in the last bit: it sums in another order once it keeps a table of moments)."""
+        return self._predict(list(users), list(items))[0]
+
+    def predict_var_many(self, users, items) -> np.ndarray:
+        """Predictive variances of the pairs ``zip(users, items)`` (σ² + Var_q[f]) in one call."""
+        return self._predict(list(users), list(items))[1]
+
     def predict_var_one(self, user, item) -> float:
         """Posterior predictive variance of the rating."""
         return self._predict_pair(user, item)[1]
+
+    def predict_sd_one(self, user, item) -> float:
+        """Posterior predictive standard deviation of the rating (√ :meth:`predict_var_one`)."""
+        return math.sqrt(self._predict_pair(user, item)[1])
+
+    def score_one(self, user, item, y) -> float:
+        """log p(y | data) of the rating ``y`` of (user, item): the moment-matched Gaussian
+        N(y | predictive mean, predictive variance), ``PMF.predictive_logpdf`` (the prior's
+        predictive before the first update)."""
+        y = float(y)
+        if self._state is None:
+            mean, var = (float(v[0]) for v in self._predict([user], [item]))
+            return -0.5 * math.log(2 * math.pi * var) - (y - mean) ** 2 / (2 * var)
+        from .models import Ratings
+
+        return float(self.model.predictive_logpdf(self._state.lam, Ratings([user], [item], [y]),
+                                                  aux=self._state.aux)[0])
 
     def rank(self, user, items, x=None) -> list:
         items = list(items)
@@ -1037,6 +1412,63 @@ class LogisticRegression(_Face, base.MiniBatchClassifier):
     def _unit_test_params(cls):
         yield {"batch_size": 8, "seed": 0}
         yield {"batch_size": 4, "estimator": "regrad", "optimizer": "adam", "learning_rate": 0.05, "seed": 1}
+
+    @classmethod
+    def from_snapshot(cls, path, features=None, batch_size: int | None = None):
+        """A classifier that starts from a snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        ``predict_proba_many`` gives what ``streamsvi.load(path).predict_proba`` gives for the
+        same rows (``predict_proba_one`` the same to rounding: it sums in plain floats), and
+        learning goes on from the snapshot's engine (model and engine settings as stored)
+        and state (step, λ, Adam's moments, random stream, records seen).
+
+        The daemon learns from the records as they come, so a face loaded from a daemon's
+        snapshot has ``standardize=False``; one loaded from a face's snapshot keeps that
+        face's ``standardize`` and its running feature moments, and predicts on raw
+        features as it did. ``features`` names the D columns in order (default: the
+        writing face's names, else ``("x0", …)``, the positions of the daemon's ``x``);
+        ``batch_size`` defaults to the ``inference.batch_size`` stored with the snapshot
+        (16 without one). ``ValueError`` for a snapshot of another model (a softmax
+        snapshot: :class:`SoftmaxRegression`) or ``features`` of the wrong length.
+        """
+        from .models.logistic import BayesianLogisticRegression, SoftmaxRegression as _Softmax
+
+        model_cls, what = ((_Softmax, "a softmax regression") if cls._multiclass_face
+                           else (BayesianLogisticRegression, "a binary logistic regression"))
+        snap, face = _face_snapshot(cls, path, (model_cls,), what)
+        model, eng = snap.engine.model, snap.engine.to_dict()
+        D = model.n_features
+        if features is None and face is not None:
+            features = face.get("features")
+        features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(D))
+        if len(features) != D:
+            raise ValueError(f"features has {len(features)} names, the snapshot's model has {D} features")
+        batch_size, _, _ = _snapshot_batching(snap, face, batch_size, 16)
+        settings = dict(batch_size=batch_size, n_total=eng["n_total"], prior_var=model.prior_var,
+                        estimator=eng["estimator"], optimizer=eng["optimizer"],
+                        learning_rate=eng["learning_rate"], **_schedule_settings(eng),
+                        standardize=bool(face.get("standardize")) if face is not None else False,
+                        features=features)
+        if cls._multiclass_face:
+            if face is not None:
+                given = face.get("classes_setting")
+                settings["classes"] = tuple(given) if given is not None else None
+            else:
+                settings["classes"] = tuple(range(model.n_classes))     # the daemon's labels 0 … C−1
+        est = cls(**settings)
+        if cls._multiclass_face and face is not None:
+            est._classes = list(face.get("classes") or [])
+        if face is not None and face.get("moments") is not None:
+            est._moments = _RunningMoments.from_json(face["moments"], D)
+        est._adopt(snap, face)
+        est._pred = None
+        return est
+
+    _multiclass_face = False      # SoftmaxRegression: True (which model its snapshots hold)
+
+    def _face_state(self) -> dict:
+        return {"features": list(self._features), "standardize": bool(self.standardize),
+                "moments": self._moments.to_json()}
 
     @property
     def _multiclass(self):
@@ -1274,6 +1706,12 @@ class SoftmaxRegression(LogisticRegression):
     def _multiclass(self):
         return True
 
+    _multiclass_face = True
+
+    def _face_state(self) -> dict:
+        return {**super()._face_state(), "classes": list(self._classes),
+                "classes_setting": list(self.classes) if self.classes is not None else None}
+
     def _engine_for(self, n_classes: int):
         from .inference.gradients import GradientVI
         from .models.logistic import SoftmaxRegression as _Model
@@ -1343,7 +1781,10 @@ class SoftmaxRegression(LogisticRegression):
         k = len(self._classes)
         if self._state is None:
             return np.full((rows.shape[0], k), 1.0 / max(k, 1))
-        p = self._engine.model.predict_proba(self._state.lam, rows)[:, :k]
+        p = self._engine.model.predict_proba(self._state.lam, rows)
+        if k == p.shape[1]:                 # every class seen: the model's probabilities as they are
+            return p
+        p = p[:, :k]
         return p / p.sum(axis=1, keepdims=True)
 
     def _predictor(self, state):
@@ -1435,3 +1876,193 @@ class SoftmaxRegression(LogisticRegression):
         names = [*self._features, "intercept"]
         return {c: {f: (float(a), float(b)) for f, a, b in zip(names, m[i], s[i])}
                 for i, c in enumerate(self._classes)}
+
+
+# ------------------------------------------------------------- sequences (HMM)
+def _sequences(rows: list):
+    """Sequences (int64 arrays) as one :class:`~streamsvi.sequence_batch.Sequences` batch."""
+    from .sequence_batch import Sequences
+
+    return Sequences.from_list(rows)
+
+
+class HiddenMarkovModel(_Face, base.Estimator):
+    """A discrete hidden Markov model learned online with SVI / SVI+: symbol sequences in.
+
+    river has no base class for sequence models, so this face keeps river's
+    names with one sequence where river has one record. The interface:
+
+    * ``learn_one(sequence)``: one sequence (a list of ints in 0 … V−1) is one
+      record; sequences are buffered and one update of
+      :class:`streamsvi.models.DiscreteHMM` is applied per ``batch_size`` of
+      them (the daemon's streaming start first); an empty sequence is skipped.
+      ``learn_many(sequences)``: the same for an iterable of sequences (same
+      batching, same result).
+    * ``score_one(sequence)``: log p(x | E_q[π], E_q[A], E_q[B]), the
+      sequence's log-likelihood under the posterior-mean parameters
+      (``streamsvi.load(path).log_likelihood``); 0.0 for an empty sequence, NaN
+      before the first update. ``score_many(sequences)``: an array.
+    * ``predict_one(sequence)``: the most likely state path (Viterbi, under the
+      posterior-mean parameters; ``streamsvi.load(path).viterbi``) as a list of
+      ints; all 0 before the first update. ``predict_many(sequences)``: a list.
+    * ``predict_proba_one(sequence)``: the filtering distributions p(z_t | x_1..x_t),
+      an (L, K) array (``streamsvi.load(path).filtering``).
+
+    A symbol outside 0 … V−1 or not an integer is refused (``ValueError``) by the
+    call that brings it.
+
+    Parameters
+    ----------
+    n_states, n_symbols
+        K hidden states, V symbols.
+    init_concentration, transition_concentration, emission_concentration, init
+        As :class:`streamsvi.models.DiscreteHMM` (None: 1/K, 1/K and 10/V).
+    batch_size, effective_batch_size, n_total, tau0, kappa
+        |S| sequences per update, M (SVI+; None = SVI), N and the Robbins–Monro schedule.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer or its dict form (as :class:`GaussianMixture`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamsvi.models.hmm import sample_hmm
+    >>> A = np.array([[0.9, 0.1], [0.1, 0.9]]); B = np.array([[0.8, 0.2, 0.0], [0.0, 0.2, 0.8]])
+    >>> X, _ = sample_hmm(np.array([0.5, 0.5]), A, B, lengths=[30] * 400, rng=np.random.default_rng(0))
+    >>> model = HiddenMarkovModel(n_states=2, n_symbols=3, batch_size=50, n_total=400, seed=0)
+    >>> model.learn_many(X.to_list())
+    >>> path = model.predict_one([0, 0, 0, 2, 2, 2])
+    >>> path[0] == path[1] == path[2] != path[3] == path[4] == path[5]
+    True
+    """
+
+    def __init__(self, n_states: int = 5, n_symbols: int = 4, init_concentration=None,
+                 transition_concentration=None, emission_concentration=None, init: str = "dirichlet",
+                 batch_size: int = 32, effective_batch_size: float | None = None, n_total: float = 10_000.0,
+                 tau0: float = 1.0, kappa: float = 0.7, seed: int | None = None, annealing=None):
+        from .models import DiscreteHMM
+
+        self.n_states = n_states
+        self.n_symbols = n_symbols
+        self.init_concentration = init_concentration
+        self.transition_concentration = transition_concentration
+        self.emission_concentration = emission_concentration
+        self.init = init
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.seed = seed
+        self.annealing = annealing
+        _check_batch_sizes(batch_size, effective_batch_size)
+        annealer = _annealer_of(annealing, batch_size, effective_batch_size)
+        model = DiscreteHMM(n_states=n_states, n_symbols=n_symbols, init_concentration=init_concentration,
+                            transition_concentration=transition_concentration,
+                            emission_concentration=emission_concentration, init=init)
+        self._make_learner(SVI(model, n_total=n_total, schedule=RobbinsMonro(tau0=tau0, kappa=kappa),
+                               effective_batch_size=effective_batch_size, short_batches="svi",
+                               annealer=annealer), _sequences)
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_states": 2, "n_symbols": 3, "batch_size": 8, "n_total": 200.0, "seed": 0}
+
+    @classmethod
+    def from_snapshot(cls, path, batch_size: int | None = None) -> "HiddenMarkovModel":
+        """A sequence model that starts from an HMM snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        It scores what ``streamsvi.load(path)`` scores (``log_likelihood``, ``viterbi``,
+        ``filtering``), and learning goes on from the snapshot's engine and state (step,
+        λ, random stream, records seen). ``batch_size`` defaults to the daemon's
+        ``inference.batch_size`` stored with the snapshot (32 without one); SVI+ is kept
+        as for :meth:`GaussianMixture.from_snapshot`. ``ValueError`` for a snapshot of
+        another model.
+        """
+        from .models import DiscreteHMM
+
+        snap, face = _face_snapshot(cls, path, (DiscreteHMM,), "a discrete hidden Markov model")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_states=p["n_states"], n_symbols=p["n_symbols"], init_concentration=p["init_concentration"],
+                  transition_concentration=p["transition_concentration"],
+                  emission_concentration=p["emission_concentration"], init=p["init"], batch_size=batch_size,
+                  effective_batch_size=M, n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng))
+        est._adopt(snap, face)
+        return est
+
+    @staticmethod
+    def _record_to_json(record):
+        return np.asarray(record).tolist()
+
+    @staticmethod
+    def _record_from_json(value):
+        return np.asarray(value, dtype=np.int64)
+
+    def _seq(self, x) -> np.ndarray:
+        """One sequence as an int64 array; ``ValueError`` for a symbol that is not an int in 0 … V−1."""
+        try:
+            a = np.asarray(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"a sequence must be a flat list of integer symbols, got {_short_repr(x)}") from None
+        if a.ndim != 1 or (a.size and a.dtype.kind not in "iuf"):
+            raise ValueError(f"a sequence must be a flat list of integer symbols, got {_short_repr(x)}")
+        if a.size and (a.dtype.kind == "f" and not np.all(a == np.round(a))):
+            raise ValueError(f"symbols must be integers, got {_short_repr(x)}")
+        a = a.astype(np.int64)
+        if a.size and (a.min() < 0 or a.max() >= self.n_symbols):
+            bad = int(a[(a < 0) | (a >= self.n_symbols)][0])
+            raise ValueError(f"symbols must be in 0..{self.n_symbols - 1} (n_symbols={self.n_symbols}), got {bad}")
+        return a
+
+    def learn_one(self, x) -> None:
+        a = self._seq(x)
+        if a.size:
+            self._learner.learn(a)
+
+    def learn_many(self, X) -> None:
+        """Learn from an iterable of sequences; same batching, same result as learn_one."""
+        rows = [self._seq(x) for x in X]             # every sequence checked before any is learned
+        self._learner.learn_many([a for a in rows if a.size])
+
+    def _apply(self, method: str, seqs: list, empty, before):
+        """``model.<method>(λ, non-empty sequences)`` placed back among the empty ones."""
+        out = [empty(0) if not a.size else None for a in seqs]
+        keep = [i for i, a in enumerate(seqs) if a.size]
+        if keep:
+            if self._state is None:
+                for i in keep:
+                    out[i] = before(seqs[i].size)
+            else:
+                got = getattr(self._engine.model, method)(self._state.lam, _sequences([seqs[i] for i in keep]))
+                for i, v in zip(keep, got):
+                    out[i] = v
+        return out
+
+    def score_many(self, X) -> np.ndarray:
+        """log p(x | E_q[β]) of each sequence (0.0 for an empty one, NaN before the first update)."""
+        seqs = [self._seq(x) for x in X]
+        return np.array(self._apply("log_likelihood", seqs, lambda L: 0.0, lambda L: np.nan), dtype=float)
+
+    def score_one(self, x) -> float:
+        return float(self.score_many([x])[0])
+
+    def predict_many(self, X) -> list:
+        """The most likely state path of each sequence (lists of ints)."""
+        seqs = [self._seq(x) for x in X]
+        return [np.asarray(p).tolist() for p in
+                self._apply("viterbi", seqs, lambda L: [], lambda L: [0] * L)]
+
+    def predict_one(self, x) -> list:
+        return self.predict_many([x])[0]
+
+    def predict_proba_one(self, x) -> np.ndarray:
+        """p(z_t | x_1..x_t) for t = 1 … L, an (L, K) array (uniform rows before the first update)."""
+        K = self.n_states
+        return self._apply("filtering", [self._seq(x)], lambda L: np.empty((0, K)),
+                           lambda L: np.full((L, K), 1.0 / K))[0]
+
+    def mean_params(self):
+        """(E_q[π], E_q[A], E_q[B]), or None before the first update."""
+        return None if self._state is None else self._engine.model.mean_params(self._state.lam)

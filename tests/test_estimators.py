@@ -13,7 +13,7 @@ from river.checks import common
 
 from streamsvi.checkpoint import CheckpointStore
 from streamsvi.datasets import make_blobs
-from streamsvi.estimators import GaussianMixture, MatrixFactorization, TopicModel
+from streamsvi.estimators import GaussianMixture, HiddenMarkovModel, MatrixFactorization, TopicModel
 from streamsvi.inference import SVI
 from streamsvi.models import BayesianGMM
 from streamsvi.scoring import load
@@ -158,6 +158,9 @@ def _feed(est, n, seed):
         for _ in range(n):
             u, i = int(rng.integers(12)), int(rng.integers(9))
             est.learn_one(f"u{u}", i, 4.0 if (u + i) % 2 else 2.0)
+    elif isinstance(est, HiddenMarkovModel):
+        for _ in range(n):
+            est.learn_one(rng.integers(0, 3, size=int(rng.integers(2, 9))).tolist())
     elif isinstance(est, TopicModel):
         words = [f"w{k}" for k in range(16)]
         for k in range(n):
@@ -172,10 +175,15 @@ def _outputs(est):
         return [est.predict_one(f"u{u}", i) for u in range(12) for i in range(9)] + est.rank("u3", range(9))
     if isinstance(est, TopicModel):
         return [est.transform_one({f"w{k}": 1, f"w{k + 8}": 2}) for k in range(8)]
+    if isinstance(est, HiddenMarkovModel):
+        seqs = [[0, 1, 2, 2], [2, 2, 0], [1]]
+        return est.score_many(seqs).tolist() + est.predict_many(seqs)
     return [est.predict_proba_one(x) for x, _ in _stream(30, seed=7)]
 
 
-@pytest.mark.parametrize("cls,params", _FACES)
+@pytest.mark.parametrize("cls,params", _FACES + [
+    pytest.param(HiddenMarkovModel, p, id=f"HiddenMarkovModel-{i}")         # no river checks: no base class
+    for i, p in enumerate(HiddenMarkovModel._unit_test_params())])
 def test_every_face_pickles_and_deepcopies_after_learning(cls, params):
     """A copy (pickle round trip or copy.deepcopy) of a trained face predicts the same and keeps
     learning the same as the original, and is independent of it."""
