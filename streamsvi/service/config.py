@@ -247,17 +247,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "floor_steps": Field("int", 100, "updates the floor of response = floor lasts", min=1),
         "direction": Field("str", "drop", "drop: only a fall of the lpd is a change; both: a rise too",
                            choices=("drop", "both")),
-        "warmup": Field("int", 30, "batches before the first detection; also the window of the lpd's "
+        "warmup": Field("int", 20, "batches before the first detection; also the window of the lpd's "
                         "batch-to-batch sd that scales what the detector sees", min=1),
-        "threshold": Field("float", 25.0, "page_hinkley: alarm threshold lambda, in sds of one batch's lpd",
+        "threshold": Field("float", 15.0, "page_hinkley: alarm threshold lambda, in sds of one batch's lpd",
                            min=0),
         "delta": Field("float", 0.5, "page_hinkley: change allowed per batch, in sds of one batch's lpd",
                        min=0),
-        "min_instances": Field("int", 30, "page_hinkley: batches after a (re)start before it can alarm",
+        "min_instances": Field("int", 10, "page_hinkley: batches after a (re)start before it can alarm",
                                min=1),
         "adwin_delta": Field("float", 0.002, "adwin: confidence delta of a cut", min=0, max=1),
         "adwin_clock": Field("int", 1, "adwin: check for a cut every this many batches", min=1),
-        "grace_period": Field("int", 30, "adwin: batches after a (re)start before it can cut", min=1),
+        "grace_period": Field("int", 10, "adwin: batches after a (re)start before it can cut", min=1),
     },
 }
 

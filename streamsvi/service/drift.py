@@ -43,6 +43,8 @@ Page–Hinkley runs in its ``mode = "down"`` (``"both"`` with ``direction =
 "both"``); ADWIN sees both directions and its detection is kept only when the
 mean of its last 5 values is below that of the rest of its window. After a detection
 the detector starts afresh (a new instance), so one change is reported once.
+river's ADWIN also empties its window after a cut it makes on a rise, so a drop
+within about ``grace_period`` batches after such a cut can go unseen.
 
 Interface (what the daemon calls; :mod:`bench/drift.py <bench>` drives the engine
 in process with this same class)::
@@ -226,10 +228,10 @@ class DriftMonitor:
     """
 
     def __init__(self, engine, detector: str = "page_hinkley", response: str = "floor", *,
-                 rho_floor: float | None = 0.1, floor_steps: int = 100, warmup: int = 30,
-                 direction: str = "drop", threshold: float = 25.0, delta: float = 0.5,
-                 min_instances: int = 30, adwin_delta: float = 0.002, adwin_clock: int = 1,
-                 grace_period: int = 30):
+                 rho_floor: float | None = 0.1, floor_steps: int = 100, warmup: int = 20,
+                 direction: str = "drop", threshold: float = 15.0, delta: float = 0.5,
+                 min_instances: int = 10, adwin_delta: float = 0.002, adwin_clock: int = 1,
+                 grace_period: int = 10):
         for name, v, choices in (("detector", detector, DETECTORS[1:]), ("response", response, RESPONSES),
                                  ("direction", direction, DIRECTIONS)):
             if v not in choices:
@@ -369,8 +371,7 @@ class DriftMonitor:
         after, origin = self._window(), self._origin
         before, after = self._cut_means(before, after, z)
         if self.detector == "adwin" and self.direction == "drop" and not after < before:
-            self._reset_detector()               # a rise: not a change we answer
-            return None
+            return None                          # a rise: not answered (ADWIN has cut its window)
         self._reset_detector()
         detail = {"lpd": lpd, "n": int(n), "z": z, "sigma": sigma,
                   "mean_before": None if before is None else origin + before * sigma,   # ADWIN

@@ -119,16 +119,22 @@ def _detections(monitor, lpds):
     return out
 
 
-@pytest.mark.parametrize("detector", ["page_hinkley", "adwin"])
-def test_detector_fires_on_a_drop_and_not_on_a_stationary_sequence(detector):
-    # a drop of 5 sds of one batch's lpd at batch 200, on top of a learning curve: found
-    # within 20 batches, once; the same noise without the drop (20 seeds x 400 batches):
-    # no alarm at all (the false-alarm tolerance is 0 in these 8,000 batches)
-    for seed in range(5):
-        m = DriftMonitor(_engine(), detector, "floor", rho_floor=0.2, floor_steps=50)
-        found = _detections(m, _step_sequence(seed, trend=True))
-        assert len(found) == 1 and 200 < found[0] <= 220, (seed, found)
+@pytest.mark.parametrize("detector, within, min_found", [("page_hinkley", 12, 20), ("adwin", 30, 18)])
+def test_detector_fires_on_a_drop_and_not_on_a_stationary_sequence(detector, within, min_found):
+    # A drop of 5 sds of one batch's lpd at batch 200, on top of a learning curve, 20 seeds:
+    # Page-Hinkley finds every one within 12 batches (measured: 4-11), once; ADWIN at least
+    # 18 of 20 within 30 batches (measured: 19, 8-27 batches; river's ADWIN empties its window
+    # after every cut, a rise included, and a drop just after such a cut can go unseen).
+    # The same sequences without the drop, 50 seeds x 400 batches: no alarm at all (the
+    # false-alarm tolerance is 0 in 20,000 batches; measured 0 in 100 seeds).
+    found = 0
     for seed in range(20):
+        m = DriftMonitor(_engine(), detector, "floor", rho_floor=0.2, floor_steps=50)
+        steps = _detections(m, _step_sequence(seed, trend=True))
+        assert len(steps) <= 1 and all(200 < s for s in steps), (seed, steps)
+        found += bool(steps) and steps[0] <= 200 + within
+    assert found >= min_found
+    for seed in range(50):
         m = DriftMonitor(_engine(), detector, "floor", rho_floor=0.2, floor_steps=50)
         assert _detections(m, _step_sequence(seed, drop=0.0, trend=True)) == [], seed
 
