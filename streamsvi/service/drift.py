@@ -46,8 +46,8 @@ the detector starts afresh (a new instance), so one change is reported once.
 river's ADWIN also empties its window after a cut it makes on a rise, so a drop
 within about ``grace_period`` batches after such a cut can go unseen.
 
-Interface (what the daemon calls; :mod:`bench/drift.py <bench>` drives the engine
-in process with this same class)::
+Interface (what the daemon calls; ``bench/drift.py`` drives the engine in process
+with this same class and the same calls; docs/drift.md)::
 
     monitor = DriftMonitor.from_config(cfg, engine)  # None when drift.detector = "none"
     event = monitor.observe(state, lpd, n)           # once per batch, after the update
