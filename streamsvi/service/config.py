@@ -243,8 +243,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           "as at t = 0 again) or reanneal (the annealer of inference.annealing, "
                           "deterministic or stochastic, restarted)",
                           choices=("floor", "restart", "reanneal")),
-        "rho_floor": Field("float", 0.1, "the floor of response = floor, in (0, 1]", min=0, max=1),
-        "floor_steps": Field("int", 100, "updates the floor of response = floor lasts", min=1),
+        "rho_floor": Field("float", 0.2, "the floor of response = floor, in (0, 1]", min=0, max=1),
+        "floor_steps": Field("int", 30, "updates the floor of response = floor lasts", min=1),
         "direction": Field("str", "drop", "drop: only a fall of the lpd is a change; both: a rise too",
                            choices=("drop", "both")),
         "warmup": Field("int", 20, "batches before the first detection; also the window of the lpd's "

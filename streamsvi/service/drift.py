@@ -222,13 +222,14 @@ class DriftMonitor:
         Batches before the first detection; also the window of σ̂.
     direction : {"drop", "both"}
     threshold, delta, min_instances :
-        Page–Hinkley's λ, δ (both in units of σ̂) and its minimum number of values.
+        Page–Hinkley's λ, δ (both in units of σ̂) and its minimum number of values;
+        its fading factor α is 1 (the running mean forgets nothing until a reset).
     adwin_delta, adwin_clock, grace_period :
         ADWIN's confidence δ, how often it checks (values) and its grace period.
     """
 
     def __init__(self, engine, detector: str = "page_hinkley", response: str = "floor", *,
-                 rho_floor: float | None = 0.1, floor_steps: int = 100, warmup: int = 20,
+                 rho_floor: float | None = 0.2, floor_steps: int = 30, warmup: int = 20,
                  direction: str = "drop", threshold: float = 15.0, delta: float = 0.5,
                  min_instances: int = 10, adwin_delta: float = 0.002, adwin_clock: int = 1,
                  grace_period: int = 10):
@@ -247,8 +248,10 @@ class DriftMonitor:
         self.rho_floor, self.floor_steps, self.warmup = rho_floor, floor_steps, warmup
         self.threshold, self.delta, self.min_instances = float(threshold), float(delta), min_instances
         self.adwin_delta, self.adwin_clock, self.grace_period = float(adwin_delta), adwin_clock, grace_period
-        self.base_schedule = engine.schedule
-        self.base_annealer = getattr(engine, "annealer", None)
+        sched, ann = engine.schedule, getattr(engine, "annealer", None)
+        # the configured ones (unwrapped, should the engine carry an earlier monitor's response)
+        self.base_schedule = sched.base if isinstance(sched, Adjusted) else sched
+        self.base_annealer = ann.base if isinstance(ann, Reannealed) else ann
         if response == "reanneal":
             kind = getattr(self.base_annealer, "kind", "none")
             if kind not in ("deterministic", "stochastic"):
