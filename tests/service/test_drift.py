@@ -247,3 +247,29 @@ def test_from_config():
     engine = _engine(annealer=Deterministic(n_steps=20))
     m = DriftMonitor.from_config(cfg, engine)
     assert (m.detector, m.response, m.threshold) == ("page_hinkley", "reanneal", 10.0)
+
+
+def test_restart_on_a_row_wise_model_raises_the_rows_steps():
+    # PMF's rows run on their own clocks: after a restart each touched row's step is at least
+    # the restarted global schedule's, so λ moves more than without the response
+    from streamsvi.models import PMF, Ratings
+
+    rng = np.random.default_rng(0)
+    users, items = rng.integers(0, 30, 4000), rng.integers(0, 20, 4000)
+    x = Ratings(users, items, rng.normal(3, 1, 4000))
+    batches = [x[np.arange(s, s + 100)] for s in range(0, 4000, 100)]
+    lams = {}
+    for respond in (False, True):
+        engine = SVI(PMF(n_factors=2), n_total=4000, schedule=BASE)
+        m = DriftMonitor(engine, "page_hinkley", "restart")
+        state = engine.init(batches[0], seed=0)
+        for i, b in enumerate(batches):
+            state, _ = engine.update(state, b)
+            m.observe(state, None, 0)
+            if respond and i == 29:
+                m.respond(step=state.step)
+                assert isinstance(engine.schedule, Adjusted) and engine.schedule.now == 31
+        lams[respond] = state
+    assert lams[True].step == lams[False].step == 40
+    moved = [np.abs(lams[True].lam[k] - lams[False].lam[k]).max() for k in lams[True].lam]
+    assert max(moved) > 1e-3
