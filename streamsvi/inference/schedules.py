@@ -11,6 +11,9 @@ update of a fresh state uses ``t = 1``.
   instead of converging.
 * :class:`Constant` — ``ρ_t = ρ``. ``Constant(1.0)`` on the full data set is
   batch VI (CAVI).
+* :class:`Adjusted` — a schedule with its clock restarted and/or a floor, the
+  hook through which a response to drift (:mod:`streamsvi.service.drift`)
+  changes ρ without changing the engine's settings.
 
 Examples
 --------
@@ -118,6 +121,68 @@ class Constant(Schedule):
 
     def many(self, t) -> np.ndarray:
         return np.full(len(t), float(self.rho))
+
+
+@dataclass(frozen=True)
+class Adjusted(Schedule):
+    """``base`` with its clock restarted at ``offset`` and an optional ``floor``.
+
+    ``ρ_t = max(floor, base(max(1, t − offset)))``: with ``offset = s`` the step
+    after s uses ``base(1)`` again (the Robbins–Monro clock restarted from step s);
+    ``floor=None`` adds no floor. On the per-row clocks c_i of a row-wise model
+    (:meth:`many`, :meth:`at_steps`; PMF's ρ_i) the restarted global clock is a
+    lower bound, ``ρ_i = max(floor, base(c_i), base(max(1, now − offset)))``
+    with ``now`` the global step about to be taken (the caller keeps it current;
+    None: no bound), since a row's own clock does not count global steps.
+
+    An adjustment is the state of whoever made it, not a setting: ``to_dict``
+    is ``base.to_dict()``, so a checkpoint's engine settings stay the configured
+    ones and the drift monitor saves and re-applies its own response.
+
+    Examples
+    --------
+    >>> base = RobbinsMonro(tau0=1.0, kappa=1.0)
+    >>> a = Adjusted(base, offset=10)
+    >>> a(11) == base(1), a(12) == base(2)
+    (True, True)
+    >>> Adjusted(base, floor=0.2)(100)
+    0.2
+    >>> Adjusted(base, floor=0.2).to_dict() == base.to_dict()
+    True
+    """
+
+    base: Schedule
+    offset: int = 0
+    floor: float | None = None
+    now: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.base, Schedule):
+            raise ValueError(f"base must be a Schedule, got {type(self.base).__name__}")
+        if isinstance(self.offset, bool) or not isinstance(self.offset, int) or self.offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {self.offset!r}")
+        if self.floor is not None and not (0.0 < self.floor <= 1.0):
+            raise ValueError(f"floor must be in (0, 1] or None, got {self.floor}")
+
+    def __call__(self, t: int) -> float:
+        if t < 1:
+            raise ValueError(f"step t is 1-based, got {t}")
+        rho = self.base(max(1, t - self.offset))
+        return float(rho if self.floor is None else max(rho, self.floor))
+
+    def _bound(self, rho: np.ndarray) -> np.ndarray:
+        if self.offset and self.now is not None:
+            rho = np.maximum(rho, self.base(max(1, int(self.now) - self.offset)))
+        return rho if self.floor is None else np.maximum(rho, self.floor)
+
+    def many(self, t) -> np.ndarray:
+        return self._bound(self.base.many(t))
+
+    def at_steps(self, t) -> np.ndarray:
+        return self._bound(self.base.at_steps(t))
+
+    def to_dict(self) -> dict:
+        return self.base.to_dict()
 
 
 def schedule_from_dict(d: dict) -> Schedule:

@@ -233,6 +233,32 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "publish_seconds": Field("float", 0.0, "the applier publishes lambda at most this often "
                                  "(0 = after every poll that applied deltas)", min=0),
     },
+    # drift that the learner answers (streamsvi.service.drift; docs/drift.md)
+    "drift": {
+        "detector": Field("str", "none", "change detector on the prequential log predictive density: "
+                          "none, page_hinkley or adwin (river.drift)",
+                          choices=("none", "page_hinkley", "adwin")),
+        "response": Field("str", "floor", "what a detected drop does from the next update: floor (rho_t "
+                          ">= rho_floor for floor_steps updates), restart (the step clock restarted: rho "
+                          "as at t = 0 again) or reanneal (the annealer of inference.annealing, "
+                          "deterministic or stochastic, restarted)",
+                          choices=("floor", "restart", "reanneal")),
+        "rho_floor": Field("float", 0.2, "the floor of response = floor, in (0, 1]", min=0, max=1),
+        "floor_steps": Field("int", 30, "updates the floor of response = floor lasts", min=1),
+        "direction": Field("str", "drop", "drop: only a fall of the lpd is a change; both: a rise too",
+                           choices=("drop", "both")),
+        "warmup": Field("int", 20, "batches before the first detection; also the window of the lpd's "
+                        "batch-to-batch sd that scales what the detector sees", min=1),
+        "threshold": Field("float", 15.0, "page_hinkley: alarm threshold lambda, in sds of one batch's lpd",
+                           min=0),
+        "delta": Field("float", 0.5, "page_hinkley: change allowed per batch, in sds of one batch's lpd",
+                       min=0),
+        "min_instances": Field("int", 10, "page_hinkley: batches after a (re)start before it can alarm",
+                               min=1),
+        "adwin_delta": Field("float", 0.002, "adwin: confidence delta of a cut", min=0, max=1),
+        "adwin_clock": Field("int", 1, "adwin: check for a cut every this many batches", min=1),
+        "grace_period": Field("int", 10, "adwin: batches after a (re)start before it can cut", min=1),
+    },
 }
 
 
@@ -617,6 +643,8 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
             p = out[sec][key]
             if p is not None and not Path(p).is_absolute():
                 out[sec][key] = str((base_dir / p).resolve())
+    from .drift import check_config as _check_drift      # [drift] rules across sections
+    _check_drift(out)
     # the engine's own rules (covariance = lowrank needs rank, ...), also before any connection
     build_engine(out, 1.0 if inf["n_total"] == "auto" else float(inf["n_total"]), model=model)
     return out

@@ -197,6 +197,14 @@ class DaemonMetrics:
         self.slow_path_fetches = SlowPathFetches(r)
         self.consumers_replaced = c("consumers_replaced", "Kafka consumers replaced by a new member of "
                                     "their group after a poll that never returned (streamsvi.io.callguard)")
+        # drift that the learner answers (streamsvi.service.drift)
+        self.drift_detected = c("drift_detected", "Changes the drift detector found in the prequential "
+                                "log predictive density, by detector and the response applied",
+                                ("detector", "response"))
+        self.drift_active = g("drift_response_active", "1 while a drift response (a rho floor or a "
+                              "re-annealing) is in force, else 0")
+        self.drift_last_step = latest("drift_last_detection_step",
+                                      "Engine step of the batch at which drift was last detected")
         self._ewm = river_stats.EWMean(fading_factor=fading_factor)
         self._prev_grad = None
         #: The value behind ``streamsvi_gradient_variance_observed`` (None before two updates).
@@ -232,6 +240,14 @@ class DaemonMetrics:
                 self.observed_variance = self._ewm.get()
                 self.grad_var_obs.set(self.observed_variance)
             self._prev_grad = gradient
+
+    def observe_drift(self, monitor, event=None) -> None:
+        """After :meth:`DriftMonitor.observe <streamsvi.service.drift.DriftMonitor.observe>`:
+        the response gauge, and the counter and step of ``event`` when one was returned."""
+        self.drift_active.set(1.0 if monitor.active else 0.0)
+        if event is not None:
+            self.drift_detected.labels(detector=event.detector, response=event.response).inc()
+            self.drift_last_step.set(event.step)
 
     def observe_dead(self, reason: str, n: int = 1) -> None:
         self.dead.labels(reason=reason).inc(n)
