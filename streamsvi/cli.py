@@ -524,7 +524,7 @@ def inspect(args) -> int:
     from .scoring import load
     from .service.console import plural
 
-    f = load(args.snapshot)
+    f = load(args.snapshot, follow="latest")       # the newest; the promotion is shown below
     print(f"snapshot   {f.path} (number {f.number}, written by streamsvi {f.version})")
     print(f"created    {f.created.isoformat()}")
     print(f"model      {f.model.name}: " + ", ".join(f"{k}={v}" for k, v in f.model.get_params().items()))
@@ -555,7 +555,40 @@ def inspect(args) -> int:
         print("weights    " + ", ".join(f"k{k}={w[k]:.3f}" for k in order[:10])
               + (" ..." if len(w) > 10 else ""))
         _print_components(f.model.means(f.lam), f.model.covariances(f.lam), w, order[:10])
+    _print_promotion(f)
     return 0
+
+
+def _print_promotion(f, most: int = 10) -> None:
+    """The checkpoint directory's promotion (``[promotion]``): the promoted snapshot and its
+    figure, the candidate pending and the latest decisions with their reasons."""
+    from .checkpoint import PROMOTED, pointer_number, read_promotion, snapshot_name
+    from .service.console import plural
+
+    directory = f.path.parent
+    number = pointer_number(directory, PROMOTED)
+    record = read_promotion(directory)
+    if number is None and record is None:
+        print("promoted   (no 'promoted' pointer: promotion off or not yet decided; scorers follow "
+              "'latest')")
+        return
+    fig = (record or {}).get("promoted_figure") if (record or {}).get("promoted") == number else None
+    this = "this snapshot" if number == f.number else f"snapshot {f.number} is not promoted"
+    print(f"promoted   {snapshot_name(number) if number is not None else '(none)'}"
+          + (f", held-out {fig:.4f} nats/record" if fig is not None else "") + f" ({this})")
+    if record is None:
+        print("decisions  (the decision record is missing or damaged)")
+        return
+    if record.get("pending") is not None:
+        print(f"pending    {snapshot_name(record['pending'])} (being evaluated)")
+    decisions = record.get("decisions") or []
+    print(f"decisions  {plural(len(decisions), 'decision')} stored" + (f", the last {most}:" if
+                                                                        len(decisions) > most else ":"))
+    for d in decisions[-most:]:
+        try:
+            print(f"  {snapshot_name(d['candidate'])} {d['outcome']}: {d['reason']}")
+        except (KeyError, TypeError, ValueError):
+            print(f"  (an unreadable decision: {str(d)[:80]})")
 
 
 def _vec(v, most: int = 6) -> str:

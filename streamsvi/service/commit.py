@@ -141,6 +141,7 @@ class SnapshotCommit(CommitStrategy):
             d._write_history()
         except OSError as exc:
             raise self._checkpoint_failed(exc) from None
+        d.promotion.on_snapshot(snap)      # the first is promoted; later ones are candidates
         d.metrics.checkpoint_ts.set(time.time())
         d.metrics.checkpoints.inc()
         try:
