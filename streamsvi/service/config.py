@@ -181,8 +181,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                             "no record withheld) or reservoir (heldout_size records withheld for good); "
                             "unset: prequential, or reservoir where heldout_size or heldout_every is set",
                             choices=("prequential", "reservoir")),
-        "prequential_sample": Field("int", 256, "prequential: records of each minibatch scored, evenly "
-                                    "spaced (0 = all of them)", min=0),
+        "prequential_sample": Field("int", 64, "prequential: records of each minibatch scored, evenly "
+                                    "spaced (0 = all of them); 64 costs 0.24x an LDA update on NYT "
+                                    "at |S| = 256 (bench/prequential.py)", min=0),
         "prequential_fading": Field("float", 0.001, "prequential: fading factor per record of the smoothed "
                                     "figure (about 1/this many records of memory)", min=0, max=1),
         "heldout_size": Field("int", 500, "reservoir: records diverted (not trained on) into the held-out "

@@ -147,6 +147,7 @@ class Daemon(StagedLoop):
         self.kind = record_kind(self.model)   # how records are counted, sliced, joined, stored
         self.heldout = None                   # a batch of the kind, or None (metrics.evaluation = "reservoir")
         self.prequential_ll = None            # the latest minibatch's prequential figure (_prequential)
+        self._unscored = 0                    # start batches left to learn: not scored (the start saw them)
         self._start_batches: list = []        # batches held back until the start (_gather_start)
         self.metrics_server = None
         src = cfg["source"]
@@ -647,6 +648,7 @@ class Daemon(StagedLoop):
         batches = self._take_start(self.engine.n_total, flush)
         if batches:
             self.state = self.engine.init(self._start_records(batches), seed=self.cfg["inference"]["seed"])
+            self._unscored = len(batches)     # λ_0 was made from them: no prequential figure
             if len(batches) > 1:
                 log.info("started from the first %d batches (%d records)", len(batches),
                          sum(self.kind.n_records(b) for b in batches))
@@ -683,7 +685,9 @@ class Daemon(StagedLoop):
         at the current λ, before ``x`` is learned (river's progressive validation); None with
         ``metrics.evaluation = "reservoir"``.
 
-        At most ``metrics.prequential_sample`` records of ``x`` are scored, evenly spaced (no
+        The batches the start was made from (``engine.init``: a GMM's first ``init_batches``,
+        one minibatch for the others) are not scored: λ_0 has seen them. At most
+        ``metrics.prequential_sample`` records of ``x`` are scored, evenly spaced (no
         random draw: the engine's random stream is untouched, so λ is what it would be
         without the evaluation). Sets the prequential gauges (a classifier's log-loss and
         accuracy too) and feeds the sample to the promotion's comparison. Called once per
@@ -691,6 +695,9 @@ class Daemon(StagedLoop):
         """
         mc = self.cfg["metrics"]
         if mc["evaluation"] != "prequential" or self.state is None:
+            return None
+        if self._unscored:                    # a batch the start (λ_0) was made from
+            self._unscored -= 1
             return None
         n_x = self.kind.n_records(x)
         k = mc["prequential_sample"]

@@ -48,10 +48,11 @@ def _in_memory(cfg, values, sample):
     batches = [kind.from_json(values[i:i + B], engine.model) for i in range(0, len(values), B)]
     state = engine.init(batches[0], seed=cfg["inference"]["seed"])
     figures = []
-    for x in batches:
+    for i, x in enumerate(batches):
         n = kind.n_records(x)
         idx = np.unique(np.linspace(0, n - 1, sample).astype(np.int64)) if n > sample else slice(None)
-        figures.append(float(np.mean(engine.predictive_logpdf(state, kind.take(x, idx)))))
+        lp = float(np.mean(engine.predictive_logpdf(state, kind.take(x, idx))))
+        figures.append(None if i == 0 else lp)     # the first batch made λ_0: not scored
         state, _ = engine.update(state, x)
     return state, figures
 
@@ -73,12 +74,12 @@ def test_prequential_is_the_default_withholds_nothing_and_equals_the_in_memory_e
     rows = read_history(tmp_path / "ck")
     assert [r["step"] for r in rows] == list(range(1, N_DOCS // B + 1))
     # each row's figure is predictive_logpdf at the λ before that update, computed by hand
-    assert [r["prequential_loglik"] for r in rows] == figures
+    assert [r.get("prequential_loglik") for r in rows] == figures
     assert all(r["heldout_loglik"] is None for r in rows)
     assert registry.get_sample_value("streamsvi_prequential_loglik_per_record") == figures[-1]
-    assert registry.get_sample_value("streamsvi_prequential_records_total") == 16 * len(figures)
+    assert registry.get_sample_value("streamsvi_prequential_records_total") == 16 * (len(figures) - 1)
     smoothed = registry.get_sample_value("streamsvi_prequential_loglik_smoothed")
-    assert min(figures) <= smoothed <= max(figures)
+    assert min(figures[1:]) <= smoothed <= max(figures[1:])
     assert registry.get_sample_value("streamsvi_heldout_records") == 0
 
 
@@ -109,9 +110,11 @@ def test_whole_batch_when_sample_is_zero_and_the_progress_line_shows_lpd(tmp_pat
     out, registry = io.StringIO(), CollectorRegistry()
     res = Daemon(cfg, registry=registry, out=out).run(until_drained=True, timeout=120)
     assert res.records == 600
-    assert registry.get_sample_value("streamsvi_prequential_records_total") == 600   # every record
+    # every record but those of the first 4 batches, which the GMM's start (k-means, CAVI) saw
+    assert registry.get_sample_value("streamsvi_prequential_records_total") == 600 - 4 * 50
     lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("step")]
-    assert lines and all("  lpd " in ln for ln in lines)
+    assert "lpd" not in lines[0] and lines[0].startswith("step       4 ")    # the start's batches
+    assert len(lines) > 1 and all("  lpd " in ln for ln in lines[1:])
     assert float(lines[-1].rsplit("lpd ", 1)[1]) == pytest.approx(
         registry.get_sample_value("streamsvi_prequential_loglik_smoothed"), abs=1e-4)
 
@@ -133,6 +136,7 @@ def test_classifiers_get_prequential_log_loss_and_accuracy(tmp_path):
     res = Daemon(cfg, registry=registry, out=io.StringIO()).run(until_drained=True, timeout=120)
     assert res.records == 600
     rows = read_history(tmp_path / "ck")
-    assert all(r["prequential_log_loss"] > 0 and 0 <= r["prequential_accuracy"] <= 1 for r in rows)
+    assert "prequential_log_loss" not in rows[0]                   # λ_0 was made from batch 1
+    assert all(r["prequential_log_loss"] > 0 and 0 <= r["prequential_accuracy"] <= 1 for r in rows[1:])
     assert rows[-1]["prequential_accuracy"] > 0.8                  # learned before the last batch
     assert registry.get_sample_value("streamsvi_prequential_accuracy") == rows[-1]["prequential_accuracy"]
