@@ -15,6 +15,8 @@ Layout of a checkpoint directory::
             state.npz           λ, random stream, step, ... (state_to_arrays; no pickle)
             snapshot.json       everything else, with checksums (see below)
         latest                  text file naming the newest snapshot: "snap-00000042"
+        promoted                text file naming the snapshot scorers load (promotion; optional)
+        promotion.json          the promotion's decision record, checksummed (read_promotion)
         .lock                   serialises writers (held only while saving/cleaning)
         quarantine/             snapshots found corrupt when the daemon resumed, moved
             snap-00000043-<utc time>/   aside whole (never deleted by retention)
@@ -28,6 +30,12 @@ a snapshot directory is either complete or absent. A crash at any instant
 therefore leaves the previous snapshot (or the new one) as the valid latest,
 never a partial one; leftover ``.tmp-*``/``.del-*`` directories are removed
 when a :class:`CheckpointStore` is opened.
+
+The ``promoted`` pointer (:data:`PROMOTED`) is written the same way by
+:meth:`CheckpointStore.write_promotion`, after the decision record; retention
+never deletes the snapshot it names, and :func:`load_snapshot` with
+``follow="promoted"`` reads it, falling back to ``latest`` where it is absent
+or unusable. ``latest`` is never changed by promotion.
 
 ``snapshot.json`` holds the format, the format version, the snapshot number,
 the library version,
@@ -1117,7 +1125,7 @@ class CheckpointStore:
                                   (json.dumps(doc, sort_keys=True, indent=1, allow_nan=True) + "\n").encode())
             if promote is not None:
                 self._replace_durably(_PROMOTED_TMP, PROMOTED, (snapshot_name(promote) + "\n").encode())
-                logger.info("checkpoint %s: promoted %s", self.directory, snapshot_name(promote))
+                logger.debug("checkpoint %s: promoted %s", self.directory, snapshot_name(promote))
 
     def _replace_durably(self, tmp_name: str, name: str, data: bytes) -> None:
         """``name`` in the directory replaced by ``data`` atomically and durably."""

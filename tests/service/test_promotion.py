@@ -171,3 +171,18 @@ def test_inspect_shows_the_promotion_and_its_decisions(tmp_path, capsys):
     assert f"promoted   snap-{promoted:08d}" in out
     assert "pending    snap-00000007" in out
     assert "snap-00000005 rejected" in out and "worse by" in out
+
+
+def test_with_the_reservoir_both_are_scored_on_it_at_once(tmp_path):
+    good, shifted = blob_rows(600, seed=1), blob_rows(100, seed=2) + np.array([25.0, -25.0])
+    path = _stream(tmp_path, [good[:400], shifted, good[400:]])
+    cfg = _config(tmp_path, path, keep=3)
+    cfg["metrics"].update(evaluation="reservoir", heldout_size=100)
+    _run(cfg)
+    record = read_promotion(tmp_path / "ck")
+    dec = {d["candidate"]: d for d in record["decisions"]}
+    assert record["pending"] is None                       # every candidate decided when written
+    assert all(d["evaluation"] == "reservoir" for d in dec.values())
+    assert all(d["records"] == 100 for n, d in dec.items() if n > 1)
+    assert any(d["outcome"] == "rejected" for d in dec.values())      # the one that learned the shift
+    assert "the held-out reservoir" in dec[max(dec)]["reason"]
