@@ -66,9 +66,15 @@ class Promotion:
     def resume(self, snap) -> None:
         """After the daemon resumed from ``snap``: the promoted snapshot back in memory; ``snap``
         a pending candidate if it is newer (module docs)."""
-        if not self.active:
-            return
         directory = self.d.store.directory
+        if not self.active:
+            left = pointer_number(directory, PROMOTED)
+            if left is not None:
+                log.warning("promotion is off (promotion.enabled = false, or no held-out evidence), but "
+                            "%s holds a 'promoted' pointer to snapshot %d from an earlier run: scorers "
+                            "keep loading it; delete %s to have them follow 'latest'", directory, left,
+                            directory / PROMOTED)
+            return
         record = read_promotion(directory) or {}
         self.decisions = list(record.get("decisions") or [])
         number = pointer_number(directory, PROMOTED)

@@ -186,3 +186,12 @@ def test_with_the_reservoir_both_are_scored_on_it_at_once(tmp_path):
     assert all(d["records"] == 100 for n, d in dec.items() if n > 1)
     assert any(d["outcome"] == "rejected" for d in dec.values())      # the one that learned the shift
     assert "the held-out reservoir" in dec[max(dec)]["reason"]
+
+
+def test_turning_promotion_off_warns_about_a_pointer_left_behind(tmp_path, caplog):
+    path = _stream(tmp_path, [blob_rows(200, seed=1)])
+    _run(_config(tmp_path, path, keep=3))
+    _stream(tmp_path, [blob_rows(100, seed=5)])
+    with caplog.at_level(logging.WARNING, logger="streamsvi.promotion"):
+        _run(_config(tmp_path, path, keep=3, enabled=False))
+    assert "holds a 'promoted' pointer to snapshot" in caplog.text
