@@ -699,10 +699,14 @@ class Daemon(StagedLoop):
         if self._unscored:                    # a batch the start (λ_0) was made from
             self._unscored -= 1
             return None
-        n_x = self.kind.n_records(x)
-        k = mc["prequential_sample"]
+        n_x, k = self.kind.n_records(x), mc["prequential_sample"]
         xs = x if not k or n_x <= k else self.kind.take(x, np.unique(np.linspace(0, n_x - 1, k).astype(np.int64)))
-        lp = np.asarray(self.engine.predictive_logpdf(self.state, xs), dtype=float)
+        try:
+            lp = np.asarray(self.engine.predictive_logpdf(self.state, xs), dtype=float)
+        except (ValueError, FloatingPointError) as exc:   # the evaluation never stops the learning
+            log.warning("step %d: the prequential evaluation could not score the batch (%s: %s); "
+                        "it is learned unscored", self.state.step + 1, type(exc).__name__, exc)
+            return None
         mean, n = float(np.mean(lp)), int(lp.shape[0])
         self.prequential_ll = mean
         smoothed = self.metrics.observe_prequential(mean, n, mc["prequential_fading"])
