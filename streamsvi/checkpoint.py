@@ -15,6 +15,8 @@ Layout of a checkpoint directory::
             state.npz           λ, random stream, step, ... (state_to_arrays; no pickle)
             snapshot.json       everything else, with checksums (see below)
         latest                  text file naming the newest snapshot: "snap-00000042"
+        promoted                text file naming the snapshot scorers load (promotion; optional)
+        promotion.json          the promotion's decision record, checksummed (read_promotion)
         .lock                   serialises writers (held only while saving/cleaning)
         quarantine/             snapshots found corrupt when the daemon resumed, moved
             snap-00000043-<utc time>/   aside whole (never deleted by retention)
@@ -28,6 +30,12 @@ a snapshot directory is either complete or absent. A crash at any instant
 therefore leaves the previous snapshot (or the new one) as the valid latest,
 never a partial one; leftover ``.tmp-*``/``.del-*`` directories are removed
 when a :class:`CheckpointStore` is opened.
+
+The ``promoted`` pointer (:data:`PROMOTED`) is written the same way by
+:meth:`CheckpointStore.write_promotion`, after the decision record; retention
+never deletes the snapshot it names, and :func:`load_snapshot` with
+``follow="promoted"`` reads it, falling back to ``latest`` where it is absent
+or unusable. ``latest`` is never changed by promotion.
 
 ``snapshot.json`` holds the format, the format version, the snapshot number,
 the library version,
@@ -112,6 +120,19 @@ STATE_FILE = "state.npz"
 META_FILE = "snapshot.json"
 LATEST = "latest"
 _LATEST_TMP = "latest.tmp"
+#: The pointer to the snapshot scorers use (``streamsvi.load``, ``SnapshotWatcher``): written by
+#: :meth:`CheckpointStore.promote` once a snapshot's held-out evidence is good enough
+#: (``[promotion]``; docs/running.md, "Promotion"); absent when promotion is off or in
+#: directories written before it existed (readers then follow ``latest``).
+PROMOTED = "promoted"
+_PROMOTED_TMP = "promoted.tmp"
+#: The decision record next to the pointers: the promoted snapshot, its figure, the candidate
+#: pending and the latest decisions with their reasons (checksummed; :func:`read_promotion`).
+PROMOTION_FILE = "promotion.json"
+_PROMOTION_TMP = "promotion.json.tmp"
+PROMOTION_FORMAT = "streamsvi.promotion/1"
+#: Decisions kept in the decision record (the oldest are dropped).
+PROMOTION_DECISIONS_KEPT = 50
 _LOCK = ".lock"
 _SNAP_RE = re.compile(r"^snap-(\d{8,})$")
 _TMP_PREFIX = ".tmp-"
@@ -380,38 +401,42 @@ def _numbers(directory: Path) -> list[int]:
     return sorted(out)
 
 
-def pointer_text(directory) -> str | None:
-    """The ``latest`` pointer's text (what a watcher compares), read with the bounds of the loader."""
-    return _read_pointer(Path(directory))[0]
+def pointer_text(directory, name: str = None) -> str | None:
+    """The ``latest`` pointer's text (what a watcher compares), read with the bounds of the loader;
+    ``name`` = :data:`PROMOTED` reads the ``promoted`` pointer instead."""
+    return _read_pointer(Path(directory), name or LATEST)[0]
 
 
-def pointer_number(directory) -> int | None:
-    """The snapshot number the ``latest`` pointer names, or None (none, or damaged)."""
-    return _read_pointer(Path(directory))[1]
+def pointer_number(directory, name: str = None) -> int | None:
+    """The snapshot number the ``latest`` pointer (or ``name``, e.g. :data:`PROMOTED`) names, or
+    None (none, or damaged)."""
+    return _read_pointer(Path(directory), name or LATEST)[1]
 
 
-def _read_pointer(directory: Path) -> tuple[str | None, int | None, str | None]:
-    """``(raw text, number, problem)`` of the ``latest`` pointer; text None if there is none."""
+def _read_pointer(directory: Path, name: str = None) -> tuple[str | None, int | None, str | None]:
+    """``(raw text, number, problem)`` of the ``latest`` pointer (or of ``name``); text None if
+    there is none."""
+    name = name or LATEST
     try:
-        f, size = _open_plain(directory / LATEST)
+        f, size = _open_plain(directory / name)
     except FileNotFoundError:
         return None, None, None
     except _Refused as e:
-        return f"<refused: {e}>", None, f"the 'latest' pointer is refused: {e}"
+        return f"<refused: {e}>", None, f"the {name!r} pointer is refused: {e}"
     except OSError as e:
-        return f"<unreadable: {e}>", None, f"the 'latest' pointer could not be read: {e}"
+        return f"<unreadable: {e}>", None, f"the {name!r} pointer could not be read: {e}"
     with f:
         if size > MAX_POINTER_BYTES:
-            return f"<{size} bytes>", None, (f"the 'latest' pointer has {size} bytes, more than a "
+            return f"<{size} bytes>", None, (f"the {name!r} pointer has {size} bytes, more than a "
                                              f"snapshot name (damaged)")
         raw = f.read(MAX_POINTER_BYTES)
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        return repr(raw), None, "the 'latest' pointer is not UTF-8 text (damaged)"
+        return repr(raw), None, f"the {name!r} pointer is not UTF-8 text (damaged)"
     m = _SNAP_RE.match(text)
     if not m:
-        return text, None, (f"the 'latest' pointer contains {text[:60]!r}, expected a snapshot "
+        return text, None, (f"the {name!r} pointer contains {text[:60]!r}, expected a snapshot "
                             f"name like 'snap-00000042' (damaged)")
     return text, int(m.group(1)), None
 
@@ -604,7 +629,7 @@ def _warn_skipped(directory: Path, problems, found: Snapshot | None) -> None:
         logger.warning("checkpoint %s: skipped %s: %s (%s)", directory, name, what, then)
 
 
-def load_snapshot(path) -> Snapshot:
+def load_snapshot(path, follow: str = "latest") -> Snapshot:
     """Load a snapshot for resuming or scoring.
 
     Parameters
@@ -614,6 +639,12 @@ def load_snapshot(path) -> Snapshot:
         for the latter the ``latest`` pointer is followed, falling back to
         older snapshots (with a logged warning for each one skipped) if it is
         damaged.
+    follow : {"latest", "promoted"}
+        Which pointer of a checkpoint directory to follow. ``"promoted"``: the
+        snapshot promoted on held-out evidence (:data:`PROMOTED`); where there is
+        no ``promoted`` pointer (promotion off, a directory older than it) or it is
+        damaged or names an unusable snapshot (a warning says so), ``latest`` as
+        above. Ignored for a snapshot directory.
 
     Returns
     -------
@@ -640,6 +671,10 @@ def load_snapshot(path) -> Snapshot:
         except _Vanished:
             raise FileNotFoundError(f"snapshot {path} was deleted while it was read (retention "
                                     f"of a running writer?); load the checkpoint directory instead") from None
+    if follow not in ("latest", "promoted"):
+        raise ValueError(f"follow must be 'latest' or 'promoted', got {follow!r}")
+    if follow == "promoted" and (promoted := _promoted_snapshot(path)) is not None:
+        return promoted
     snap, problems = _resolve(path)
     _warn_skipped(path, problems, snap)
     if snap is not None:
@@ -649,6 +684,104 @@ def load_snapshot(path) -> Snapshot:
         raise CorruptSnapshotError(f"checkpoint directory {path} has no valid snapshot: {details}")
     raise FileNotFoundError(f"checkpoint directory {path} holds no snapshot yet (no 'latest' and no "
                             f"snap-* directories); is this the daemon's checkpoint directory?")
+
+
+def _promoted_snapshot(directory: Path) -> Snapshot | None:
+    """The snapshot the ``promoted`` pointer names, or None (no pointer; a damaged pointer or an
+    unusable snapshot is logged: the caller falls back to ``latest``)."""
+    for _ in range(_RACE_RETRIES + 1):
+        text, number, problem = _read_pointer(directory, PROMOTED)
+        if problem:
+            logger.warning("checkpoint %s: %s; following 'latest' instead", directory, problem)
+            return None
+        if number is None:
+            return None
+        try:
+            return _read_snapshot_dir(directory / snapshot_name(number))
+        except _Vanished:
+            if _read_pointer(directory, PROMOTED)[0] != text:
+                continue                 # promoted anew meanwhile: read the new one
+            logger.warning("checkpoint %s: the 'promoted' pointer names %s, which is missing; "
+                           "following 'latest' instead", directory, snapshot_name(number))
+            return None
+        except CorruptSnapshotError as e:
+            logger.warning("checkpoint %s: the promoted %s is unusable (%s); following 'latest' "
+                           "instead", directory, snapshot_name(number), e)
+            return None
+    return None
+
+
+def followed_pointer_text(directory, follow: str = "promoted") -> str | None:
+    """The text of the pointer a reader following ``follow`` reads (what a watcher compares):
+    the ``promoted`` pointer's where it exists and ``follow`` is ``"promoted"``, else ``latest``'s."""
+    if follow == "promoted":
+        text = _read_pointer(Path(directory), PROMOTED)[0]
+        if text is not None:
+            return f"{PROMOTED}:{text}"
+    return _read_pointer(Path(directory), LATEST)[0]
+
+
+def read_promotion(directory) -> dict | None:
+    """The decision record (:data:`PROMOTION_FILE`) of a checkpoint directory, validated, or None.
+
+    None where there is none; a record that is damaged (too large, not JSON, a wrong format or
+    checksum, fields of the wrong type) is logged and also gives None: it never stops a loader
+    or a resuming daemon (the ``promoted`` pointer, not this record, says what scorers load).
+
+    The record: ``promoted`` (snapshot number or None), ``promoted_figure`` (its held-out log
+    predictive density, nats per record), ``pending`` (the candidate being evaluated, or None),
+    ``evaluation``, and ``decisions``: the latest :data:`PROMOTION_DECISIONS_KEPT` decisions,
+    each ``{"candidate", "outcome" (promoted, rejected, superseded), "candidate_figure",
+    "promoted_figure", "against", "records", "reason", "time"}``.
+    """
+    path = Path(directory) / PROMOTION_FILE
+    try:
+        f, size = _open_plain(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        logger.warning("checkpoint %s: the decision record %s is unreadable (%s); ignored",
+                       directory, PROMOTION_FILE, e)
+        return None
+    with f:
+        if size > MAX_META_BYTES:
+            logger.warning("checkpoint %s: %s has %d bytes (damaged); ignored", directory,
+                           PROMOTION_FILE, size)
+            return None
+        raw = f.read(MAX_META_BYTES + 1)
+    problem = None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        doc, problem = None, f"not valid JSON ({e})"
+    if problem is None:
+        problem = _promotion_problem(doc)
+    if problem is not None:
+        logger.warning("checkpoint %s: the decision record %s is damaged (%s); ignored", directory,
+                       PROMOTION_FILE, problem)
+        return None
+    return doc
+
+
+def _promotion_problem(doc) -> str | None:
+    """What is wrong with a decision record, or None."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    if doc.get("format") != PROMOTION_FORMAT:
+        return f"format {doc.get('format')!r}, expected {PROMOTION_FORMAT!r}"
+    checksum = doc.get("checksum")
+    if not isinstance(checksum, dict) or checksum.get("value") != _json_checksum(doc):
+        return "checksum mismatch"
+    for key in ("promoted", "pending"):
+        v = doc.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            return f"{key!r} is {v!r}, expected a snapshot number or null"
+    fig = doc.get("promoted_figure")
+    if fig is not None and (isinstance(fig, bool) or not isinstance(fig, (int, float))):
+        return f"'promoted_figure' is {fig!r}, expected a number or null"
+    if not isinstance(doc.get("decisions"), list) or not all(isinstance(d, dict) for d in doc["decisions"]):
+        return "'decisions' is not a list of objects"
+    return None
 
 
 def _flatten(d, prefix=""):
@@ -778,7 +911,7 @@ class CheckpointStore:
                             self.directory, name)
                 shutil.rmtree(p, ignore_errors=True)
                 removed = True
-            elif name == _LATEST_TMP:
+            elif name in (_LATEST_TMP, _PROMOTED_TMP, _PROMOTION_TMP):
                 p.unlink(missing_ok=True)
                 removed = True
         if removed:
@@ -961,8 +1094,54 @@ class CheckpointStore:
         return Snapshot(path=final, number=number, engine=engine, state=state, offsets=offsets,
                         config=config, created=created, version=__version__, extra=extra, meta=meta)
 
+    def write_promotion(self, record: dict, promote: int | None = None) -> None:
+        """Write the decision record durably and, with ``promote``, move the ``promoted`` pointer.
+
+        ``record`` holds ``promoted``, ``promoted_figure``, ``pending``, ``evaluation`` and
+        ``decisions`` (:func:`read_promotion`); the format and a checksum are added, and only the
+        latest :data:`PROMOTION_DECISIONS_KEPT` decisions are kept. The record goes first, then
+        the pointer, each written to a temporary file, fsynced and renamed over the old one (as
+        ``latest``): a crash leaves the old pointer or the new one, and a record that says more
+        than the pointer (the pointer wins: a resumed daemon evaluates the candidate again).
+
+        Raises
+        ------
+        ValueError
+            ``promote`` names no snapshot of the directory.
+        OSError
+            Writing failed (the previous pointer and record stay).
+        """
+        doc = _to_json_value("promotion record", dict(record))
+        doc["decisions"] = list(doc.get("decisions") or [])[-PROMOTION_DECISIONS_KEPT:]
+        doc["format"] = PROMOTION_FORMAT
+        doc.pop("checksum", None)
+        doc["checksum"] = {"algorithm": "sha256", "over": "canonical JSON without 'checksum'",
+                           "value": _json_checksum(doc)}
+        with _DirLock(self.directory):
+            if promote is not None and not (self.directory / snapshot_name(promote)).is_dir():
+                raise ValueError(f"cannot promote snapshot {promote}: no {snapshot_name(promote)} in "
+                                 f"{self.directory}")
+            self._replace_durably(_PROMOTION_TMP, PROMOTION_FILE,
+                                  (json.dumps(doc, sort_keys=True, indent=1, allow_nan=True) + "\n").encode())
+            if promote is not None:
+                self._replace_durably(_PROMOTED_TMP, PROMOTED, (snapshot_name(promote) + "\n").encode())
+                logger.debug("checkpoint %s: promoted %s", self.directory, snapshot_name(promote))
+
+    def _replace_durably(self, tmp_name: str, name: str, data: bytes) -> None:
+        """``name`` in the directory replaced by ``data`` atomically and durably."""
+        tmp = self.directory / tmp_name
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.directory / name)
+        _fsync_dir(self.directory)
+
     def _apply_retention(self, newest: int) -> None:
         """Delete snapshots older than the newest ``keep`` complete ones (after publishing).
+
+        The promoted snapshot (the ``promoted`` pointer's) is never deleted, and does not
+        count among the ``keep``.
 
         "Complete" means both files are present (cheap; contents are verified
         on load). Each is renamed to ``.del-…`` first, so a reader sees it
@@ -970,9 +1149,10 @@ class CheckpointStore:
         snapshot is already durable, and the next save retries.
         """
         kept = 0
+        promoted = _read_pointer(self.directory, PROMOTED)[1]
         for n in sorted(_numbers(self.directory), reverse=True):
-            if n > newest:  # never touch a snapshot newer than the one just published
-                continue
+            if n > newest or n == promoted:  # never touch a snapshot newer than the one just
+                continue                     # published, nor the one scorers follow (promoted)
             p = self.directory / snapshot_name(n)
             if kept < self.keep:
                 if (p / STATE_FILE).is_file() and (p / META_FILE).is_file():

@@ -369,9 +369,9 @@ def demo(args) -> int:
 
     with LocalBroker(binary=tansu) as broker:
         print(f"broker: tansu on {broker.bootstrap} (memory storage, loopback only)", flush=True)
-        # One partition: the daemon reads the records in the order they were produced, so its
-        # held-out reservoir (the first records) and every minibatch are the same from run to
-        # run, and the default seed gives the same result twice. With several partitions the
+        # One partition: the daemon reads the records in the order they were produced, so every
+        # minibatch (and its prequential figure) is the same from run to run, and the default
+        # seed gives the same result twice. With several partitions the
         # mix of a batch would depend on which partition's fetch came back first.
         create_topic(broker.bootstrap, topic, partitions=1)
         create_topic(broker.bootstrap, topic + "-dead", partitions=1)
@@ -395,8 +395,8 @@ def demo(args) -> int:
                        "group_id": "streamsvi-demo", "codec": "json",
                        "dead_letter_topic": topic + "-dead", "connect_attempts": 5},
             "checkpoint": {"directory": str(ck_dir), "every_batches": 25, "keep": 3},
-            "metrics": {"enabled": True, "port": args.metrics_port, "heldout_size": 200,
-                        "heldout_every": 5, "progress_seconds": 1.0},
+            "metrics": {"enabled": True, "port": args.metrics_port, "evaluation": "prequential",
+                        "progress_seconds": 1.0},
         })
         registry = CollectorRegistry()
         daemon = Daemon(cfg, registry=registry, out=sys.stdout)
@@ -406,21 +406,25 @@ def demo(args) -> int:
         res = daemon.run(until_drained=True, timeout=args.timeout)
     hist = res.elbo_history
     if hist:
-        print("\nAs the daemon learns: minibatch ELBO estimate per record, and the mean log predictive"
-              "\ndensity of the 200 held-out records (both in nats, higher is better):")
-        print(f"{'step':>6} {'ELBO/rec':>10} {'held-out':>10}")
+        print("\nAs the daemon learns: minibatch ELBO estimate per record, and the prequential mean log"
+              "\npredictive density of each minibatch at the parameters before it is learned (no record"
+              "\nwithheld; both in nats, higher is better):")
+        print(f"{'step':>6} {'ELBO/rec':>10} {'lpd':>10}")
         rows_ho = [h for h in hist if len(h) > 2]
         idx = sorted(set(np.linspace(0, len(rows_ho) - 1, min(10, len(rows_ho))).astype(int)))
         for i in idx:
             print(f"{rows_ho[i][0]:6d} {rows_ho[i][1]:10.4f} {rows_ho[i][2]:10.4f}")
     lines = [ln for ln in generate_latest(registry).decode().splitlines()
-             if ln.startswith(("streamsvi_heldout_loglik", "streamsvi_records_consumed_total",
+             if ln.startswith(("streamsvi_prequential_loglik", "streamsvi_promoted_snapshot ",
+                               "streamsvi_records_consumed_total",
                                "streamsvi_step ", "streamsvi_checkpoints_total",
                                "streamsvi_gradient_variance_estimate", "streamsvi_step_size"))]
     print("\nfinal metrics (as served at the metrics URL above):")
     for ln in lines:
         print("  " + ln)
-    print(f"\nsnapshots in {ck_dir}; latest -> {(ck_dir / 'latest').read_text().strip()}")
+    promoted = ck_dir / "promoted"
+    print(f"\nsnapshots in {ck_dir}; latest -> {(ck_dir / 'latest').read_text().strip()}"
+          + (f", promoted -> {promoted.read_text().strip()}" if promoted.is_file() else ""))
     print(f"stopped ({res.stopped_by}): {plural(res.records, 'record')} applied, "
           f"{res.heldout_total} held out, {res.dead} dead-lettered, {plural(res.checkpoints, 'checkpoint')}")
     return 0
@@ -524,7 +528,7 @@ def inspect(args) -> int:
     from .scoring import load
     from .service.console import plural
 
-    f = load(args.snapshot)
+    f = load(args.snapshot, follow="latest")       # the newest; the promotion is shown below
     print(f"snapshot   {f.path} (number {f.number}, written by streamsvi {f.version})")
     print(f"created    {f.created.isoformat()}")
     print(f"model      {f.model.name}: " + ", ".join(f"{k}={v}" for k, v in f.model.get_params().items()))
@@ -555,7 +559,40 @@ def inspect(args) -> int:
         print("weights    " + ", ".join(f"k{k}={w[k]:.3f}" for k in order[:10])
               + (" ..." if len(w) > 10 else ""))
         _print_components(f.model.means(f.lam), f.model.covariances(f.lam), w, order[:10])
+    _print_promotion(f)
     return 0
+
+
+def _print_promotion(f, most: int = 10) -> None:
+    """The checkpoint directory's promotion (``[promotion]``): the promoted snapshot and its
+    figure, the candidate pending and the latest decisions with their reasons."""
+    from .checkpoint import PROMOTED, pointer_number, read_promotion, snapshot_name
+    from .service.console import plural
+
+    directory = f.path.parent
+    number = pointer_number(directory, PROMOTED)
+    record = read_promotion(directory)
+    if number is None and record is None:
+        print("promoted   (no 'promoted' pointer: promotion off or not yet decided; scorers follow "
+              "'latest')")
+        return
+    fig = (record or {}).get("promoted_figure") if (record or {}).get("promoted") == number else None
+    this = "this snapshot" if number == f.number else f"snapshot {f.number} is not promoted"
+    print(f"promoted   {snapshot_name(number) if number is not None else '(none)'}"
+          + (f", held-out {fig:.4f} nats/record" if fig is not None else "") + f" ({this})")
+    if record is None:
+        print("decisions  (the decision record is missing or damaged)")
+        return
+    if record.get("pending") is not None:
+        print(f"pending    {snapshot_name(record['pending'])} (being evaluated)")
+    decisions = record.get("decisions") or []
+    print(f"decisions  {plural(len(decisions), 'decision')} stored" + (f", the last {most}:" if
+                                                                        len(decisions) > most else ":"))
+    for d in decisions[-most:]:
+        try:
+            print(f"  {snapshot_name(d['candidate'])} {d['outcome']}: {d['reason']}")
+        except (KeyError, TypeError, ValueError):
+            print(f"  (an unreadable decision: {str(d)[:80]})")
 
 
 def _vec(v, most: int = 6) -> str:
@@ -809,7 +846,7 @@ def report(args) -> int:
     except ImportError:
         raise UsageError("streamsvi report needs matplotlib: pip install 'streamsvi[report]'") from None
     from .service.console import plural
-    from .service.history import is_classifier, plot_report, read_history
+    from .service.history import held_out, is_classifier, plot_report, read_history
 
     labels = args.labels or [Path(d).resolve().name for d in args.runs]
     if len(labels) != len(args.runs):
@@ -822,11 +859,11 @@ def report(args) -> int:
     for lab, rows in runs.items():
         last = rows[-1] if rows else {}
         if is_classifier(rows):
-            ho = [(r["heldout_log_loss"], r["heldout_accuracy"]) for r in rows
-                  if r.get("heldout_log_loss") is not None]
+            ho = [(held_out(r, "heldout_log_loss"), held_out(r, "heldout_accuracy")) for r in rows
+                  if held_out(r, "heldout_log_loss") is not None]
             held = f", last held-out log-loss {ho[-1][0]:.4f}, accuracy {ho[-1][1]:.3f}" if ho else ""
         else:
-            ho = [r["heldout_loglik"] for r in rows if r.get("heldout_loglik") is not None]
+            ho = [held_out(r, "heldout_loglik") for r in rows if held_out(r, "heldout_loglik") is not None]
             held = f", last held-out log p(x) {ho[-1]:.4f}" if ho else ""
         print(f"{lab}: {plural(len(rows), 'history row')}, last step {last.get('step')}, "
               f"last ELBO/rec {last.get('elbo_per_record', float('nan')):.4f}" + held)

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Snapshot, load_snapshot, pointer_text
+from .checkpoint import Snapshot, followed_pointer_text, load_snapshot
 from .io.validate import ModelChecked
 from .models.base import ScoresRecords, StoredScaled
 
@@ -184,9 +184,12 @@ class FittedModel:
                  "log_density": float(d)} for r, d in zip(R, lp)]
 
 
-def load(path) -> FittedModel:
-    """Open a snapshot directory, or a checkpoint directory (following ``latest``).
+def load(path, follow: str = "promoted") -> FittedModel:
+    """Open a snapshot directory, or a checkpoint directory (following its ``promoted`` pointer).
 
+    ``follow="promoted"`` (the default) loads the snapshot the daemon promoted on held-out
+    evidence (``[promotion]``), or ``latest`` where there is no ``promoted`` pointer (promotion
+    off, a directory written before it); ``follow="latest"`` loads the newest snapshot.
     Verifies the checksums and never executes code from the files.
 
     Examples
@@ -203,18 +206,22 @@ def load(path) -> FittedModel:
     >>> fitted.step, fitted.predict(X[:3]).shape
     (1, (3,))
     """
-    return FittedModel.from_snapshot(load_snapshot(path))
+    return FittedModel.from_snapshot(load_snapshot(path, follow=follow))
 
 
 class SnapshotWatcher:
-    """The newest snapshot of a checkpoint directory, swapped in as the daemon writes.
+    """The promoted (or newest) snapshot of a checkpoint directory, swapped in as the daemon writes.
 
     Parameters
     ----------
     directory : str or Path
         The daemon's checkpoint directory.
     poll_seconds : float
-        How often the background thread (:meth:`start`) looks at ``latest``.
+        How often the background thread (:meth:`start`) looks at the pointer it follows.
+    follow : {"promoted", "latest"}
+        ``"promoted"`` (default): the snapshot the daemon promoted on held-out evidence, or
+        ``latest`` while the directory has no ``promoted`` pointer; ``"latest"``: every new
+        snapshot.
     on_swap : callable, optional
         ``on_swap(fitted)`` after each swap (on the refreshing thread).
 
@@ -222,32 +229,35 @@ class SnapshotWatcher:
     immutable :class:`FittedModel` reference, replaced whole by ``refresh``.
     """
 
-    def __init__(self, directory, poll_seconds: float = 1.0, on_swap=None):
+    def __init__(self, directory, poll_seconds: float = 1.0, on_swap=None, follow: str = "promoted"):
+        if follow not in ("promoted", "latest"):
+            raise ValueError(f"follow must be 'promoted' or 'latest', got {follow!r}")
+        self.follow = follow
         self.directory = Path(directory)
         self.poll_seconds = float(poll_seconds)
         self.on_swap = on_swap
         self._lock = threading.Lock()         # serialises refreshes, not readers
-        self._current = load(self.directory)
+        self._current = load(self.directory, follow=follow)
         self._pointer = self._read_pointer()
         self._stop = threading.Event()
         self._thread = None
         self.swaps = 0
 
     def _read_pointer(self):
-        return pointer_text(self.directory)      # bounded, and never follows a link
+        return followed_pointer_text(self.directory, self.follow)   # bounded, never follows a link
 
     def current(self) -> FittedModel:
         """The newest fully loaded model."""
         return self._current
 
     def refresh(self) -> bool:
-        """Load and swap in a newer snapshot if ``latest`` moved; True if it swapped."""
+        """Load and swap in the snapshot the followed pointer names if it moved; True if it swapped."""
         with self._lock:
             pointer = self._read_pointer()
             if pointer == self._pointer:
                 return False
             try:
-                fitted = load(self.directory)
+                fitted = load(self.directory, follow=self.follow)
             except (OSError, ValueError) as exc:   # keep serving the old model
                 log.warning("could not load the new snapshot in %s (%s); keeping snapshot %d",
                             self.directory, exc, self._current.number)

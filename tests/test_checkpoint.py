@@ -593,3 +593,66 @@ def test_concurrent_readers_never_see_a_partial_or_mismatched_snapshot(tmp_path,
         assert len(set(numbers)) >= 2, f"{kind} never overlapped the writer: {numbers}"
         assert numbers[-1] == 31
     assert store.list() == [31]
+
+
+# ------------------------------------------------------------------ promotion
+def test_retention_never_deletes_the_promoted_snapshot(tmp_path, run):
+    engine, _, states = run
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(engine, states[1], offsets(1))
+    store.write_promotion({"promoted": 1, "promoted_figure": -2.5, "pending": None, "decisions": []},
+                          promote=1)
+    for step in (2, 3, 4):
+        store.save(engine, states[step], offsets(step))
+    assert store.list() == [1, 4]                       # the newest, and the promoted one
+    assert ckpt.pointer_number(tmp_path, ckpt.PROMOTED) == 1
+    assert load_snapshot(tmp_path, follow="promoted").number == 1
+    assert load_snapshot(tmp_path).number == 4          # latest stays what it is
+    store.write_promotion({**ckpt.read_promotion(tmp_path), "promoted": 4}, promote=4)
+    store.save(engine, states[5], offsets(5))
+    assert store.list() == [4, 5]                       # 1 is no longer promoted: deleted
+
+
+def test_promotion_record_is_checksummed_and_a_damaged_one_is_ignored(tmp_path, run, caplog):
+    engine, _, states = run
+    store = CheckpointStore(tmp_path, keep=2)
+    store.save(engine, states[1], offsets(1))
+    decisions = [{"candidate": n, "outcome": "rejected", "reason": "r"} for n in range(60)]
+    store.write_promotion({"promoted": 1, "promoted_figure": 1.5, "pending": None,
+                           "decisions": decisions}, promote=1)
+    rec = ckpt.read_promotion(tmp_path)
+    assert rec["promoted"] == 1 and len(rec["decisions"]) == ckpt.PROMOTION_DECISIONS_KEPT
+    assert rec["decisions"][-1]["candidate"] == 59
+    with pytest.raises(ValueError, match="cannot promote snapshot 7"):
+        store.write_promotion(rec, promote=7)
+    assert ckpt.pointer_number(tmp_path, ckpt.PROMOTED) == 1
+    path = tmp_path / ckpt.PROMOTION_FILE
+    for damage in (lambda t: t.replace('"promoted": 1', '"promoted": 2'), lambda t: t[:20], lambda t: "[]",
+                   lambda t: json.dumps({**json.loads(t), "promoted": "x"})):
+        path.write_text(damage(rec_text := path.read_text()))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            assert ckpt.read_promotion(tmp_path) is None
+        assert "decision record" in caplog.text
+        path.write_text(rec_text)
+    assert ckpt.read_promotion(tmp_path) == rec
+    (tmp_path / "promoted.tmp").write_text("snap-")         # a crash mid-write: removed at open
+    CheckpointStore(tmp_path)
+    assert not (tmp_path / "promoted.tmp").exists()
+
+
+def test_load_follow_falls_back_to_latest(tmp_path, run, caplog):
+    engine, _, states = run
+    store = CheckpointStore(tmp_path, keep=3)
+    for step in (1, 2):
+        store.save(engine, states[step], offsets(step))
+    assert load_snapshot(tmp_path, follow="promoted").number == 2          # no pointer: latest
+    (tmp_path / ckpt.PROMOTED).write_bytes(b"\xff\xfe")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert load_snapshot(tmp_path, follow="promoted").number == 2
+    assert "'promoted' pointer is not UTF-8" in caplog.text
+    store.write_promotion({"promoted": 1, "decisions": []}, promote=1)
+    shutil.rmtree(tmp_path / "snap-00000001")
+    assert load_snapshot(tmp_path, follow="promoted").number == 2
+    with pytest.raises(ValueError, match="follow must be"):
+        load_snapshot(tmp_path, follow="best")

@@ -135,12 +135,17 @@ class SnapshotCommit(CommitStrategy):
         extra = {"elbo_history": list(d.elbo_history)}
         if d.heldout is not None:
             extra["heldout"] = d.kind.to_json(d.heldout)
+        if d.drift is not None:
+            extra["drift"] = d.drift.to_dict()
+        elif d._drift_saved is not None:     # resumed, not yet updated: keep what the snapshot had
+            extra["drift"] = d._drift_saved
         try:
             dead_sink.flush()
             snap = d.store.save(d.engine, d.state, offsets, config=d.cfg, extra=extra)
             d._write_history()
         except OSError as exc:
             raise self._checkpoint_failed(exc) from None
+        d.promotion.on_snapshot(snap)      # the first is promoted; later ones are candidates
         d.metrics.checkpoint_ts.set(time.time())
         d.metrics.checkpoints.inc()
         try:

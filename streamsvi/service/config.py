@@ -176,7 +176,17 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "enabled": Field("bool", True, "serve Prometheus metrics"),
         "host": Field("str", "127.0.0.1", "address the metrics endpoint binds to"),
         "port": Field("int", 9464, "metrics port (0 = any free port)", min=0, max=65535),
-        "heldout_size": Field("int", 500, "records diverted (not trained on) into the held-out "
+        "evaluation": Field("str", None, "the held-out signal of metrics, history, progress and promotion: "
+                            "prequential (each minibatch scored at the parameters before it is learned; "
+                            "no record withheld) or reservoir (heldout_size records withheld for good); "
+                            "unset: prequential, or reservoir where heldout_size or heldout_every is set",
+                            choices=("prequential", "reservoir")),
+        "prequential_sample": Field("int", 64, "prequential: records of each minibatch scored, evenly "
+                                    "spaced (0 = all of them); 64 costs 0.24x an LDA update on NYT "
+                                    "at |S| = 256 (bench/prequential.py)", min=0),
+        "prequential_fading": Field("float", 0.001, "prequential: fading factor per record of the smoothed "
+                                    "figure (about 1/this many records of memory)", min=0, max=1),
+        "heldout_size": Field("int", 500, "reservoir: records diverted (not trained on) into the held-out "
                               "reservoir; 0 disables the held-out metric", min=0),
         "heldout_every": Field("int", 50, "recompute the held-out log-likelihood every this many batches "
                                "(Prometheus scrapes every few seconds; more often only costs time)",
@@ -184,6 +194,18 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "history_every": Field("int", 10, "keep one row of metric history (history.jsonl next to the "
                                "snapshots, for `streamsvi report`) every this many updates", min=1),
         "progress_seconds": Field("float", 2.0, "console progress line interval (0 = off)", min=0),
+    },
+    # Which snapshot scorers follow (streamsvi.service.promotion; docs/running.md "Promotion").
+    "promotion": {
+        "enabled": Field("bool", True, "move the 'promoted' pointer (what streamsvi.load and "
+                         "SnapshotWatcher follow) only to snapshots whose held-out log predictive density "
+                         "is not worse than the promoted one's by more than tolerance; false: no pointer, "
+                         "scorers follow 'latest'"),
+        "tolerance": Field("float", 0.1, "nats per record (per document for lda) a candidate may be "
+                           "worse than the promoted snapshot and still be promoted", min=0),
+        "window": Field("int", 1000, "prequential: records scored under both the candidate and the "
+                        "promoted snapshot before deciding (keep it below the records between "
+                        "checkpoints, or a newer snapshot supersedes the candidate first)", min=1),
     },
     # Only read by `streamsvi run --role worker|applier` (README "Scaling out").
     "scaleout": {
@@ -632,6 +654,7 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
         if len(src["fields"]) != n_fields:
             raise ConfigError(f"source.fields: {kind.name!r} records of model.kind = {mdl['kind']!r} take "
                               f"{n_fields} name(s), got {len(src['fields'])}")
+    _resolve_evaluation(out["metrics"], raw.get("metrics"))
     sc = out["scaleout"]
     if sc["commit_seconds"] * 1000 * 2 > sc["transaction_timeout_ms"]:
         raise ConfigError(f"scaleout.commit_seconds: {sc['commit_seconds']:g} s must be at most half of "
@@ -648,6 +671,16 @@ def validate(raw: dict, base_dir: Path | None = None) -> dict:
     # the engine's own rules (covariance = lowrank needs rank, ...), also before any connection
     build_engine(out, 1.0 if inf["n_total"] == "auto" else float(inf["n_total"]), model=model)
     return out
+
+
+def _resolve_evaluation(mc: dict, given) -> None:
+    """``metrics.evaluation`` unset: ``reservoir`` where the config sets ``heldout_size`` or
+    ``heldout_every`` (a config written before prequential evaluation keeps its reservoir),
+    else ``prequential``."""
+    if mc["evaluation"] is None:
+        given = given if isinstance(given, dict) else {}
+        mc["evaluation"] = "reservoir" if ("heldout_size" in given or "heldout_every" in given) \
+            else "prequential"
 
 
 def load_config(path) -> dict:

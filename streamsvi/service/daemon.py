@@ -45,6 +45,7 @@ from .health import BROKER_PROBE_S, BrokerHealth  # noqa: F401  (BROKER_PROBE_S:
 from .health import CONNECT_TIMEOUT_S as _CONNECT_TIMEOUT_S
 from .loop import StagedLoop, _Loop
 from .metrics import DaemonMetrics
+from .promotion import Promotion
 
 log = logging.getLogger("streamsvi.daemon")
 
@@ -144,7 +145,9 @@ class Daemon(StagedLoop):
         self.offsets: dict = {}
         self.model = build_model(cfg["model"])
         self.kind = record_kind(self.model)   # how records are counted, sliced, joined, stored
-        self.heldout = None                   # a batch of the kind, or None
+        self.heldout = None                   # a batch of the kind, or None (metrics.evaluation = "reservoir")
+        self.prequential_ll = None            # the latest minibatch's prequential figure (_prequential)
+        self._unscored = 0                    # start batches left to learn: not scored (the start saw them)
         self._start_batches: list = []        # batches held back until the start (_gather_start)
         self.metrics_server = None
         src = cfg["source"]
@@ -153,6 +156,12 @@ class Daemon(StagedLoop):
                                    role="the daemon", log=log, errors=_transient_errors())
         #: the commit strategy (:mod:`streamsvi.service.commit`), called by the loop's stages
         self.commit = self.commit_strategy(self)
+        #: which snapshot scorers follow (:mod:`streamsvi.service.promotion`; SnapshotCommit calls it)
+        self.promotion = Promotion(self)
+        #: the drift detector and its response (:mod:`streamsvi.service.drift`), made with the
+        #: engine on the first update (None with ``drift.detector = "none"``)
+        self.drift = None
+        self._drift_saved = None              # a resumed snapshot's monitor state (extra["drift"])
 
     # ------------------------------------------------------------ resume
     def _resume(self):
@@ -185,6 +194,8 @@ class Daemon(StagedLoop):
                   snap.state.records_seen, self.offsets)
         print(f"resumed from snapshot {snap.number} (step {snap.state.step}, "
               f"{plural(snap.state.records_seen, 'record')})", file=self.out, flush=True)
+        self.promotion.resume(snap)
+        self._drift_saved = (snap.extra or {}).get("drift")
 
     def _refuse_fresh_start(self, source) -> None:
         """With no valid snapshot, refuse to start fresh where an earlier run left traces.
@@ -357,11 +368,15 @@ class Daemon(StagedLoop):
         (:meth:`_idle`): the first window leaves out the group join and the wait for the
         first records (it holds the model's start: a GMM's k-means and CAVI sweeps on
         its first batches), and a window after a quiet spell leaves out the spell. The
-        run's average is in its last line (:meth:`RunResult.summary`).
+        run's average is in its last line (:meth:`RunResult.summary`). With prequential
+        evaluation the line ends with ``lpd``, the smoothed prequential log predictive density
+        per record (``streamsvi_prequential_loglik_smoothed``).
         """
+        smoothed = self.metrics.prequential_smoothed.value
+        preq = f"  lpd {smoothed:.4f}" if smoothed is not None else ""
         print(f"step {self.state.step:7d}  records {self.state.records_seen:10d}  "
               f"{rate:10.0f} rec/s  ELBO/rec {info.elbo_per_record:10.4f}  "
-              f"rho {info.rho:.4f}  lag {sum(source.lag().values())}",
+              f"rho {info.rho:.4f}  lag {sum(source.lag().values())}{preq}",
               file=self.out, flush=True)
 
     # -------------------------------------------------------- checkpoint
@@ -395,11 +410,13 @@ class Daemon(StagedLoop):
         self._history_written_step = self._history_rows[-1]["step"]
         self._history_rows = []
 
-    def _record_history(self, info, heldout, classified=None):
+    def _record_history(self, info, heldout, classified=None, prequential=None):
         """Keep a row every ``history_every`` updates, on held-out updates, and (via
         ``_write_history``) the last update before each checkpoint. A classifier's held-out
         updates also keep ``classified`` = (log-loss, accuracy) as ``heldout_log_loss`` and
-        ``heldout_accuracy``."""
+        ``heldout_accuracy``. With prequential evaluation every row has ``prequential_loglik``
+        (the batch's figure), ``prequential_smoothed`` and, for a classifier,
+        ``prequential_log_loss`` and ``prequential_accuracy`` (``prequential`` = that dict)."""
         row = {
             "time": round(time.time(), 3), "step": info.step, "records": self.state.records_seen,
             "elbo": info.elbo, "elbo_per_record": info.elbo_per_record, "heldout_loglik": heldout,
@@ -410,6 +427,8 @@ class Daemon(StagedLoop):
             "domain_clipped": info.domain_clipped, "annealing_level": info.annealing_level}
         if classified is not None:
             row["heldout_log_loss"], row["heldout_accuracy"] = classified
+        if prequential:
+            row.update(prequential)
         self._last_history_row = row
         every = self.cfg["metrics"]["history_every"]
         if info.step % every == 0 or info.step == 1 or heldout is not None:
@@ -593,8 +612,11 @@ class Daemon(StagedLoop):
         loop.res.dead += len(batch.dead)
 
     def _hold_out(self, x, loop):
-        """Fill the held-out reservoir from the front of ``x`` until it has
-        ``metrics.heldout_size`` records; returns the rest."""
+        """With ``metrics.evaluation = "reservoir"``: fill the held-out reservoir from the front of
+        ``x`` until it has ``metrics.heldout_size`` records; returns the rest. With prequential
+        evaluation (the default) nothing is withheld: returns ``x``."""
+        if self.cfg["metrics"]["evaluation"] != "reservoir":
+            return x
         H, kind = self.cfg["metrics"]["heldout_size"], self.kind
         n_x = kind.n_records(x)
         n_ho = 0 if self.heldout is None else kind.n_records(self.heldout)
@@ -631,6 +653,7 @@ class Daemon(StagedLoop):
         batches = self._take_start(self.engine.n_total, flush)
         if batches:
             self.state = self.engine.init(self._start_records(batches), seed=self.cfg["inference"]["seed"])
+            self._unscored = len(batches)     # λ_0 was made from them: no prequential figure
             if len(batches) > 1:
                 log.info("started from the first %d batches (%d records)", len(batches),
                          sum(self.kind.n_records(b) for b in batches))
@@ -662,13 +685,56 @@ class Daemon(StagedLoop):
             for xb in self._gather_start(flush=True):
                 self._update(xb, loop)
 
+    def _prequential(self, x, loop) -> tuple[float, int] | None:
+        """The minibatch's prequential figure, ``(mean log predictive density, records scored)``,
+        at the current λ, before ``x`` is learned (river's progressive validation); None with
+        ``metrics.evaluation = "reservoir"``.
+
+        The batches the start was made from (``engine.init``: a GMM's first ``init_batches``,
+        one minibatch for the others) are not scored: λ_0 has seen them. At most
+        ``metrics.prequential_sample`` records of ``x`` are scored, evenly spaced (no
+        random draw: the engine's random stream is untouched, so λ is what it would be
+        without the evaluation). Sets the prequential gauges (a classifier's log-loss and
+        accuracy too) and feeds the sample to the promotion's comparison. Called once per
+        update, by :meth:`_update`; its result is the signal a drift detector reads.
+        """
+        mc = self.cfg["metrics"]
+        if mc["evaluation"] != "prequential" or self.state is None:
+            return None
+        if self._unscored:                    # a batch the start (λ_0) was made from
+            self._unscored -= 1
+            return None
+        n_x, k = self.kind.n_records(x), mc["prequential_sample"]
+        xs = x if not k or n_x <= k else self.kind.take(x, np.unique(np.linspace(0, n_x - 1, k).astype(np.int64)))
+        try:
+            lp = np.asarray(self.engine.predictive_logpdf(self.state, xs), dtype=float)
+        except (ValueError, FloatingPointError) as exc:   # the evaluation never stops the learning
+            log.warning("step %d: the prequential evaluation could not score the batch (%s: %s); "
+                        "it is learned unscored", self.state.step + 1, type(exc).__name__, exc)
+            return None
+        mean, n = float(np.mean(lp)), int(lp.shape[0])
+        self.prequential_ll = mean
+        smoothed = self.metrics.observe_prequential(mean, n, mc["prequential_fading"])
+        self._prequential_row = {"prequential_loglik": mean, "prequential_smoothed": smoothed}
+        classified = self._classifier_metrics(xs, prequential=True)
+        if classified is not None:
+            self._prequential_row["prequential_log_loss"], self._prequential_row["prequential_accuracy"] = classified
+        self.promotion.observe(xs, lp)
+        return mean, n
+
     def _update(self, x, loop) -> None:
-        """One engine update on ``x``, its metrics and history row."""
+        """One engine update on ``x``, its metrics and history row (the prequential figure of
+        ``x`` first: :meth:`_prequential`)."""
         n_x = self.kind.n_records(x)
         mc = self.cfg["metrics"]
+        self._prequential_row = None
+        preq = self._prequential(x, loop)
+        drift = self._drift_monitor()         # before the update: a resumed response is in force
         t0 = time.perf_counter()
         self.state, info = self.engine.update(self.state, x)
         loop.last_info = info
+        if drift is not None and preq is not None:
+            self.metrics.observe_drift(drift, drift.observe(self.state, *preq))
         annealing = getattr(self.engine, "annealing", None)       # the gradient path has none
         self.metrics.observe_update(info, info.gradient, time.perf_counter() - t0,
                                     annealing_kind=None if annealing is None else annealing.kind)
@@ -677,6 +743,8 @@ class Daemon(StagedLoop):
             self.metrics.grad_var_by_estimator.labels(estimator=estimator).set(info.grad_variance)
         self.metrics.records_seen.set(self.state.records_seen)
         self.elbo_history.append([info.step, info.elbo_per_record])
+        if preq is not None:
+            self.elbo_history[-1].append(preq[0])
         loop.res.records += n_x
         loop.res.batches += 1
         loop.batches_since_ck += 1
@@ -688,23 +756,44 @@ class Daemon(StagedLoop):
             self.metrics.heldout_loglik.set(heldout_ll)
             classified = self._classifier_metrics()
             self.elbo_history[-1].append(heldout_ll)
-        self._record_history(info, heldout_ll, classified)
+        self._record_history(info, heldout_ll, classified, self._prequential_row)
 
-    def _classifier_metrics(self) -> tuple[float, float] | None:
-        """Held-out log-loss and accuracy, for models that predict class probabilities (None
-        for the others); set on their gauges and returned for the history row."""
+    def _drift_monitor(self):
+        """The drift monitor (:mod:`streamsvi.service.drift`), None with ``drift.detector =
+        "none"``. Made on the first update, on the engine as built or resumed; it takes up a
+        resumed snapshot's state then, so a response in progress (a floor, a restarted clock)
+        is in force from the first update of the run. Each update's prequential figure is
+        then fed to :meth:`DriftMonitor.observe <streamsvi.service.drift.DriftMonitor.observe>`,
+        which logs a detection and applies the configured response."""
+        if self.drift is None and self.cfg["drift"]["detector"] != "none":
+            from .drift import DriftMonitor
+            self.drift = DriftMonitor.from_config(self.cfg, self.engine)
+            if self._drift_saved is not None:
+                try:
+                    self.drift.load_dict(self._drift_saved)
+                except (ValueError, KeyError, TypeError) as exc:   # settings changed since the snapshot
+                    log.warning("the snapshot's drift monitor state is not resumed (%s); the detector "
+                                "starts afresh", exc)
+                self._drift_saved = None
+        return self.drift
+
+    def _classifier_metrics(self, records=None, prequential: bool = False) -> tuple[float, float] | None:
+        """Held-out log-loss and accuracy (of ``records``, the reservoir by default), for models
+        that predict class probabilities (None for the others); set on their gauges (the
+        prequential ones with ``prequential``) and returned for the history row."""
         if not isinstance(self.engine.model, Classifier):
             return None
         proba = self.engine.model.predict_proba
-        ho = np.asarray(self.heldout)
+        ho = np.asarray(self.heldout if records is None else records)
         p = proba(self.state.lam, ho[:, :-1])
         y = ho[:, -1].astype(np.int64)
         if p.ndim == 1:                                  # binary: p(y = 1)
             p = np.column_stack([1.0 - p, p])
         p_y = np.clip(p[np.arange(len(y)), y], 1e-15, 1.0)
         log_loss, accuracy = float(-np.mean(np.log(p_y))), float(np.mean(p.argmax(axis=1) == y))
-        self.metrics.heldout_log_loss.set(log_loss)
-        self.metrics.heldout_accuracy.set(accuracy)
+        m = self.metrics
+        (m.prequential_log_loss if prequential else m.heldout_log_loss).set(log_loss)
+        (m.prequential_accuracy if prequential else m.heldout_accuracy).set(accuracy)
         return log_loss, accuracy
 
     def _maybe_progress(self, source, loop) -> None:

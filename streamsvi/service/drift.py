@@ -191,6 +191,9 @@ def check_config(cfg: dict) -> None:
             raise ConfigError(f"drift.response: 'reanneal' restarts the engine's annealer, which "
                               f"must be deterministic or stochastic (inference.annealing.kind), got "
                               f"{ann.get('kind', 'none')!r}; or use response = 'floor' or 'restart'")
+    if (cfg.get("metrics") or {}).get("evaluation", "prequential") != "prequential":
+        raise ConfigError("drift.detector: the detector reads the prequential log predictive density; "
+                          "set metrics.evaluation = 'prequential' (the default) or drift.detector = 'none'")
     if d["response"] == "floor" and d["rho_floor"] is None:
         raise ConfigError("drift.rho_floor: required for response = 'floor' (a number in (0, 1])")
     if d["rho_floor"] is not None and not 0 < d["rho_floor"] <= 1:

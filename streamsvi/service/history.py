@@ -3,6 +3,12 @@
 The daemon appends one JSON object per kept update to ``history.jsonl`` next
 to its snapshots (every ``metrics.history_every`` updates, and every update
 that computed the held-out log-likelihood), after each durable checkpoint.
+With prequential evaluation (``metrics.evaluation``, the default) a row carries
+``prequential_loglik`` (the minibatch's log predictive density before it was
+learned), ``prequential_smoothed`` and, for a classifier, ``prequential_log_loss``
+and ``prequential_accuracy``; with the reservoir, ``heldout_loglik`` (and
+``heldout_log_loss``, ``heldout_accuracy``). The report draws either in the same
+held-out panels (:data:`PREQUENTIAL`, :func:`held_out`).
 :func:`read_history` reads it back (the last row of a step wins: a replay
 after a crash may write a step twice); :func:`plot_report` draws ELBO, the
 held-out quantity of each model (log p(x) per record for a density model,
@@ -26,6 +32,10 @@ PANELS = [("elbo_per_record", "minibatch ELBO / N (nats per record)", False, "al
           ("heldout_accuracy", "held-out accuracy (fraction of labels predicted)", False, "classifier"),
           ("grad_variance", "gradient variance: N² tr Σ̂ / M (solid), step-to-step (dotted)", True, "all"),
           ("rho", "step size ρ_t", True, "all")]
+#: The prequential figure a row carries in place of each reservoir figure (the report's held-out
+#: panels draw whichever a row has).
+PREQUENTIAL = {"heldout_loglik": "prequential_loglik", "heldout_log_loss": "prequential_log_loss",
+               "heldout_accuracy": "prequential_accuracy"}
 #: At most about this many markers on a series (every point of a shorter one is marked, so a
 #: series of one point is seen).
 MARKERS_PER_SERIES = 40
@@ -53,10 +63,19 @@ def read_history(path) -> list[dict]:
     return [by_step[k] for k in sorted(by_step)]
 
 
+def held_out(row: dict, key: str):
+    """A row's held-out figure ``key`` (``heldout_loglik``, ``heldout_log_loss``,
+    ``heldout_accuracy``): the reservoir's, else the prequential one (:data:`PREQUENTIAL`), or None."""
+    value = row.get(key)
+    if value is None and key in PREQUENTIAL:
+        value = row.get(PREQUENTIAL[key])
+    return value
+
+
 def is_classifier(rows: list[dict]) -> bool:
     """Whether a run's history is a classifier's: its held-out rows carry ``heldout_log_loss``
-    (the daemon writes it for models of p(y | x): logistic, softmax)."""
-    return any(r.get("heldout_log_loss") is not None for r in rows)
+    or ``prequential_log_loss`` (the daemon writes them for models of p(y | x): logistic, softmax)."""
+    return any(held_out(r, "heldout_log_loss") is not None for r in rows)
 
 
 def report_panels(runs: dict) -> list[tuple]:
@@ -67,8 +86,8 @@ def report_panels(runs: dict) -> list[tuple]:
 
 
 def _points(rows, key, log):
-    return [(r["step"], r[key]) for r in rows if r.get(key) is not None
-            and math.isfinite(r[key]) and (not log or r[key] > 0)]
+    vals = [(r["step"], held_out(r, key)) for r in rows]
+    return [(s, v) for s, v in vals if v is not None and math.isfinite(v) and (not log or v > 0)]
 
 
 def _markevery(n: int) -> int:

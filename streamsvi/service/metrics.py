@@ -24,6 +24,7 @@ Gradient variance, two views:
 """
 from __future__ import annotations
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from river import stats as river_stats
@@ -159,6 +160,29 @@ class DaemonMetrics:
                                        "Mean -log p(y|x, data) of the held-out labelled records (nats)")
         self.heldout_accuracy = latest("heldout_accuracy",
                                        "Fraction of held-out labelled records whose most probable class is the label")
+        # prequential evaluation (metrics.evaluation = "prequential"): each minibatch scored before it is learned
+        self.prequential_loglik = latest("prequential_loglik_per_record",
+                                         "Mean log predictive density of the latest minibatch's scored sample "
+                                         "at the parameters before it was learned (nats per record)")
+        self.prequential_smoothed = latest("prequential_loglik_smoothed",
+                                           "Exponentially weighted mean (fading factor "
+                                           "metrics.prequential_fading) of the prequential log predictive "
+                                           "density per record, weighted by records")
+        self.prequential_records = c("prequential_records", "Records scored by the prequential evaluation")
+        self.prequential_log_loss = latest("prequential_log_loss",
+                                           "Classifiers: mean -log p(y|x) of the latest minibatch's sample before "
+                                           "it was learned (nats)")
+        self.prequential_accuracy = latest("prequential_accuracy",
+                                           "Classifiers: accuracy on the latest minibatch's sample before it was "
+                                           "learned")
+        # promotion ([promotion]): the snapshot scorers follow
+        self.promoted_snapshot = latest("promoted_snapshot", "Number of the promoted snapshot (the one "
+                                        "streamsvi.load and SnapshotWatcher follow)")
+        self.promoted_loglik = latest("promoted_loglik_per_record", "Held-out log predictive density of the "
+                                      "promoted snapshot when it was promoted (nats per record)")
+        self.promotion_decisions = c("promotion_decisions", "Promotion decisions, by outcome (promoted, "
+                                     "rejected, superseded)", ("outcome",))
+        self._preq_sum, self._preq_weight = 0.0, 0.0
         # the gradient path: the batch gradient-variance estimate, labelled by the estimator that made it
         self.grad_var_by_estimator = g("gradient_variance_by_estimator",
                                        "N^2 tr(Sigma_t)/|S| of the latest stochastic ELBO gradient, by "
@@ -248,6 +272,21 @@ class DaemonMetrics:
         if event is not None:
             self.drift_detected.labels(detector=event.detector, response=event.response).inc()
             self.drift_last_step.set(event.step)
+
+    def observe_prequential(self, mean: float, n: int, fading: float = 0.001) -> float:
+        """One minibatch's prequential figure (mean over ``n`` scored records): sets the latest
+        and the smoothed gauges and returns the smoothed value, an exponentially weighted mean
+        with weight ``1 - (1 - fading)^n`` on the new batch (so it fades per record, not per batch)."""
+        self.prequential_loglik.set(mean)
+        self.prequential_records.inc(n)
+        if not np.isfinite(mean) or n <= 0:        # a batch the model cannot score: not smoothed in
+            return self.prequential_smoothed.value
+        decay = (1.0 - fading) ** n
+        self._preq_sum = decay * self._preq_sum + (1.0 - decay) * mean
+        self._preq_weight = decay * self._preq_weight + (1.0 - decay)
+        smoothed = self._preq_sum / self._preq_weight
+        self.prequential_smoothed.set(smoothed)
+        return smoothed
 
     def observe_dead(self, reason: str, n: int = 1) -> None:
         self.dead.labels(reason=reason).inc(n)

@@ -172,13 +172,13 @@ def test_demo_default_seed_gives_the_same_result_twice(tmp_path):
     assert sorted(lam0) == sorted(lam1)
     for k in lam0:
         assert np.array_equal(lam0[k], lam1[k]), k                     # bit-identical
-    heldout = [re.search(r"^  streamsvi_heldout_loglik_per_record (\S+)$", p.stdout, re.M).group(1)
+    heldout = [re.search(r"^  streamsvi_prequential_loglik_per_record (\S+)$", p.stdout, re.M).group(1)
                for p in runs]
     assert heldout[0] == heldout[1], heldout
     for p in runs:                                                     # and a quiet console
         assert p.stderr == "", p.stderr[-3000:]
         assert re.search(r"^step +\d+  records +\d+ +\d+ rec/s  ELBO/rec +-?\d+\.\d+  rho \d\.\d+  "
-                         r"lag 0$", p.stdout, re.M), p.stdout
+                         r"lag 0  lpd -?\d+\.\d+$", p.stdout, re.M), p.stdout
 
 
 def _readme_demo_block() -> list[str]:

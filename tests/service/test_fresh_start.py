@@ -63,7 +63,9 @@ def _file_cfg(tmp_path, n=600):
     data.write_bytes(b"\n".join(JsonCodec(2).encode(r) for r in blob_rows(n, seed=5)) + b"\n")
     return validate(gmm_config(tmp_path, inference={"batch_size": 50, "n_total": n},
                                source={"kind": "file", "path": str(data), "format": "jsonl"},
-                               checkpoint={"every_batches": 2, "keep": 2}))
+                               checkpoint={"every_batches": 2, "keep": 2},
+                               # exactly `keep` snapshots: no promoted one kept beside them
+                               promotion={"enabled": False}))
 
 
 def test_every_snapshot_corrupt_is_refused_and_quarantined(tmp_path):
