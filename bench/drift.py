@@ -48,6 +48,19 @@ not recover within the phase (counted as the phase's records). Also the median
 mean lpd over all batches after the first change, the number of detections
 and the median wall time of one run.
 
+Promotion (``--promotion``, on by default): the daemon itself (its loop, a file
+source, checkpoints, ``[promotion]`` defaults but ``window`` = 10 minibatches (400 records), a snapshot
+every 10 minibatches,
+``[drift]`` Page–Hinkley with the floor) on the ``gmm`` stream with a
+**poisoned burst** injected in the first phase: 3 minibatches of records that
+are valid (finite, 14 features) but drawn from N(0, 6²) per feature, learned
+like any other. Every snapshot is kept; afterwards each minibatch is scored
+under the snapshot a scorer following ``latest`` would have loaded when the
+minibatch arrived, and under the one a scorer following ``promoted`` would have
+(the decisions as the daemon made them, at the step it made them). Figures:
+the decisions (promoted / rejected / superseded) around the burst and the
+changes, and the mean lpd served per window by each scorer.
+
 Run::
 
     python bench/drift.py                          # all four streams, 5 seeds (~1 min on 2 cores)
@@ -396,6 +409,110 @@ def bench_stream(name, quick, seeds, writer=None):
     print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+# ------------------------------------------------------------------ promotion
+def promotion_run(quick, seed=0, out=print):
+    """The daemon on the gmm stream with a poisoned burst: what a scorer following ``latest``
+    serves against one following ``promoted`` (module docs)."""
+    import io
+    import json
+    import tempfile
+
+    from prometheus_client import CollectorRegistry
+
+    from streamsvi.checkpoint import load_snapshot, snapshot_name
+    from streamsvi.service.config import validate
+    from streamsvi.service.daemon import Daemon
+
+    stream = gmm_stream(quick, seed)
+    rng = np.random.default_rng(100 + seed)
+    bs, D = stream.sizes[0], stream.batches[0].shape[1]
+    at, n_burst = stream.changes[0] // 2, 3
+    burst = [rng.normal(scale=6.0, size=(bs, D)) for _ in range(n_burst)]
+    batches = stream.batches[:at] + burst + stream.batches[at:]
+    changes = [c + n_burst for c in stream.changes]
+    every = window = 10                # a snapshot, and the promotion's window, every 10 batches
+    with tempfile.TemporaryDirectory(prefix="streamsvi-drift-promotion-") as tmp:
+        path = Path(tmp) / "records.jsonl"
+        with open(path, "w") as f:
+            for b in batches:
+                for r in b.tolist():
+                    f.write(json.dumps(r) + "\n")
+        cfg = validate({
+            "model": {"kind": "gmm", "n_components": 7, "n_features": D},
+            "inference": {"n_total": 2000, "batch_size": bs, "max_wait_seconds": 0.1, **BASE, "seed": seed},
+            "source": {"kind": "file", "path": str(path), "dead_letter_path": str(Path(tmp) / "dead.jsonl")},
+            "checkpoint": {"directory": str(Path(tmp) / "ck"), "every_batches": every, "keep": 10_000},
+            "metrics": {"enabled": False, "progress_seconds": 0.0, "prequential_sample": 0},
+            "promotion": {"window": window * bs},
+            "drift": {"detector": "page_hinkley", "response": "floor", "rho_floor": FLOOR["rho_floor"],
+                      "floor_steps": FLOOR["floor_steps"]},
+        })
+        d = Daemon(cfg, registry=CollectorRegistry(), out=io.StringIO())
+        timeline = []                      # (step when decided, candidate, outcome)
+        decide = d.promotion._record
+
+        def record(number, outcome, *args, **kwargs):
+            timeline.append((d.state.step, number, outcome))
+            return decide(number, outcome, *args, **kwargs)
+
+        d.promotion._record = record       # the bench watches the daemon's decisions as they are made
+        t0 = time.perf_counter()
+        res = d.run(until_drained=True, timeout=600)
+        secs = time.perf_counter() - t0
+        ck = Path(tmp) / "ck"
+        snaps = {}                         # number -> (step, state)
+        for p in sorted(ck.glob("snap-*")):
+            s = load_snapshot(p)
+            snaps[s.number] = (s.state.step, s.state)
+        engine = d.engine
+        by_step = sorted((st, n) for n, (st, _) in snaps.items())
+        # batch i (0-based) is learned as update i (the start's batch makes λ_0 and is update 1's
+        # batch too); the snapshot a scorer holds when batch i arrives: the newest written before
+        lat, prom, served = [], [], None
+        events = sorted(timeline)
+        for i, b in enumerate(batches):
+            step_before = i                # updates done when batch i arrives
+            written = [n for st, n in by_step if st <= step_before]
+            if not written:
+                lat.append(np.nan), prom.append(np.nan)
+                continue
+            for st, n, outcome in events:
+                if st <= step_before and outcome == "promoted":
+                    served = n
+            events = [e for e in events if e[0] > step_before]
+            lat.append(_mean_lpd(engine, snaps[written[-1]][1], b)[0])
+            prom.append(np.nan if served is None else _mean_lpd(engine, snaps[served][1], b)[0])
+    outcomes = {}
+    for _, _, o in timeline:
+        outcomes[o] = outcomes.get(o, 0) + 1
+    out(f"\n## promotion: the daemon on the gmm stream, {len(batches)} batches of {bs}, a poisoned burst at "
+        f"batches {at}-{at + n_burst - 1}, changes at batches {changes}; a snapshot every {every} batches, "
+        f"promotion window {window * bs} records, tolerance {cfg['promotion']['tolerance']}; "
+        f"{res.records} records in {secs:.1f} s")
+    out(f"decisions: {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}; "
+        f"snapshots {len(snaps)}; drift detections at steps {[e['step'] for e in d.drift.detections]}")
+    out("every decision: snapshot (its step) outcome @ the step it was decided at")
+    line = [f"{n} ({snaps[n][0] if n in snaps else '-'}) {o} @{st}" for st, n, o in timeline]
+    for k in range(0, len(line), 6):
+        out("  " + "; ".join(line[k:k + 6]))
+    nb = len(batches)
+    edges = sorted({0, at, at + n_burst, at + n_burst + 10, *changes, *(c + 10 for c in changes), nb})
+    win = [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    lat, prom = np.asarray(lat), np.asarray(prom)
+
+    def tag(a, b):
+        if a == at:
+            return "*burst"
+        return "*change" if a in changes else ""
+
+    rows = [["scorer follows latest"] + [f"{np.nanmean(lat[a:b]):.3f}" for a, b in win],
+            ["scorer follows promoted"] + [f"{np.nanmean(prom[a:b]):.3f}" for a, b in win]]
+    out("mean lpd served (nats per record) per span of batches (*: the span starts at the burst or a change):")
+    out(fmt_table(["scorer"] + [f"{a}-{b - 1}{tag(a, b)}" for a, b in win], rows))
+    return {"latest": lat, "promoted": prom, "timeline": timeline, "at": at, "n_burst": n_burst,
+            "changes": changes}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", default="gmm,lda,pmf,logistic",
@@ -403,6 +520,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="shorter streams (the test's run)")
     ap.add_argument("--csv", default=None, help="also write every batch's lpd to this CSV file")
     ap.add_argument("--seeds", type=int, default=5, help="versions of each stream (order, initial λ); default 5")
+    ap.add_argument("--no-promotion", dest="promotion", action="store_false",
+                    help="leave out the promotion run (the daemon on the gmm stream with a poisoned burst)")
     a = ap.parse_args(argv)
     names = [s.strip() for s in a.streams.split(",") if s.strip()]
     bad = [s for s in names if s not in STREAMS]
@@ -421,6 +540,8 @@ def main(argv=None):
     try:
         for n in names:
             bench_stream(n, a.quick, a.seeds, writer)
+        if a.promotion:
+            promotion_run(a.quick)
     finally:
         if f is not None:
             f.close()

@@ -63,3 +63,16 @@ def test_recovery_counts_records_from_the_change_to_the_reference():
     # first reaches it at batch 14 ((-2 - 1 - 0.5) / 3 = -1.17): batches 10..14, 50 records
     assert bench.recovery(s, lpds, [-0.5], [-10.0]) == [50]
     assert bench.recovery(s, [0.0] * 10 + [-10.0] * 10, [-0.5], [-10.0]) == [">100"]
+
+
+def test_promotion_run_keeps_a_poisoned_burst_from_the_scorers():
+    """The daemon on the gmm stream with a burst of valid garbage: the snapshots that learned the
+    burst are rejected, so a scorer following ``promoted`` serves the pre-burst model after it."""
+    lines = []
+    r = bench.promotion_run(True, out=lines.append)
+    at, n_burst = r["at"], r["n_burst"]
+    outcomes = [o for _, _, o in r["timeline"]]
+    assert outcomes[0] == "promoted" and "rejected" in outcomes
+    after = slice(at + n_burst, at + n_burst + 10)          # the 10 clean batches after the burst
+    assert np.nanmean(r["promoted"][after]) > np.nanmean(r["latest"][after]) + 1.0
+    assert any(ln.startswith("mean lpd served") for ln in lines)
