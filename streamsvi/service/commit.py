@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from ..checkpoint import pointer_number
 from .config import client_security
 from .console import plural, said_on_console
+from .roles.snapshot_topic import publish_snapshot
 from .roles.transport import MAX_DELTA_BYTES, Delta, bundle_size, check_delta_size, encode_bundle
 
 daemon_log = logging.getLogger("streamsvi.daemon")
@@ -143,6 +144,7 @@ class SnapshotCommit(CommitStrategy):
             raise self._checkpoint_failed(exc) from None
         d.metrics.checkpoint_ts.set(time.time())
         d.metrics.checkpoints.inc()
+        publish_snapshot(d, snap)            # checkpoint.snapshot_topic, when set (roles/snapshot_topic.py)
         try:
             source.commit(dict(d.offsets))   # only after the snapshot is durable
             d.health.answered()
