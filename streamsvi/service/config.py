@@ -245,6 +245,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
                            "default $STREAMSVI_SCORER_ID, else the host name"),
         "snapshot_topic": Field("str", None, "read snapshots from this topic (the daemon's "
                                 "checkpoint.snapshot_topic) instead of checkpoint.directory"),
+        "from_lambda": Field("bool", False, "score with the scale-out applier's lambda ([scaleout] "
+                             "lambda_topic, or lambda_file) instead of snapshots: each lambda version is "
+                             "a snapshot, numbered by its step"),
         "snapshot_poll_seconds": Field("float", 1.0, "look for a newer snapshot at most this often "
                                        "(between transactions)", min=0),
         "commit_every_batches": Field("int", 8, "commit the scored records and the input offsets of this "

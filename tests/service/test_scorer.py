@@ -354,3 +354,35 @@ def test_snapshot_topic_reader_returns_each_newer_complete_snapshot(kafka_broker
 
 def _scores(snap, X):
     return FittedModel.from_snapshot(snap).score(X[:20])
+
+
+def test_scores_with_the_appliers_lambda_from_its_lambda_topic(kafka_broker, new_topic, new_group, tmp_path):
+    """Scale-out, no shared storage: the scorer follows the applier's lambda topic; each output
+    names the λ version it was scored with, and its scores are that λ's (the applier's
+    checkpoint of the same version, bit for bit)."""
+    from streamsvi.service.roles.transport import init_delta
+
+    from .test_scaleout import _applier_setup, _delta, _produce_deltas, _run_applier
+
+    bootstrap, deltas = kafka_broker.bootstrap, new_topic(1, prefix="deltas")
+    cfg, engine, state0, X = _applier_setup(tmp_path / "applier", bootstrap, deltas, new_group(),
+                                            lambda_full_every=2, max_staleness=1000)
+    ds = [_delta(engine, state0, X, 50 * i, 50 * (i + 1)) for i in range(3)]
+    _produce_deltas(bootstrap, deltas, [init_delta("w0", engine, state0).encode()] + [d.encode() for d in ds])
+    _, res = _run_applier(cfg, CollectorRegistry(), max_deltas=3)
+    assert res.deltas == 3
+    applied = load_snapshot(cfg["checkpoint"]["directory"])
+
+    records, output = new_topic(2), new_topic(1)
+    X_at = _positions(bootstrap, records, blob_rows(300, seed=14), 2)
+    raw = gmm_config(tmp_path / "scorer", bootstrap=bootstrap, topic=records, group=new_group(),
+                     inference={"max_wait_seconds": 0.3, "n_total": 1000})
+    raw["scaleout"] = {"deltas_topic": deltas}
+    raw["scorer"] = {"output_topic": output, "scorer_id": "s-lambda", "from_lambda": True}
+    scfg = validate(raw)
+    res = Scorer(scfg, registry=CollectorRegistry(), out=io.StringIO()).run(until_drained=True, timeout=60)
+    assert res.records == 300
+    got = _by_position(read_committed(bootstrap, output, expect=300))
+    assert set(got) == set(X_at)
+    assert {r["snapshot"]["number"] for r in got.values()} == {applied.state.step}
+    _check_scores(got.values(), X_at, lambda n: FittedModel.from_snapshot(applied))

@@ -26,11 +26,12 @@ its own commit strategy, :class:`ScoreCommit`:
   at. A restarted scorer with the same id fences its predecessor and aborts the
   transaction it left open (``init_transactions``, at start, before it reads).
 
-Snapshots (:class:`DirectorySnapshots`, :class:`TopicSnapshots`): the daemon's checkpoint
-directory through a :class:`~streamsvi.scoring.SnapshotWatcher` (its background thread
-loads a new snapshot whole), or, without shared storage, the daemon's snapshot topic
-(``scorer.snapshot_topic`` = the daemon's ``checkpoint.snapshot_topic``;
-:mod:`.snapshot_topic`). A new snapshot is taken only between transactions: every
+Snapshots (:class:`DirectorySnapshots`, :class:`TopicSnapshots`, :class:`LambdaSnapshots`):
+the checkpoint directory (the daemon's or the applier's) through a
+:class:`~streamsvi.scoring.SnapshotWatcher` (its background thread loads a new snapshot
+whole), or, without shared storage, the daemon's snapshot topic (``scorer.snapshot_topic``
+= the daemon's ``checkpoint.snapshot_topic``; :mod:`.snapshot_topic`), or the scale-out
+applier's λ topic (``scorer.from_lambda``). A new snapshot is taken only between transactions: every
 output record of one transaction is stamped with the same snapshot, and nothing is
 dropped or scored twice at a swap (the offsets move only with committed output).
 """
@@ -81,6 +82,12 @@ def check_scorer_config(cfg) -> None:
     if scorer_group(cfg) == cfg["source"]["group_id"] and sc["group_id"] is not None:
         raise ConfigError("scorer.group_id: must differ from source.group_id (the daemon's group: its "
                           "committed offsets are the daemon's)")
+    if sc["from_lambda"] and sc["snapshot_topic"]:
+        raise ConfigError("scorer.from_lambda, scorer.snapshot_topic: set one (the applier's lambda, or the "
+                          "daemon's snapshot topic)")
+    if sc["from_lambda"] and not cfg["scaleout"]["deltas_topic"]:
+        raise ConfigError("scorer.from_lambda: needs the scale-out settings of the applier it follows "
+                          "(scaleout.deltas_topic, and scaleout.lambda_topic or lambda_file)")
     if sc["commit_seconds"] * 1000 * 2 > sc["transaction_timeout_ms"]:
         raise ConfigError(f"scorer.commit_seconds: {sc['commit_seconds']:g} s must be at most half of "
                           f"scorer.transaction_timeout_ms ({sc['transaction_timeout_ms']} ms)")
@@ -178,6 +185,66 @@ class TopicSnapshots:
 
     def close(self) -> None:
         self.reader.close()
+
+
+class LambdaSnapshots:
+    """The scale-out applier's λ as snapshots (``scorer.from_lambda``): its lambda topic
+    (:class:`.lambda_log.LambdaLog`, which replays the applier's steps) or its λ file; each λ
+    version is a snapshot numbered by its step, looked for at most every
+    ``scorer.snapshot_poll_seconds``, on the scoring thread between transactions.
+
+    The watermark is the input offsets the applier had applied at the latest full λ on the
+    topic (``applied_end`` of its ``applier.json``): a lower bound for a λ that later steps
+    moved; empty for a λ file. ``created`` is when this scorer first saw the version (the λ
+    carries no time), so ``streamsvi_scorer_snapshot_age_seconds`` is the age of the λ here.
+    """
+
+    def __init__(self, cfg):
+        from .lambda_log import LambdaLog
+        from .transport import LambdaFile
+        from .worker import lambda_channel
+
+        how, where = lambda_channel(cfg)
+        if how == "file":
+            self.lam = LambdaFile(where)
+        else:
+            self.lam = LambdaLog(cfg["source"]["bootstrap_servers"], where, cfg["scaleout"]["deltas_topic"],
+                                 security=client_security(cfg), client_id=f"streamsvi-scorer-{scorer_id(cfg)}-lambda")
+        self.poll_seconds = float(cfg["scorer"]["snapshot_poll_seconds"])
+        self.where = f"the applier's λ ({how} {where!r})"
+        self._current, self._looked = None, 0.0
+
+    def _read(self):
+        from datetime import datetime, timezone
+
+        from ...scoring import FittedModel
+        from .snapshot_topic import _snapshot
+
+        self.lam.refresh()
+        state = self.lam.state
+        if state is None or (self._current is not None and self._current.number == state.step):
+            return self._current
+        applied = ((getattr(self.lam, "full_info", None) or {}).get("applier") or {}).get("applied_end", {})
+        marks = [{"source": k.rsplit("/", 1)[0], "partition": int(k.rsplit("/", 1)[1]), "offset": int(v)}
+                 for k, v in sorted(applied.items())]
+        meta = {"number": int(state.step), "created": datetime.now(timezone.utc).isoformat(), "offsets": marks}
+        self._current = FittedModel.from_snapshot(_snapshot(self.lam.engine, state, meta, self.where))
+        return self._current
+
+    def first(self):
+        return self._read()
+
+    def newest(self):
+        now = time.monotonic()
+        if now - self._looked >= self.poll_seconds:
+            self._looked = now
+            self._read()
+        return self._current
+
+    def close(self) -> None:
+        close = getattr(self.lam, "close", None)
+        if close is not None:
+            close()
 
 
 # ------------------------------------------------------------------ the commit
@@ -377,6 +444,8 @@ class Scorer(Daemon):
 
     def _snapshots(self):
         sc = self.cfg["scorer"]
+        if sc["from_lambda"]:
+            return LambdaSnapshots(self.cfg)
         if sc["snapshot_topic"]:
             return TopicSnapshots(self.cfg)
         return DirectorySnapshots(self.cfg["checkpoint"]["directory"], sc["snapshot_poll_seconds"])
