@@ -90,17 +90,20 @@ def through_kafka(bootstrap, topic, ck, n, batch):
 
 
 def snapshot_topic_cost(bootstrap, mb):
+    from datetime import datetime, timezone
     from types import SimpleNamespace
+
+    import scipy.sparse as sp
 
     from streamsvi.inference import SVI
     from streamsvi.io import create_topic
     from streamsvi.models import LDA
+    from streamsvi.service.roles.lambda_log import state_bytes
     from streamsvi.service.roles.snapshot_topic import SnapshotPublisher, SnapshotTopicReader
 
     K = 100
     V = max(1000, int(mb * 1e6 / 8 / K))
     engine = SVI(LDA(K, V), n_total=1000)
-    import scipy.sparse as sp
 
     rng = np.random.default_rng(0)
     docs = sp.random(50, V, density=20 / V, format="csr", random_state=1, data_rvs=lambda k: rng.integers(1, 4, k))
@@ -108,7 +111,6 @@ def snapshot_topic_cost(bootstrap, mb):
     topic = f"snapshots-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, partitions=1)
     pub = SnapshotPublisher(bootstrap, topic, f"bench-{topic}", 1_000_000)
-    from datetime import datetime, timezone
 
     snap = SimpleNamespace(number=1, created=datetime.now(timezone.utc), offsets=[], version="bench")
     pub._open()
@@ -116,7 +118,6 @@ def snapshot_topic_cost(bootstrap, mb):
     assert pub.publish(engine, state, snap)
     t_pub = time.perf_counter() - t0
     pub.close()
-    from streamsvi.service.roles.lambda_log import state_bytes
 
     size = len(state_bytes(engine, state))
     reader = SnapshotTopicReader(bootstrap, topic)

@@ -158,9 +158,10 @@ def test_bad_records_get_one_error_record_each_and_never_stop_the_scorer(kafka_b
                   lambda n: fitted)
 
 
-def test_snapshot_swap_mid_stream_drops_and_repeats_nothing(kafka_broker, new_topic, new_group, tmp_path):
+def test_a_restarted_scorer_scores_on_with_the_newest_snapshot(kafka_broker, new_topic, new_group, tmp_path):
     """Records scored before a new snapshot name the old one, after it the new one; every input
-    offset is answered once. The new snapshot is written by hand between two halves of the stream."""
+    offset is answered once. The new snapshot is written by hand while the scorer is stopped,
+    between two halves of the stream (a swap while it runs: the next test)."""
     bootstrap = kafka_broker.bootstrap
     train, records, output = new_topic(1), new_topic(2), new_topic(1)
     produce_rows(bootstrap, train, blob_rows(600, seed=1), JsonCodec(2), partitions=1)
@@ -386,3 +387,21 @@ def test_scores_with_the_appliers_lambda_from_its_lambda_topic(kafka_broker, new
     assert set(got) == set(X_at)
     assert {r["snapshot"]["number"] for r in got.values()} == {applied.state.step}
     _check_scores(got.values(), X_at, lambda n: FittedModel.from_snapshot(applied))
+
+
+def test_a_snapshot_of_another_model_is_refused_at_start(tmp_path):
+    from streamsvi import SVI, BayesianGMM
+
+    X = blob_rows(100, seed=2)
+    X3 = np.column_stack([X, X[:, 0]])
+    engine = SVI(BayesianGMM(3, 3), n_total=100)
+    ck = tmp_path / "other"
+    CheckpointStore(ck).save(engine, engine.init(X3, seed=0), offsets=[])
+    cfg = _scorer_cfg(tmp_path, "127.0.0.1:9", "t", "g", "out")
+    cfg["checkpoint"]["directory"] = str(ck)
+    try:
+        Scorer(cfg, registry=CollectorRegistry(), out=io.StringIO()).run(timeout=10)
+    except ConfigError as exc:
+        assert "cannot score these records: it has 3 features, the config's model 2" in str(exc)
+    else:
+        raise AssertionError("a 3-feature snapshot was used for 2-feature records")

@@ -12,6 +12,7 @@ import random
 import time
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from streamsvi.io import JsonCodec, produce_rows
@@ -25,8 +26,11 @@ from .test_scorer import read_committed
 P = 3
 
 
+@pytest.mark.parametrize("scorers", [1, 2], ids=["one-scorer", "two-scorers"])
 def test_kill_9_scorer_at_random_instants_scores_every_record_exactly_once(kafka_broker, new_topic, new_group,
-                                                                           tmp_path, daemons):
+                                                                           tmp_path, daemons, scorers):
+    """With two scorers in the group, one is killed each time while the other keeps scoring:
+    the group rebalances, the killed one's partitions move and come back."""
     bootstrap = kafka_broker.bootstrap
     train, records, output = new_topic(1), new_topic(P), new_topic(1)
     produce_rows(bootstrap, train, blob_rows(600, seed=1), JsonCodec(2), partitions=1)
@@ -39,24 +43,32 @@ def test_kill_9_scorer_at_random_instants_scores_every_record_exactly_once(kafka
                      inference={"max_wait_seconds": 0.2, "batch_size": 50},
                      metrics={"enabled": False, "progress_seconds": 0.1})
     raw["checkpoint"]["directory"] = ck
-    raw["scorer"] = {"output_topic": output, "scorer_id": "kill-test", "commit_every_batches": 4}
-    config = write_config(tmp_path / "scorer.toml", raw)
+    configs = []
+    for i in range(scorers):
+        raw["scorer"] = {"output_topic": output, "scorer_id": f"kill-test-{i}", "commit_every_batches": 4}
+        configs.append(write_config(tmp_path / f"scorer{i}.toml", raw))
 
     n = 24000
     feed = Feed(bootstrap, records, blob_rows(n, seed=21), P, chunk=150, pace_s=0.05).begin()
     rng = random.Random(26)
     kills = 4
+    others = [daemons(c, "--role", "scorer", tag="steady") for c in configs[1:]]    # never killed
     try:
         for i in range(kills):
-            s = daemons(config, "--role", "scorer", tag=f"kill{i}")
-            s.wait_for("rec/s", timeout_s=60)            # scoring
-            time.sleep(rng.uniform(0.05, 1.0))            # a random instant while it scores
+            s = daemons(configs[0], "--role", "scorer", tag=f"kill{i}")
+            s.wait_for("scoring with snapshot", timeout_s=60)
+            if scorers == 1:
+                s.wait_for("rec/s", timeout_s=60)        # scoring (with two, its partitions may be idle)
+            time.sleep(rng.uniform(0.05, 1.5))            # a random instant while records arrive
             assert s.proc.poll() is None, s.stderr()[-2000:]
             s.kill()                                      # SIGKILL: no clean stop, no last commit
         feed.finish()
     finally:
         feed.cancel()
-    last = daemons(config, "--role", "scorer", "--until-drained", tag="last")
+    for o in others:
+        o.signal()                                        # SIGTERM: a clean stop, its last commit
+        assert o.wait(timeout_s=60) == 0, o.stderr()[-3000:]
+    last = daemons(configs[0], "--role", "scorer", "--until-drained", tag="last")
     assert last.wait(timeout_s=120) == 0, last.stderr()[-3000:]
 
     hw = highwater_marks(bootstrap, records, P)

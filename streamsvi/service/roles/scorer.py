@@ -46,7 +46,7 @@ import time
 from ..commit import CommitStrategy, _bounded
 from ..config import ConfigError, client_security
 from ..console import plural
-from ..daemon import Daemon, default_source
+from ..daemon import Daemon
 from ..metrics import ScorerMetrics
 
 log = logging.getLogger("streamsvi.scorer")
@@ -94,8 +94,14 @@ def check_scorer_config(cfg) -> None:
 
 
 def scorer_source(cfg, metrics):
-    """The daemon's Kafka source on the scorers' group, telling where each record came from."""
-    source = default_source({**cfg, "source": {**cfg["source"], "group_id": scorer_group(cfg)}}, metrics)
+    """The worker's Kafka source (the daemon's, with a bounded poll interval: on tansu 0.6.0 a
+    member that missed a rebalance can otherwise wait in its JoinGroup for the default 300 s;
+    with the daemon's source, one run of the two-scorer kill test saw the surviving scorer get
+    no batch for 60 s after its peer was killed) on the scorers' group, telling where each
+    record came from."""
+    from .worker import worker_source
+
+    source = worker_source({**cfg, "source": {**cfg["source"], "group_id": scorer_group(cfg)}}, metrics)
     source.track_positions = True
     return source
 
@@ -441,6 +447,7 @@ class Scorer(Daemon):
         self._batch = None          # the batch in hand (its positions and dead letters)
         self._out: list = []        # (key, value) of the batch in hand's output records
         self.scored = self.errors = 0
+        self._refused = None        # the number of the last snapshot refused by _fits (said once)
 
     def _snapshots(self):
         sc = self.cfg["scorer"]
@@ -457,6 +464,10 @@ class Scorer(Daemon):
         while not self._stop.is_set():
             fitted = self.snapshots.first()
             if fitted is not None:
+                why = self._fits(fitted)
+                if why is not None:
+                    raise ConfigError(f"snapshot {fitted.number} in {self.snapshots.where} cannot score these "
+                                      f"records: {why}; point the scorer at the daemon's config and snapshots")
                 self._use(fitted)
                 print(f"scoring with snapshot {fitted.number} (step {fitted.step}) from {self.snapshots.where}",
                       file=self.out, flush=True)
@@ -493,6 +504,17 @@ class Scorer(Daemon):
         self.commit.finish(source, dead_sink, loop)
 
     # ------------------------------------------------------------- batches
+    def _fits(self, fitted) -> str | None:
+        """Why ``fitted`` cannot score the records this scorer decodes (another model kind, other
+        features), or None."""
+        mine, theirs = self.model, fitted.model
+        if theirs.name != mine.name:
+            return f"it is a {theirs.name!r} model, the config's model.kind is {mine.name!r}"
+        a, b = getattr(theirs, "n_features", None), getattr(mine, "n_features", None)
+        if a != b:
+            return f"it has {a} features, the config's model {b}"
+        return None
+
     def _use(self, fitted) -> None:
         """Score with ``fitted`` from now on (called between transactions)."""
         if self.fitted is not None:
@@ -513,7 +535,13 @@ class Scorer(Daemon):
         if self.commit.txn is None:
             fitted = self.snapshots.newest()
             if fitted is not None and fitted.number != self.fitted.number:
-                self._use(fitted)
+                why = self._fits(fitted)
+                if why is None:
+                    self._use(fitted)
+                elif fitted.number != self._refused:
+                    self._refused = fitted.number
+                    log.error("scorer %s: snapshot %d cannot score these records (%s); scoring on with "
+                              "snapshot %d", self.scorer_id, fitted.number, why, self.fitted.number)
         for d in batch.dead:
             p = d.position
             self._emit(p.source, p.partition, p.offset, d.row, {"reason": d.reason, "error": f"{d.reason}: {d.message}"})
