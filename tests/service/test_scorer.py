@@ -14,7 +14,7 @@ import time
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from streamsvi.checkpoint import CheckpointStore, load_snapshot
+from streamsvi.checkpoint import CheckpointStore, load_snapshot, pointer_number
 from streamsvi.io import JsonCodec, produce_rows
 from streamsvi.io import committed
 from streamsvi.scoring import FittedModel, load
@@ -405,3 +405,70 @@ def test_a_snapshot_of_another_model_is_refused_at_start(tmp_path):
         assert "cannot score these records: it has 3 features, the config's model 2" in str(exc)
     else:
         raise AssertionError("a 3-feature snapshot was used for 2-feature records")
+
+
+def test_serving_while_the_daemon_learns_through_the_snapshot_topic(kafka_broker, new_topic, new_group, tmp_path):
+    """The daemon learns and publishes snapshots on the snapshot topic while the scorer, with a
+    directory of its own, scores a stream: the scorer swaps snapshots as they come, never back,
+    and every input is answered once with the scores of the snapshot it names."""
+    import threading
+
+    bootstrap = kafka_broker.bootstrap
+    train, records, output, snaps = new_topic(1), new_topic(1), new_topic(1), new_topic(1)
+    produce_rows(bootstrap, train, blob_rows(300, seed=1), JsonCodec(2), partitions=1)
+    dcfg = validate(gmm_config(tmp_path / "daemon", bootstrap=bootstrap, topic=train, group=new_group(),
+                               inference={"max_wait_seconds": 0.2},
+                               checkpoint={"snapshot_topic": snaps, "every_batches": 2, "keep": 1000}))
+    d = Daemon(dcfg, registry=CollectorRegistry(), out=io.StringIO())
+    learner = threading.Thread(target=lambda: d.run(timeout=120), daemon=True)
+    learner.start()
+    ck = dcfg["checkpoint"]["directory"]
+    deadline = time.monotonic() + 60
+    while load_first(ck) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    cfg = _scorer_cfg(tmp_path / "scorer", bootstrap, records, new_group(), output, snapshot_topic=snaps,
+                      commit_every_batches=1)
+    cfg["inference"]["batch_size"] = 25
+    s = Scorer(cfg, registry=CollectorRegistry(), out=io.StringIO())
+    X, X_at = blob_rows(5000, seed=15), {}
+
+    def score_some():
+        """25 more records, and wait until the scorer has answered them."""
+        i = len(X_at)
+        X_at.update(_positions(bootstrap, records, X[i:i + 25], 1))
+        while s.scored < len(X_at) and time.monotonic() < deadline + 60:
+            time.sleep(0.02)
+
+    def feed():
+        """Three times: more training data, a new snapshot, records until the scorer uses it."""
+        score_some()
+        for r in range(3):
+            before = pointer_number(ck)
+            produce_rows(bootstrap, train, blob_rows(150, seed=100 + r), JsonCodec(2), partitions=1)
+            while pointer_number(ck) == before and time.monotonic() < deadline + 60:
+                time.sleep(0.02)
+            while s.fitted.number < pointer_number(ck) and len(X_at) < len(X) - 25:
+                score_some()
+        score_some()
+        s.request_stop("done")
+
+    t = threading.Thread(target=feed, daemon=True)
+    t.start()
+    res = s.run(timeout=120)
+    t.join(10)
+    d.request_stop("done")
+    learner.join(30)
+    assert res.stopped_by == "done" and res.records == len(X_at), res
+    got = _by_position(read_committed(bootstrap, output, expect=len(X_at)))
+    assert set(got) == set(X_at)
+    seq = [got[k]["snapshot"]["number"] for k in sorted(got, key=lambda k: k[2])]
+    assert seq == sorted(seq) and len(set(seq)) >= 4, sorted(set(seq))    # swapped as it learnt, never back
+    _check_scores(got.values(), X_at, lambda n: FittedModel.from_snapshot(load_snapshot(f"{ck}/snap-{n:08d}")))
+
+
+def load_first(ck):
+    try:
+        return load(ck)
+    except (FileNotFoundError, ValueError):
+        return None
