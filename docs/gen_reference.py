@@ -139,18 +139,25 @@ def _labels(registry) -> dict:
     return out
 
 
+def _scorer_metrics(registry):
+    from streamsvi.service.metrics import ScorerMetrics
+
+    return ScorerMetrics(registry)
+
+
 def metrics() -> str:
     from prometheus_client import CollectorRegistry
 
     from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics
 
-    out = [HEADER.format(src="streamsvi/service/metrics.py (DaemonMetrics, ScaleoutMetrics)"),
+    out = [HEADER.format(src="streamsvi/service/metrics.py (DaemonMetrics, ScaleoutMetrics, ScorerMetrics)"),
            "# Metrics reference\n",
            "Every metric a daemon serves at `http://metrics.host:metrics.port/metrics`, with its "
            "help text as `# HELP` gives it. [Operations](../operations.md#metrics) says what each "
            "measures and when a gauge has no value yet.\n"]
     for title, make in (("The daemon", lambda r: DaemonMetrics(r)),
-                        ("Scale-out roles (`--role worker|applier`)", lambda r: ScaleoutMetrics(r))):
+                        ("Scale-out roles (`--role worker|applier`)", lambda r: ScaleoutMetrics(r)),
+                        ("The scorer (`--role scorer`, besides the daemon's)", _scorer_metrics)):
         registry = CollectorRegistry()
         make(registry)
         labels = _labels(registry)

@@ -301,11 +301,16 @@ def _run(args) -> int:
     if args.role in ("worker", "applier"):
         from .service.roles.worker import check_scaleout_config
         check_scaleout_config(cfg)        # what the role refuses, --print-config or not
+    if args.role == "scorer":
+        from .service.roles.scorer import check_scorer_config
+        check_scorer_config(cfg)          # what the role refuses, --print-config or not
     if args.print_config:
         print(json.dumps(cfg, indent=2))
         return 0
     setup_logging(args.log_level)
     _check_paths(cfg)
+    if args.role == "scorer":
+        return _run_scorer(cfg, args)
     if args.role == "applier":
         from .service.roles.applier import Applier
         applier = Applier(cfg)
@@ -329,6 +334,20 @@ def _run(args) -> int:
         return exitcodes.OK
     res = daemon.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
     print(res.summary(), file=sys.stderr)
+    return exitcodes.OK
+
+
+def _run_scorer(cfg, args) -> int:
+    """``streamsvi run --role scorer``: score the records topics with the daemon's snapshots."""
+    from .service import exitcodes
+    from .service.roles.scorer import Scorer
+
+    scorer = Scorer(cfg)
+    scorer.install_signal_handlers()
+    if scorer.stop_reason:
+        return exitcodes.OK
+    res = scorer.run(max_batches=args.max_batches, timeout=args.timeout, until_drained=args.until_drained)
+    print(scorer.summary(res), file=sys.stderr)
     return exitcodes.OK
 
 
@@ -950,10 +969,12 @@ def build_parser(lean: bool = False) -> argparse.ArgumentParser:
                    help="start with fresh parameters even though there is no valid snapshot but "
                         "the checkpoint directory or the consumer group shows an earlier run "
                         "(refused with exit code 4 otherwise)")
-    r.add_argument("--role", choices=("single", "worker", "applier"), default="single",
+    r.add_argument("--role", choices=("single", "worker", "applier", "scorer"), default="single",
                    help="single (default): one process learns from every partition; worker: local "
                         "steps and statistic deltas in Kafka transactions; applier: applies the "
-                        "deltas and checkpoints (README, \"Scaling out\")")
+                        "deltas and checkpoints (README, \"Scaling out\"); scorer: scores the records "
+                        "topics with the newest snapshot, exactly once, to scorer.output_topic "
+                        "(docs/serving.md)")
     d = sub.add_parser("demo", help="embedded default: local broker + a topic of records + the daemon "
                                     "(needs the 'local' extra; offline)",
                        description="Start a local broker (tansu, from the 'local' extra), produce the "

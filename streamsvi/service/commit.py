@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from ..checkpoint import pointer_number
 from .config import client_security
 from .console import plural, said_on_console
+from .roles.snapshot_topic import publish_snapshot
 from .roles.transport import MAX_DELTA_BYTES, Delta, bundle_size, check_delta_size, encode_bundle
 
 daemon_log = logging.getLogger("streamsvi.daemon")
@@ -148,6 +149,8 @@ class SnapshotCommit(CommitStrategy):
         d.promotion.on_snapshot(snap)      # the first is promoted; later ones are candidates
         d.metrics.checkpoint_ts.set(time.time())
         d.metrics.checkpoints.inc()
+        if not d.promotion.active:           # with promotion, the promoted ones (Promotion._decide)
+            publish_snapshot(d, snap)        # checkpoint.snapshot_topic, when set (roles/snapshot_topic.py)
         try:
             source.commit(dict(d.offsets))   # only after the snapshot is durable
             d.health.answered()

@@ -171,6 +171,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "keep": Field("int", 3, "snapshots kept", min=1),
         "every_seconds": Field("float", 30.0, "checkpoint at least this often", min=0),
         "every_batches": Field("int", 100, "checkpoint after this many batches", min=1),
+        "snapshot_topic": Field("str", None, "also publish each durable snapshot on this Kafka topic (one "
+                                "partition), for scorers without the checkpoint directory (docs/serving.md)"),
+        "snapshot_chunk_bytes": Field("int", 1000000, "payload bytes of one snapshot-topic message: keep it "
+                                      "under the broker's message.max.bytes", min=1024),
     },
     "metrics": {
         "enabled": Field("bool", True, "serve Prometheus metrics"),
@@ -280,6 +284,29 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "adwin_delta": Field("float", 0.002, "adwin: confidence delta of a cut", min=0, max=1),
         "adwin_clock": Field("int", 1, "adwin: check for a cut every this many batches", min=1),
         "grace_period": Field("int", 10, "adwin: batches after a (re)start before it can cut", min=1),
+    },
+    "scorer": {
+        "output_topic": Field("str", None, "--role scorer: topic the scored records go to (required)"),
+        "group_id": Field("str", None, "the scorers' consumer group on the records topics (default "
+                          "<source.group_id>-scorer: never the daemon's group)"),
+        "scorer_id": Field("str", None, "this scorer's id (stable across restarts: its transactional id); "
+                           "default $STREAMSVI_SCORER_ID, else the host name"),
+        "snapshot_topic": Field("str", None, "read snapshots from this topic (the daemon's "
+                                "checkpoint.snapshot_topic) instead of checkpoint.directory"),
+        "follow": Field("str", "promoted", "in checkpoint.directory, the snapshot the scorer serves: "
+                        "promoted (on held-out evidence, [promotion]; latest where there is no promoted "
+                        "pointer) or latest (every new snapshot)", choices=("promoted", "latest")),
+        "from_lambda": Field("bool", False, "score with the scale-out applier's lambda ([scaleout] "
+                             "lambda_topic, or lambda_file) instead of snapshots: each lambda version is "
+                             "a snapshot, numbered by its step"),
+        "snapshot_poll_seconds": Field("float", 1.0, "look for a newer snapshot at most this often "
+                                       "(between transactions)", min=0),
+        "commit_every_batches": Field("int", 8, "commit the scored records and the input offsets of this "
+                                      "many batches in one transaction", min=1),
+        "commit_seconds": Field("float", 0.5, "... or once the open transaction is this old (and at every "
+                                "empty poll and stop)", min=0),
+        "transaction_timeout_ms": Field("int", 60000, "scorer transaction timeout (Kafka aborts a dead "
+                                        "scorer's open transaction after it)", min=1000),
     },
 }
 

@@ -372,3 +372,49 @@ class ScaleoutMetrics:
                                 "their partitions", namespace=ns, registry=r)
         self.gaps = Counter("delta_gaps", "Deltas that start past the end of the applied ranges of "
                             "a partition (records no delta carries)", namespace=ns, registry=r)
+
+
+class ScorerMetrics:
+    """Metrics of the scorer role (``--role scorer``), in the daemon's registry.
+
+    ``streamsvi_records_scored_total`` (records/s is its rate),
+    ``streamsvi_scoring_duration_seconds`` (wall time of scoring one batch: decode done,
+    the model's ``score`` and the output records made),
+    ``streamsvi_scorer_errors_total{reason}`` (input records answered with an error, by
+    the daemon's reason code), ``streamsvi_scorer_snapshot_number`` and
+    ``streamsvi_scorer_snapshot_step`` (the snapshot scoring now),
+    ``streamsvi_scorer_snapshot_age_seconds`` (seconds since that snapshot was written,
+    computed at scrape time), ``streamsvi_scorer_snapshot_swaps_total`` and
+    ``streamsvi_scorer_transactions_total``.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        import time
+
+        ns, r = "streamsvi", registry
+        self.scored = Counter("records_scored", "Input records answered with their scores (records/s: its rate)",
+                              namespace=ns, registry=r)
+        self.seconds = Histogram("scoring_duration_seconds", "Wall time of scoring one batch (the model's "
+                                 "score and the output records)", namespace=ns, registry=r,
+                                 buckets=_LATENCY_BUCKETS)
+        self.errors = Counter("scorer_errors", "Input records answered with an error record, by reason",
+                              ("reason",), namespace=ns, registry=r)
+        self.snapshot_number = Gauge("scorer_snapshot_number", "Number of the snapshot the scorer scores with",
+                                     namespace=ns, registry=r)
+        self.snapshot_step = Gauge("scorer_snapshot_step", "Engine step of the snapshot the scorer scores with",
+                                   namespace=ns, registry=r)
+        self.snapshot_created = None          # Unix time the snapshot in use was written
+        self.snapshot_age = Gauge("scorer_snapshot_age_seconds", "Seconds since the snapshot the scorer "
+                                  "scores with was written", namespace=ns, registry=r)
+        self.snapshot_age.set_function(lambda: float("nan") if self.snapshot_created is None
+                                       else time.time() - self.snapshot_created)
+        self.swaps = Counter("scorer_snapshot_swaps", "Snapshots swapped in while scoring", namespace=ns,
+                             registry=r)
+        self.transactions = Counter("scorer_transactions", "Transactions the scorer committed (scored "
+                                    "records and input offsets together)", namespace=ns, registry=r)
+
+    def use_snapshot(self, fitted) -> None:
+        """The scorer scores with ``fitted`` (a :class:`~streamsvi.scoring.FittedModel`) from now on."""
+        self.snapshot_number.set(fitted.number)
+        self.snapshot_step.set(fitted.step)
+        self.snapshot_created = fitted.created.timestamp()

@@ -108,6 +108,7 @@ class Promotion:
         reservoir: decided now)."""
         if not self.active:
             return
+        self._newest = snap         # what _decide publishes on checkpoint.snapshot_topic when promoted
         if self.promoted is None:
             self._decide(snap.number, snap.state, "promoted", None, None, 0,
                          "first snapshot: nothing promoted to compare with")
@@ -187,6 +188,10 @@ class Promotion:
         against = None if self.promoted is None else self.promoted[0]
         if outcome == "promoted":
             self.promoted = (number, state, c)
+            snap = getattr(self, "_newest", None)
+            if snap is not None and snap.number == number:      # scorers without shared storage
+                from .roles.snapshot_topic import publish_snapshot
+                publish_snapshot(self.d, snap)
         self.candidate, self._sums = None, [0.0, 0.0, 0]
         self._record(number, outcome, c, p, n, reason, against=against,
                      promote=number if outcome == "promoted" else None)

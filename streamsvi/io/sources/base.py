@@ -130,6 +130,10 @@ class Batch:
         The first consumed offset of every partition in ``next_offsets``: the
         batch read ``first <= offset < next`` of each (the scale-out worker
         sends these ranges with its delta).
+    positions : list of (source, partition, offset, row) or None
+        Where each accepted record of ``x`` came from, in ``x``'s order (``row``: its
+        index in a multi-row message, else None); only from a source whose
+        ``track_positions`` is set (the scorer role), None otherwise.
     """
 
     x: np.ndarray
@@ -137,6 +141,7 @@ class Batch:
     dead: list[DeadLetter] = field(default_factory=list)
     n_messages: int = 0
     first_offsets: Offsets = field(default_factory=dict)
+    positions: list | None = None
 
     @property
     def n_rows(self) -> int:
@@ -181,8 +186,10 @@ class _BatchBuilder:
     """
 
     def __init__(self, codec: Codec | None, validator: RecordValidator, n_features: int | None,
-                 kind: RecordKind | None = None):
+                 kind: RecordKind | None = None, track_positions: bool = False):
         self.codec, self.validator, self.n_features = codec, validator, n_features
+        #: each accepted record's (source, partition, offset, row), when tracked (Batch.positions)
+        self.positions: list | None = [] if track_positions else None
         self.kind = kind or _DENSE
         self._empty = None
         self.parts: list[np.ndarray] = []
@@ -219,7 +226,11 @@ class _BatchBuilder:
                 x = decode_many_safely(self.codec, payloads)
         except TypeError:                       # a None payload: one by one
             x = None
+        if x is not None and self.positions is not None and self.kind.n_records(x) != n:
+            x = None                            # multi-row messages: positions come one by one
         if x is not None and all_valid_safely(self.validator, x):
+            if self.positions is not None:
+                self.positions += [(source, partition, int(o), None) for o in offsets]
             self.n_messages += n
             self.next_offsets[(source, partition)] = offsets[-1] + 1
             self._append(x, fresh=True)
@@ -259,12 +270,14 @@ class _BatchBuilder:
             for i, reason, message in rejected:
                 dead.append((seq, DeadLetter(pos, reason, f"row {i} of {n_x}: {message}",
                                              self.codec.encode_rows(kind.take(x, slice(i, i + 1))), i)))
+            self._track(pos, n_x, rejected, rows=True)
             self._append(good, fresh=True)
         if rows:
             good, rejected = validate_safely(self.validator, kind, kind.concat(rows))
             for i, reason, message in rejected:
                 seq, pos, payload = row_meta[i]
                 dead.append((seq, DeadLetter(pos, reason, message, payload)))
+            self._track([m[1] for m in row_meta], len(row_meta), rejected)
             self._append(good, fresh=True)
         dead.sort(key=lambda item: item[0])  # stable: rows of one message stay in order
         self.dead.extend(d for _, d in dead)
@@ -279,7 +292,19 @@ class _BatchBuilder:
         for i, reason, message in rejected:
             payload = json.dumps(self.kind.to_json(self.kind.take(x, slice(i, i + 1)))[0]).encode()
             self.dead.append(DeadLetter(Position(source, 0, offset0 + i), reason, message, payload))
+        self._track([Position(source, 0, offset0 + i) for i in range(n)], n, rejected)
         self._append(good, fresh=False)  # can be a view of the caller's array
+
+    def _track(self, where, n: int, rejected, rows: bool = False) -> None:
+        """Note the positions of the accepted records among ``n`` validated ones (when tracked):
+        ``where`` the Position of each, or (``rows``) one Position of a message and ``n`` its rows."""
+        if self.positions is None:
+            return
+        bad = {i for i, _, _ in rejected}
+        for i in range(n):
+            if i not in bad:
+                pos = where if rows else where[i]
+                self.positions.append((pos.source, pos.partition, pos.offset, i if rows else None))
 
     def _append(self, good, fresh: bool):
         n = self.kind.n_records(good)
@@ -304,7 +329,8 @@ class _BatchBuilder:
             x = self._empty
         else:
             x = self.codec.empty()
-        return Batch(x, dict(self.next_offsets), self.dead, self.n_messages, dict(self.first_offsets))
+        return Batch(x, dict(self.next_offsets), self.dead, self.n_messages, dict(self.first_offsets),
+                     self.positions)
 
 
 class Source:
@@ -321,6 +347,9 @@ class Source:
     """
 
     n_features: int
+    #: Whether batches say where each accepted record came from (``Batch.positions``);
+    #: the scorer role sets it on its source (Kafka and memory sources honour it).
+    track_positions: bool = False
 
     def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
         """The next minibatch, or None if nothing arrived within ``max_wait_s``.

@@ -850,7 +850,7 @@ class KafkaSource(Source):
         if not self._buffer and not self._owns_partitions():
             if not self._await_assignment(max(deadline, time.monotonic() + self.JOIN_POLL_S)):
                 return None
-        b = _BatchBuilder(self.codec, self.validator, self.n_features, self.kind)
+        b = _BatchBuilder(self.codec, self.validator, self.n_features, self.kind, self.track_positions)
         polled = False
         while True:
             while self._buffer and b.n_rows < max_records:

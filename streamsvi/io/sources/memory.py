@@ -50,7 +50,7 @@ class MemorySource(Source):
 
     def poll_batch(self, max_records: int, max_wait_s: float = 0.0) -> Batch | None:
         _check_poll_args(max_records, max_wait_s)
-        b = _BatchBuilder(None, self.validator, self.n_features, self.kind)
+        b = _BatchBuilder(None, self.validator, self.n_features, self.kind, self.track_positions)
         while b.n_rows < max_records and self._pos < self._n:
             stop = min(self._pos + (max_records - b.n_rows), self._n)
             b.add_rows(self.name, self._pos, self.kind.take(self.x, slice(self._pos, stop)))
