@@ -30,6 +30,7 @@ dead-letter gets an error with the daemon's reason code and its line number.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ import numpy as np
 
 from .checkpoint import Snapshot, load_snapshot, pointer_text
 from .io.validate import ModelChecked
-from .models.base import ScoresRecords, StoredScaled
+from .models.base import ScoresRecords, StoredScaled, column_length, records_of_columns, rounded_probabilities
 
 log = logging.getLogger("streamsvi.scoring")
 
@@ -167,21 +168,55 @@ class FittedModel:
         """Topic models: exp(−perword_bound)."""
         return self._model_method("perplexity")(self.lam, x, topic_kl, n_docs)
 
-    def score(self, x) -> list[dict]:
+    def __repr__(self) -> str:
+        s = self.settings
+        shown = ", ".join(f"{k}={v!r}" for k, v in list(s.items())[1:7]) + (", ..." if len(s) > 7 else "")
+        return (f"FittedModel({s['name']}: {shown})\n"
+                f"  snapshot {self.number} at {self.path}, written {self.created:%Y-%m-%d %H:%M:%S} UTC "
+                f"by streamsvi {self.version}\n"
+                f"  step {self.step}, {self.records_seen} records; scores: {', '.join(self.scoring_methods)}")
+
+    def score_block(self, x, top_k: int = 10) -> dict:
+        """The scores of the records ``x`` (a decoded batch) as columns, ``{name: column}``.
+
+        The column layout of :class:`streamsvi.models.ScoresRecords` (1-D arrays, 2-D
+        arrays of probabilities, lists of JSON values): what :meth:`score` turns into
+        dicts and what ``streamsvi score`` writes straight to JSON lines; the fast way
+        to score many records. Mixtures: ``assignment`` (MAP component),
+        ``responsibilities`` and ``log_density`` (the predictive log density). Other
+        models say what theirs are (``score_columns``); ``top_k`` is used by the
+        ratings models (PMF, HPF) for a record of a user alone.
+        """
+        model = self.model
+        if isinstance(model, ScoresRecords):
+            kw = {} if self.aux is None else {"aux": self.aux}
+            if "top_k" in model.score_options:
+                kw["top_k"] = top_k
+            return model.score_columns(self.lam, x, **kw)
+        x = self.check(x)
+        R = np.asarray(self.responsibilities(x))
+        return {"assignment": R.argmax(axis=1), "responsibilities": R,
+                "log_density": np.asarray(self.predictive_logpdf(x), dtype=np.float64)}
+
+    def score(self, x, top_k: int = 10) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts.
 
-        A model with a ``score_records(lam, x)`` method decides what that is;
-        otherwise (the mixtures) the MAP assignment, the responsibilities and
-        the predictive log density.
+        ``x`` is a decoded batch (an array, a CSR matrix, :class:`~streamsvi.models.Ratings`,
+        sequences) or a list of JSON records as the daemon reads them (dicts: ``{"user":
+        "u1", "item": 3}``, ``{"ids": [...], "counts": [...]}``, ``{"x": [...]}``); JSON
+        records are decoded and validated as ``streamsvi score`` does, and a record that
+        cannot be scored gets ``{"reason": r, "error": "r: ..."}`` in its place. The dicts
+        are :meth:`score_block`'s columns, one per record; a ratings model gives
+        ``top_k`` items to a record of a user alone (PMF, HPF).
         """
-        if isinstance(self.model, ScoresRecords):
-            own = self.model.score_records
-            return own(self.lam, x) if self.aux is None else own(self.lam, x, aux=self.aux)
-        x = self.check(x)
-        R = self.responsibilities(x)
-        lp = self.predictive_logpdf(x)
-        return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],
-                 "log_density": float(d)} for r, d in zip(R, lp)]
+        if isinstance(x, (list, tuple)) and x and all(isinstance(v, dict) for v in x):
+            lines = [(i, json.dumps(v)) for i, v in enumerate(x)]
+            fields = (self.config.get("source") or {}).get("fields")    # the daemon's, for dense objects
+            out = LineScorer(self, "jsonl", fields, top_k=top_k)(lines)
+            for rec in out:
+                del rec["line"]
+            return out
+        return records_of_columns(self.score_block(x, top_k=top_k))
 
 
 def load(path) -> FittedModel:
@@ -296,6 +331,8 @@ class LineScorer:
         numbers (models with dense records only).
     fields : sequence of str, optional
         JSON object field names (the config's ``source.fields``).
+    top_k : int
+        Ratings models (PMF, HPF): how many items a record of a user alone gets.
 
     Raises
     ------
@@ -313,6 +350,11 @@ class LineScorer:
     when they all parse and validate (one vectorised score), one by one
     otherwise.
 
+    :meth:`score_bytes` does the same for raw lines and returns the JSON lines
+    themselves, written from the score columns without a dict per record (what
+    ``streamsvi score`` and a scorer should call for speed): the same values as
+    ``json.dumps`` of the dicts (probabilities as 12-decimal text).
+
     Examples
     --------
     >>> import numpy as np, tempfile
@@ -328,13 +370,14 @@ class LineScorer:
     [(1, None), (2, 'non_finite'), (4, 'wrong_shape')]
     """
 
-    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None):
+    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None, top_k: int = 10):
         from .io.dense import CsvCodec, DenseKind
         from .io.records import record_kind
 
         if fmt not in ("jsonl", "csv"):
             raise ValueError(f"format must be 'jsonl' or 'csv', got {fmt!r}")
         self.fitted = fitted
+        self.top_k = top_k
         self.kind = record_kind(fitted.model)
         if fmt == "csv":
             if not isinstance(self.kind, DenseKind):
@@ -353,9 +396,6 @@ class LineScorer:
                                              dict(fitted.config.get("validation") or {}))
 
     def __call__(self, lines) -> list[dict]:
-        from .io.codecs import DecodeError, decode_many_safely, decode_rows_safely
-        from .io.validate import all_valid_safely, validate_safely
-
         numbers, payloads = [], []
         for n, text in lines:
             text = text.strip()
@@ -364,12 +404,42 @@ class LineScorer:
                 payloads.append(text.encode("utf-8", "replace"))
         if not payloads:
             return []
+        kept, columns, errors = self._run(numbers, payloads)
+        if columns is not None:
+            for n, sc in zip(kept, records_of_columns(columns)):
+                errors[n] = {"line": n, **sc}
+        return [errors[n] for n in sorted(errors)]
+
+    def score_bytes(self, numbers, payloads) -> tuple[bytes, int, int]:
+        """JSON lines (bytes) for the stripped, non-blank lines ``payloads`` (bytes) numbered
+        ``numbers`` (ascending), with the number of lines scored and of lines with an error.
+
+        The same records as :meth:`__call__` (``json.loads`` of each line equals its dict),
+        in line order; the scores are written from the columns in one vectorised pass
+        (:func:`jsonl_of_columns`).
+        """
+        if not payloads:
+            return b"", 0, 0
+        kept, columns, errors = self._run(numbers, payloads)
+        text = jsonl_of_columns(columns, kept) if columns is not None else b""
+        if not errors:
+            return text, len(kept), 0
+        lines = dict(zip(kept, text.splitlines(keepends=True))) if kept else {}
+        lines.update((n, json.dumps(rec).encode() + b"\n") for n, rec in errors.items())
+        return b"".join(lines[n] for n in sorted(lines)), len(kept), len(errors)
+
+    def _run(self, numbers, payloads):
+        """Decode, validate and score: (line numbers scored, their score columns or None,
+        {line number: error dict})."""
+        from .io.codecs import DecodeError, decode_many_safely, decode_rows_safely
+        from .io.validate import all_valid_safely, validate_safely
+
         kind = self.kind
         fast = None
         if max(map(len, payloads)) <= self.validator.max_message_bytes:
             fast = decode_many_safely(self.codec, payloads)
         if fast is not None and kind.n_records(fast) == len(payloads) and all_valid_safely(self.validator, fast):
-            return [{"line": n, **sc} for n, sc in zip(numbers, self._score(fast))]
+            return self._score(list(numbers), fast, {})
         out, parts, where = {}, [], []
         for n, payload in zip(numbers, payloads):
             problem = self.validator.check_size(payload)
@@ -386,36 +456,164 @@ class LineScorer:
                 continue
             parts.append(part)
             where.append(n)
-        if parts:
-            good, rejected = validate_safely(self.validator, kind, kind.concat(parts))
-            bad = {i for i, _, _ in rejected}
-            for i, reason, message in rejected:
-                out[where[i]] = _error(where[i], reason, message)
-            kept = [n for i, n in enumerate(where) if i not in bad]
-            if kept:
-                for n, sc in zip(kept, self._score(good)):
-                    out[n] = {"line": n, **sc}
-        return [out[n] for n in sorted(out)]
+        if not parts:
+            return [], None, out
+        good, rejected = validate_safely(self.validator, kind, kind.concat(parts))
+        bad = {i for i, _, _ in rejected}
+        for i, reason, message in rejected:
+            out[where[i]] = _error(where[i], reason, message)
+        kept = [n for i, n in enumerate(where) if i not in bad]
+        if not kept:
+            return [], None, out
+        return self._score(kept, good, out)
 
-    def _score(self, batch) -> list[dict]:
-        """The scores of valid records; a record the model still refuses gets ``invalid``."""
+    def _score(self, numbers, batch, errors):
+        """Score valid records; a record the model still refuses gets ``invalid`` (found one by one)."""
+        fitted, kind, top_k = self.fitted, self.kind, self.top_k
         try:
-            return self.fitted.score(batch)
+            return numbers, fitted.score_block(batch, top_k=top_k), errors
         except ValueError:
             pass
-        out = []
-        for i in range(self.kind.n_records(batch)):
+        ok = []
+        for i, n in enumerate(numbers):
             try:
-                out.extend(self.fitted.score(self.kind.take(batch, slice(i, i + 1))))
+                fitted.score_block(kind.take(batch, slice(i, i + 1)), top_k=top_k)
+                ok.append(i)
             except ValueError as exc:
-                out.append({"reason": "invalid", "error": f"invalid: {exc}"})
-        return out
+                errors[n] = {"line": n, "reason": "invalid", "error": f"invalid: {exc}"}
+        if not ok:
+            return [], None, errors
+        columns = fitted.score_block(kind.take(batch, np.asarray(ok, dtype=np.int64)), top_k=top_k)
+        return [numbers[i] for i in ok], columns, errors
 
 
 def _error(line: int, reason: str, message: str) -> dict:
     return {"line": line, "reason": reason, "error": f"{reason}: {message}"}
 
 
-def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None) -> list[dict]:
-    """``LineScorer(fitted, fmt, fields)(lines)``: see :class:`LineScorer`."""
-    return LineScorer(fitted, fmt, fields)(lines)
+def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None, top_k: int = 10) -> list[dict]:
+    """``LineScorer(fitted, fmt, fields, top_k)(lines)``: see :class:`LineScorer`."""
+    return LineScorer(fitted, fmt, fields, top_k)(lines)
+
+# ------------------------------------------------------------ JSON lines from score columns
+#: 3-digit ASCII groups "000" … "999" (the fixed-point digits of probabilities)
+_DIGITS3 = np.array([list(f"{i:03d}".encode()) for i in range(1000)], dtype=np.uint8)
+#: the most bytes a padded column may take in one block before the writer goes record by record
+_MAX_BLOCK_BYTES = 64 << 20
+
+
+class _Fallback(Exception):
+    """A column the vectorised writer does not write (e.g. ±inf): write the block record by record."""
+
+
+def _bytes_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed-width bytes array ``a`` (n,) as (n, w) uint8 and the mask of its non-NUL bytes."""
+    w = a.dtype.itemsize
+    if w == 0:
+        a = a.astype("S1")
+        w = 1
+    if len(a) * w > _MAX_BLOCK_BYTES:
+        raise _Fallback
+    data = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), w)
+    return data, data != 0
+
+
+def _float_text(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Shortest round-trip text of floats (numpy's Dragon4, the digits of Python's ``repr``)."""
+    if not np.isfinite(v).all():
+        raise _Fallback
+    return _bytes_rows(v.astype("S32"))
+
+
+def _probability_text(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``[p1, p2, ...]`` per row: each p = rint(p·10¹²)/10¹² in [0, 1] as fixed-point text with
+    its trailing zeros dropped ("0.25", "1.0"), which reads back as that exact value."""
+    n, K = P.shape
+    m = np.rint(np.asarray(P, dtype=np.float64) * 1e12)
+    if not (np.isfinite(m).all() and (m >= 0).all() and (m <= 1e12).all()):
+        raise _Fallback
+    m = m.astype(np.int64)
+    whole, frac = np.divmod(m, 10 ** 12)
+    el = np.empty((n, K, 16), dtype=np.uint8)
+    el[:, :, 0] = 48 + whole
+    el[:, :, 1] = 46                                   # "."
+    for g, p in enumerate((10 ** 9, 10 ** 6, 10 ** 3, 1)):
+        el[:, :, 2 + 3 * g:5 + 3 * g] = _DIGITS3[(frac // p) % 1000]
+    el[:, :, 14] = 44                                  # ", "
+    el[:, :, 15] = 32
+    keep = np.ones((n, K, 16), dtype=bool)
+    nz = el[:, :, 2:14] != 48
+    last = np.where(nz.any(axis=2), 11 - nz[:, :, ::-1].argmax(axis=2), 0)   # last digit kept
+    keep[:, :, 2:14] = np.arange(12) <= last[:, :, None]
+    keep[:, K - 1, 14:] = False
+    data = el.reshape(n, K * 16)
+    return data, keep.reshape(n, K * 16)
+
+
+def _json_text(values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``json.dumps`` of each value (``None``: absent) as rows; and the presence mask or None."""
+    present = None
+    if any(v is None for v in values):
+        present = np.array([v is not None for v in values], dtype=bool)
+    dumps = json.dumps
+    encoded = [b"" if v is None else dumps(v).encode() for v in values]
+    data, keep = _bytes_rows(np.array(encoded, dtype=bytes))
+    return data, keep, present
+
+
+def jsonl_of_columns(columns: dict, lines) -> bytes:
+    """One JSON line per record of score columns, ``{"line": n, "name": value, ...}``, as bytes.
+
+    Every column is turned into text at once (numpy's float text, a 3-digit table for
+    probabilities, ``json.dumps`` only for the values of list columns) and the lines are
+    cut out of one padded byte matrix by a mask. ``json.loads`` of each line equals
+    ``{"line": n, **records_of_columns(columns)[i]}``; a block holding something the
+    vectorised writer does not write (±inf) is written record by record with ``json.dumps``.
+    """
+    n = column_length(columns)
+    numbers = np.asarray(lines, dtype=np.int64)
+    if len(numbers) != n:
+        raise ValueError(f"{len(numbers)} line numbers for {n} scored records")
+    if n == 0:
+        return b""
+    try:
+        datas, keeps = [], []
+
+        def const(text: bytes, present=None):
+            row = np.frombuffer(text, dtype=np.uint8)
+            datas.append(np.broadcast_to(row, (n, len(row))))
+            keeps.append(np.broadcast_to(np.ones(len(row), bool) if present is None else present[:, None],
+                                         (n, len(row))))
+
+        const(b'{"line": ')
+        d, k = _bytes_rows(numbers.astype("S21"))
+        datas.append(d)
+        keeps.append(k)
+        for name, v in columns.items():
+            present = None
+            if isinstance(v, np.ndarray) and v.ndim == 2:
+                d, k = _probability_text(v)
+                d = np.concatenate([np.full((n, 1), 91, np.uint8), d, np.full((n, 1), 93, np.uint8)], axis=1)
+                k = np.concatenate([np.ones((n, 1), bool), k, np.ones((n, 1), bool)], axis=1)
+            elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                nan = np.isnan(v)
+                if nan.any():
+                    present = ~nan
+                    v = np.where(nan, 0.0, v)
+                d, k = _float_text(v)
+            elif isinstance(v, np.ndarray) and v.dtype.kind == "b":
+                d, k = _bytes_rows(np.where(v, b"true", b"false"))
+            elif isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+                d, k = _bytes_rows(v.astype("S21"))
+            else:
+                d, k, present = _json_text(list(v))
+            const(b", " + json.dumps(name).encode() + b": ", present)
+            datas.append(d)
+            keeps.append(k if present is None else k & present[:, None])
+        const(b"}\n")
+        buf = np.concatenate(datas, axis=1)
+        keep = np.concatenate(keeps, axis=1)
+        return buf[keep].tobytes()
+    except _Fallback:
+        return b"".join(json.dumps({"line": int(ln), **rec}).encode() + b"\n"
+                        for ln, rec in zip(numbers.tolist(), records_of_columns(columns)))
