@@ -439,7 +439,7 @@ class LineScorer:
         if max(map(len, payloads)) <= self.validator.max_message_bytes:
             fast = decode_many_safely(self.codec, payloads)
         if fast is not None and kind.n_records(fast) == len(payloads) and all_valid_safely(self.validator, fast):
-            return self._score(list(numbers), fast, {})
+            return self._score(numbers, fast, {})
         out, parts, where = {}, [], []
         for n, payload in zip(numbers, payloads):
             problem = self.validator.check_size(payload)
@@ -532,22 +532,20 @@ def _probability_text(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m = np.rint(np.asarray(P, dtype=np.float64) * 1e12)
     if not (np.isfinite(m).all() and (m >= 0).all() and (m <= 1e12).all()):
         raise _Fallback
-    m = m.astype(np.int64)
-    whole, frac = np.divmod(m, 10 ** 12)
+    hi, lo = np.divmod(m.astype(np.int64), 10 ** 6)         # 32-bit arithmetic from here
+    whole, hi = np.divmod(hi.astype(np.int32), 10 ** 6)
+    lo = lo.astype(np.int32)
     el = np.empty((n, K, 16), dtype=np.uint8)
     el[:, :, 0] = 48 + whole
     el[:, :, 1] = 46                                   # "."
-    for g, p in enumerate((10 ** 9, 10 ** 6, 10 ** 3, 1)):
-        el[:, :, 2 + 3 * g:5 + 3 * g] = _DIGITS3[(frac // p) % 1000]
+    for g, (part, p) in enumerate(((hi, 1000), (hi, 1), (lo, 1000), (lo, 1))):
+        el[:, :, 2 + 3 * g:5 + 3 * g] = _DIGITS3[(part // p) % 1000]
     el[:, :, 14] = 44                                  # ", "
     el[:, :, 15] = 32
-    keep = np.ones((n, K, 16), dtype=bool)
-    nz = el[:, :, 2:14] != 48
-    last = np.where(nz.any(axis=2), 11 - nz[:, :, ::-1].argmax(axis=2), 0)   # last digit kept
-    keep[:, :, 2:14] = np.arange(12) <= last[:, :, None]
+    keep = np.ones((n, K, 16), dtype=bool)             # decimals up to the last non-zero one
+    np.logical_or.accumulate(el[:, :, 13:2:-1] != 48, axis=2, out=keep[:, :, 13:2:-1])
     keep[:, K - 1, 14:] = False
-    data = el.reshape(n, K * 16)
-    return data, keep.reshape(n, K * 16)
+    return el.reshape(n, K * 16), keep.reshape(n, K * 16)
 
 
 def _json_text(values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
