@@ -151,8 +151,8 @@ def main():
         rows.append(run_case(name, quick if args.quick else full, args.rounds, args.chunk))
     print(f"\nstreamsvi score vs in-memory scoring of the same records; chunks of {args.chunk}, "
           f"median of {args.rounds} alternated rounds; numpy {np.__version__}\n")
-    print(f"| model | records | in-memory /s | score_block /s | streamsvi score /s | dicts + json.dumps /s "
-          f"| score ÷ in-memory | score ÷ score_block |")
+    print("| model | records | in-memory /s | score_block /s | streamsvi score /s | dicts + json.dumps /s "
+          "| score ÷ in-memory | score ÷ score_block |")
     print("|---|---|---|---|---|---|---|---|")
     for title, n, rate, vs_mem, vs_block in rows:
         print(f"| {title} | {n:,} | {rate['in-memory']:,.0f} | {rate['score_block']:,.0f} | {rate['cli']:,.0f} "

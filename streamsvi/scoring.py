@@ -41,7 +41,7 @@ import numpy as np
 
 from .checkpoint import Snapshot, load_snapshot, pointer_text
 from .io.validate import ModelChecked
-from .models.base import ScoresRecords, StoredScaled, column_length, records_of_columns, rounded_probabilities
+from .models.base import ScoresRecords, StoredScaled, column_length, records_of_columns
 
 log = logging.getLogger("streamsvi.scoring")
 
@@ -518,11 +518,18 @@ def _bytes_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return data, data != 0
 
 
+def _int_text(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Integers as decimal text rows (as narrow as the widest)."""
+    v = v.astype(np.int64, copy=False)
+    widest = max(abs(int(v.min())), abs(int(v.max()))) if len(v) else 0
+    return _bytes_rows(v.astype(f"S{len(str(widest)) + 1}"))
+
+
 def _float_text(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Shortest round-trip text of floats (numpy's Dragon4, the digits of Python's ``repr``)."""
     if not np.isfinite(v).all():
         raise _Fallback
-    return _bytes_rows(v.astype("S32"))
+    return _bytes_rows(v.astype("S24"))                # the longest: -2.2250738585072014e-308
 
 
 def _probability_text(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -553,6 +560,14 @@ def _json_text(values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     present = None
     if any(v is None for v in values):
         present = np.array([v is not None for v in values], dtype=bool)
+    elif set(map(type, values)) == {str}:
+        joined = "".join(values)                      # plain printable ASCII ids: quote them at once
+        if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+            body, keep = _bytes_rows(np.array(values, dtype=bytes))
+            n = len(values)
+            quote, one = np.full((n, 1), 34, np.uint8), np.ones((n, 1), bool)
+            return (np.concatenate([quote, body, quote], axis=1),
+                    np.concatenate([one, keep, one], axis=1), None)
     dumps = json.dumps
     encoded = [b"" if v is None else dumps(v).encode() for v in values]
     data, keep = _bytes_rows(np.array(encoded, dtype=bytes))
@@ -584,7 +599,7 @@ def jsonl_of_columns(columns: dict, lines) -> bytes:
                                          (n, len(row))))
 
         const(b'{"line": ')
-        d, k = _bytes_rows(numbers.astype("S21"))
+        d, k = _int_text(numbers)
         datas.append(d)
         keeps.append(k)
         for name, v in columns.items():
@@ -602,7 +617,7 @@ def jsonl_of_columns(columns: dict, lines) -> bytes:
             elif isinstance(v, np.ndarray) and v.dtype.kind == "b":
                 d, k = _bytes_rows(np.where(v, b"true", b"false"))
             elif isinstance(v, np.ndarray) and v.dtype.kind in "iu":
-                d, k = _bytes_rows(v.astype("S21"))
+                d, k = _int_text(v)
             else:
                 d, k, present = _json_text(list(v))
             const(b", " + json.dumps(name).encode() + b": ", present)

@@ -220,6 +220,7 @@ def test_writer_gives_the_dicts_values_and_pythons_float_text():
     P[0] = [1.0, 0.0, 0.0, 0.0]
     cols = {"k": rng.integers(0, 9, n), "flag": rng.random(n) > 0.5, "p": P,
             "log_density": np.where(rng.random(n) > 0.2, v, np.nan), "ids": [f"é{i}\"" for i in range(n)],
+            "plain": ["" if i % 7 == 0 else f"u-{i} x" for i in range(n)],
             "path": [None if i % 3 else [i, {"a": 1.5}] for i in range(n)]}
     text = jsonl_of_columns(cols, np.arange(7, 7 + n))
     lines = text.decode().splitlines()
