@@ -496,8 +496,28 @@ def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None, top
     return LineScorer(fitted, fmt, fields, top_k)(lines)
 
 # ------------------------------------------------------------ JSON lines from score columns
-#: 3-digit ASCII groups "000" … "999" (the fixed-point digits of probabilities)
-_DIGITS3 = np.array([list(f"{i:03d}".encode()) for i in range(1000)], dtype=np.uint8)
+#
+# Every column becomes a block of text rows padded with NUL bytes (JSON text never holds
+# a NUL: json.dumps escapes it), the blocks and the constant pieces are laid side by
+# side in one byte matrix, and the lines are the matrix's non-NUL bytes in order.
+
+
+def _digit_groups() -> np.ndarray:
+    """Three decimal digits per uint32 (bytes "ddd" then a NUL), in three tables of 1000:
+    all digits; trailing zeros as NUL (the last group of a number); the same keeping the
+    first digit (the first decimal: "0.0")."""
+    table = np.zeros((3, 1000, 4), dtype=np.uint8)
+    for i in range(1000):
+        d = f"{i:03d}".encode()
+        table[0, i, :3] = list(d)
+        short = d.rstrip(b"0")
+        table[1, i, :len(short)] = list(short)
+        short = short or b"0"
+        table[2, i, :len(short)] = list(short)
+    return table.reshape(3000, 4).view("<u4").reshape(3000)
+
+
+_GROUPS = _digit_groups()
 #: the most bytes a padded column may take in one block before the writer goes record by record
 _MAX_BLOCK_BYTES = 64 << 20
 
@@ -506,56 +526,55 @@ class _Fallback(Exception):
     """A column the vectorised writer does not write (e.g. ±inf): write the block record by record."""
 
 
-def _bytes_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed-width bytes array ``a`` (n,) as (n, w) uint8 and the mask of its non-NUL bytes."""
-    w = a.dtype.itemsize
-    if w == 0:
+def _bytes_rows(a: np.ndarray) -> np.ndarray:
+    """A fixed-width bytes array ``a`` (n,) as (n, w) uint8 rows, NUL-padded."""
+    if a.dtype.itemsize == 0:
         a = a.astype("S1")
-        w = 1
-    if len(a) * w > _MAX_BLOCK_BYTES:
+    if len(a) * a.dtype.itemsize > _MAX_BLOCK_BYTES:
         raise _Fallback
-    data = np.ascontiguousarray(a).view(np.uint8).reshape(len(a), w)
-    return data, data != 0
+    return np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
 
 
-def _int_text(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _int_text(v: np.ndarray) -> np.ndarray:
     """Integers as decimal text rows (as narrow as the widest)."""
     v = v.astype(np.int64, copy=False)
     widest = max(abs(int(v.min())), abs(int(v.max()))) if len(v) else 0
     return _bytes_rows(v.astype(f"S{len(str(widest)) + 1}"))
 
 
-def _float_text(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _float_text(v: np.ndarray) -> np.ndarray:
     """Shortest round-trip text of floats (numpy's Dragon4, the digits of Python's ``repr``)."""
     if not np.isfinite(v).all():
         raise _Fallback
     return _bytes_rows(v.astype("S24"))                # the longest: -2.2250738585072014e-308
 
 
-def _probability_text(P: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _probability_text(P: np.ndarray) -> np.ndarray:
     """``[p1, p2, ...]`` per row: each p = rint(p·10¹²)/10¹² in [0, 1] as fixed-point text with
     its trailing zeros dropped ("0.25", "1.0"), which reads back as that exact value."""
     n, K = P.shape
     m = np.rint(np.asarray(P, dtype=np.float64) * 1e12)
-    if not (np.isfinite(m).all() and (m >= 0).all() and (m <= 1e12).all()):
+    if not ((m >= 0) & (m <= 1e12)).all():             # also NaN
         raise _Fallback
     hi, lo = np.divmod(m.astype(np.int64), 10 ** 6)         # 32-bit arithmetic from here
     whole, hi = np.divmod(hi.astype(np.int32), 10 ** 6)
-    lo = lo.astype(np.int32)
-    el = np.empty((n, K, 16), dtype=np.uint8)
-    el[:, :, 0] = 48 + whole
-    el[:, :, 1] = 46                                   # "."
-    for g, (part, p) in enumerate(((hi, 1000), (hi, 1), (lo, 1000), (lo, 1))):
-        el[:, :, 2 + 3 * g:5 + 3 * g] = _DIGITS3[(part // p) % 1000]
-    el[:, :, 14] = 44                                  # ", "
-    el[:, :, 15] = 32
-    keep = np.ones((n, K, 16), dtype=bool)             # decimals up to the last non-zero one
-    np.logical_or.accumulate(el[:, :, 13:2:-1] != 48, axis=2, out=keep[:, :, 13:2:-1])
-    keep[:, K - 1, 14:] = False
-    return el.reshape(n, K * 16), keep.reshape(n, K * 16)
+    g0, g1 = np.divmod(hi, 1000)
+    g2, g3 = np.divmod(lo.astype(np.int32), 1000)
+    el = np.empty((n, K, 6), dtype="<u4")              # "w." | ddd | ddd | ddd | ddd | ", "
+    el[:, :, 0] = ((48 + whole) << 16) | (46 << 24)
+    rest0 = lo == 0
+    el[:, :, 1] = _GROUPS[g0 + np.where(rest0 & (g1 == 0), 2000, 0)]
+    el[:, :, 2] = _GROUPS[g1 + np.where(rest0, 1000, 0)]
+    el[:, :, 3] = _GROUPS[g2 + np.where(g3 == 0, 1000, 0)]
+    el[:, :, 4] = _GROUPS[1000 + g3]
+    el[:, :, 5] = 44 | (32 << 8)
+    el[:, K - 1, 5] = 0
+    body = el.view(np.uint8).reshape(n, K * 24)
+    edge = np.ones((n, 1), np.uint8)
+    return np.concatenate([edge * 91, body, edge * 93], axis=1)      # [ ... ]
 
 
-def _json_text(values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _json_text(values: list) -> tuple[np.ndarray, np.ndarray | None]:
     """``json.dumps`` of each value (``None``: absent) as rows; and the presence mask or None."""
     present = None
     if any(v is None for v in values):
@@ -563,23 +582,19 @@ def _json_text(values: list) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]
     elif set(map(type, values)) == {str}:
         joined = "".join(values)                      # plain printable ASCII ids: quote them at once
         if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
-            body, keep = _bytes_rows(np.array(values, dtype=bytes))
-            n = len(values)
-            quote, one = np.full((n, 1), 34, np.uint8), np.ones((n, 1), bool)
-            return (np.concatenate([quote, body, quote], axis=1),
-                    np.concatenate([one, keep, one], axis=1), None)
+            quote = np.full((len(values), 1), 34, np.uint8)
+            return np.concatenate([quote, _bytes_rows(np.array(values, dtype=bytes)), quote], axis=1), None
     dumps = json.dumps
     encoded = [b"" if v is None else dumps(v).encode() for v in values]
-    data, keep = _bytes_rows(np.array(encoded, dtype=bytes))
-    return data, keep, present
+    return _bytes_rows(np.array(encoded, dtype=bytes)), present
 
 
 def jsonl_of_columns(columns: dict, lines) -> bytes:
     """One JSON line per record of score columns, ``{"line": n, "name": value, ...}``, as bytes.
 
-    Every column is turned into text at once (numpy's float text, a 3-digit table for
+    Every column is turned into text at once (numpy's float text, digit tables for
     probabilities, ``json.dumps`` only for the values of list columns) and the lines are
-    cut out of one padded byte matrix by a mask. ``json.loads`` of each line equals
+    the non-NUL bytes of one padded byte matrix. ``json.loads`` of each line equals
     ``{"line": n, **records_of_columns(columns)[i]}``; a block holding something the
     vectorised writer does not write (±inf) is written record by record with ``json.dumps``.
     """
@@ -590,43 +605,32 @@ def jsonl_of_columns(columns: dict, lines) -> bytes:
     if n == 0:
         return b""
     try:
-        datas, keeps = [], []
-
-        def const(text: bytes, present=None):
-            row = np.frombuffer(text, dtype=np.uint8)
-            datas.append(np.broadcast_to(row, (n, len(row))))
-            keeps.append(np.broadcast_to(np.ones(len(row), bool) if present is None else present[:, None],
-                                         (n, len(row))))
-
-        const(b'{"line": ')
-        d, k = _int_text(numbers)
-        datas.append(d)
-        keeps.append(k)
+        blocks = [np.broadcast_to(np.frombuffer(b'{"line": ', np.uint8), (n, 9)), _int_text(numbers)]
         for name, v in columns.items():
             present = None
             if isinstance(v, np.ndarray) and v.ndim == 2:
-                d, k = _probability_text(v)
-                d = np.concatenate([np.full((n, 1), 91, np.uint8), d, np.full((n, 1), 93, np.uint8)], axis=1)
-                k = np.concatenate([np.ones((n, 1), bool), k, np.ones((n, 1), bool)], axis=1)
+                d = _probability_text(v)
             elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
                 nan = np.isnan(v)
                 if nan.any():
                     present = ~nan
                     v = np.where(nan, 0.0, v)
-                d, k = _float_text(v)
+                d = _float_text(v)
             elif isinstance(v, np.ndarray) and v.dtype.kind == "b":
-                d, k = _bytes_rows(np.where(v, b"true", b"false"))
+                d = _bytes_rows(np.where(v, b"true", b"false"))
             elif isinstance(v, np.ndarray) and v.dtype.kind in "iu":
-                d, k = _int_text(v)
+                d = _int_text(v)
             else:
-                d, k, present = _json_text(list(v))
-            const(b", " + json.dumps(name).encode() + b": ", present)
-            datas.append(d)
-            keeps.append(k if present is None else k & present[:, None])
-        const(b"}\n")
-        buf = np.concatenate(datas, axis=1)
-        keep = np.concatenate(keeps, axis=1)
-        return buf[keep].tobytes()
+                d, present = _json_text(list(v))
+            key = np.frombuffer(b", " + json.dumps(name).encode() + b": ", np.uint8)
+            if present is None:
+                blocks += [np.broadcast_to(key, (n, len(key))), d]
+            else:                                       # absent: the key and the value are NULs
+                keep = present[:, None].astype(np.uint8)
+                blocks += [key * keep, d * keep]
+        blocks.append(np.broadcast_to(np.frombuffer(b"}\n", np.uint8), (n, 2)))
+        buf = np.concatenate(blocks, axis=1)
+        return buf[buf != 0].tobytes()
     except _Fallback:
         return b"".join(json.dumps({"line": int(ln), **rec}).encode() + b"\n"
                         for ln, rec in zip(numbers.tolist(), records_of_columns(columns)))
