@@ -589,8 +589,10 @@ def _json_text(values: list) -> tuple[np.ndarray, np.ndarray | None]:
     return _bytes_rows(np.array(encoded, dtype=bytes)), present
 
 
-def jsonl_of_columns(columns: dict, lines) -> bytes:
+def jsonl_of_columns(columns: dict, lines, key: str = "line") -> bytes:
     """One JSON line per record of score columns, ``{"line": n, "name": value, ...}``, as bytes.
+
+    ``lines`` are the integers of the first key, ``key`` (e.g. a scorer's input offsets).
 
     Every column is turned into text at once (numpy's float text, digit tables for
     probabilities, ``json.dumps`` only for the values of list columns) and the lines are
@@ -605,7 +607,8 @@ def jsonl_of_columns(columns: dict, lines) -> bytes:
     if n == 0:
         return b""
     try:
-        blocks = [np.broadcast_to(np.frombuffer(b'{"line": ', np.uint8), (n, 9)), _int_text(numbers)]
+        first = np.frombuffer(b"{" + json.dumps(key).encode() + b": ", np.uint8)
+        blocks = [np.broadcast_to(first, (n, len(first))), _int_text(numbers)]
         for name, v in columns.items():
             present = None
             if isinstance(v, np.ndarray) and v.ndim == 2:
@@ -632,5 +635,5 @@ def jsonl_of_columns(columns: dict, lines) -> bytes:
         buf = np.concatenate(blocks, axis=1)
         return buf[buf != 0].tobytes()
     except _Fallback:
-        return b"".join(json.dumps({"line": int(ln), **rec}).encode() + b"\n"
+        return b"".join(json.dumps({key: int(ln), **rec}).encode() + b"\n"
                         for ln, rec in zip(numbers.tolist(), records_of_columns(columns)))

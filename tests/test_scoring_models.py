@@ -228,5 +228,7 @@ def test_writer_gives_the_dicts_values_and_pythons_float_text():
     assert jsonl_of_columns({"x": v}, np.arange(n)) == "".join(json.dumps(r) + "\n" for r in
                                                                [{"line": i, "x": x} for i, x in
                                                                 zip(range(n), v.tolist())]).encode()
+    assert jsonl_of_columns({"x": v[:2]}, [40, 41], key="offset") == \
+        "".join(json.dumps({"offset": 40 + i, "x": x}) + "\n" for i, x in enumerate(v[:2].tolist())).encode()
     inf = {"x": np.array([1.0, np.inf])}                  # ±inf: written record by record, as json.dumps
     assert jsonl_of_columns(inf, [1, 2]) == b'{"line": 1, "x": 1.0}\n{"line": 2, "x": Infinity}\n'
