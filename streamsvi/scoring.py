@@ -410,20 +410,24 @@ class LineScorer:
                 errors[n] = {"line": n, **sc}
         return [errors[n] for n in sorted(errors)]
 
-    def score_bytes(self, numbers, payloads) -> tuple[bytes, int, int]:
+    def score_bytes(self, numbers, payloads, key: str = "line") -> tuple[bytes, int, int]:
         """JSON lines (bytes) for the stripped, non-blank lines ``payloads`` (bytes) numbered
-        ``numbers`` (ascending), with the number of lines scored and of lines with an error.
+        ``numbers`` (ascending, unique), with the number of lines scored and of lines with an error.
 
         The same records as :meth:`__call__` (``json.loads`` of each line equals its dict),
         in line order; the scores are written from the columns in one vectorised pass
-        (:func:`jsonl_of_columns`).
+        (:func:`jsonl_of_columns`). ``key`` names the number in the output (a scorer of
+        Kafka messages: the payloads of one partition, ``numbers`` their offsets,
+        ``key="offset"``).
         """
         if not payloads:
             return b"", 0, 0
         kept, columns, errors = self._run(numbers, payloads)
-        text = jsonl_of_columns(columns, kept) if columns is not None else b""
+        text = jsonl_of_columns(columns, kept, key) if columns is not None else b""
         if not errors:
             return text, len(kept), 0
+        if key != "line":
+            errors = {n: {key: rec.pop("line"), **rec} for n, rec in errors.items()}
         lines = dict(zip(kept, text.splitlines(keepends=True))) if kept else {}
         lines.update((n, json.dumps(rec).encode() + b"\n") for n, rec in errors.items())
         return b"".join(lines[n] for n in sorted(lines)), len(kept), len(errors)

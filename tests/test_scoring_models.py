@@ -137,6 +137,10 @@ def test_block_path_equals_the_per_line_path_with_bad_lines(tmp_path, case):
     assert (ok, bad) == (20, 2)
     assert [r["line"] for r in got] == [i for i, s in enumerate(mixed, 1) if s]
     assert got[10]["line"] == 11 and got[10]["reason"] == "json_invalid"
+    offsets = scorer.score_bytes([i + 100 for i, s in enumerate(mixed, 1) if s], [s.encode() for s in mixed if s],
+                                 key="offset")[0]
+    assert [{"line": r["offset"] - 100, **{k: v for k, v in r.items() if k != "offset"}}
+            for r in map(json.loads, offsets.decode().splitlines())] == got
     empty = {"hmm": "empty_sequence", "lda": "empty_document"}.get(case, "wrong_shape")   # the daemon's codes
     assert got[-1]["line"] == 23 and got[-1]["reason"] == empty
     assert _close([r for r in got if "error" not in r], [{**r, "line": r["line"] + (2 if r["line"] > 10 else 0)}
