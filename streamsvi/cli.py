@@ -470,10 +470,33 @@ SCORE_EXIT_CODES = {
 }
 
 
+def _line_blocks(src, size: int):
+    """Lists of up to ``size`` lines (bytes) of the binary stream ``src`` (or an iterable of lines)."""
+    import itertools
+
+    readlines = getattr(src, "readlines", None)
+    if readlines is None:
+        it = iter(src)
+        while block := list(itertools.islice(it, size)):
+            yield block
+        return
+    held = []
+    while True:
+        got = readlines(1 << 22)                          # about 4 MB of lines at a time
+        held.extend(got)
+        while len(held) >= size or (held and not got):
+            yield held[:size]
+            held = held[size:]
+        if not got:
+            return
+
+
 def score(args) -> int:
-    """``streamsvi score``: JSONL/CSV in, one JSON line per input line out (exit codes above)."""
-    import io
-    import json
+    """``streamsvi score``: JSONL/CSV in, one JSON line per input line out (exit codes above).
+
+    Lines are read as bytes and scored in blocks of ``--chunk`` lines: one decode, one
+    vectorised score and one JSON-lines write per block (``LineScorer.score_bytes``).
+    """
     import os
 
     from .scoring import LineScorer, load
@@ -481,40 +504,52 @@ def score(args) -> int:
 
     fitted = load(args.snapshot)
     fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
-    scorer = LineScorer(fitted, fmt, args.fields)
+    scorer = LineScorer(fitted, fmt, args.fields, top_k=args.top_k)
     try:
         if args.input == "-":
-            raw = getattr(sys.stdin, "buffer", None)
-            src = io.TextIOWrapper(raw, encoding="utf-8", errors="replace") if raw else sys.stdin
+            src = getattr(sys.stdin, "buffer", None)
+            if src is None:                               # a text stream without bytes (tests)
+                src = (line.encode("utf-8", "replace") for line in sys.stdin)
         else:
-            src = open(args.input, encoding="utf-8", errors="replace")
+            src = open(args.input, "rb")
     except OSError as exc:
         raise ValueError(f"cannot read --input {args.input}: {exc.strerror or exc}") from None
     try:
-        dst = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+        if args.output == "-":
+            sys.stdout.flush()
+            out = getattr(sys.stdout, "buffer", None)
+            write = out.write if out is not None else (lambda b: sys.stdout.write(b.decode()))
+            dst = sys.stdout
+        else:
+            dst = out = open(args.output, "wb")
+            write = dst.write
     except OSError as exc:
-        if src is not sys.stdin:
+        if args.input != "-":
             src.close()
         raise ValueError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
     n_ok = n_bad = 0
 
-    def emit(chunk):
+    def emit(numbers, payloads):
         nonlocal n_ok, n_bad
-        for rec in scorer(chunk):
-            dst.write(json.dumps(rec) + "\n")
-            n_bad += "error" in rec
-            n_ok += "error" not in rec
+        text, ok, bad = scorer.score_bytes(numbers, payloads)
+        write(text)
+        n_ok += ok
+        n_bad += bad
 
     try:
-        chunk = []
-        for lineno, raw_line in enumerate(src, 1):
-            if fmt == "csv" and lineno == 1 and args.header:
-                continue
-            chunk.append((lineno, raw_line))
-            if len(chunk) >= args.chunk:
-                emit(chunk)
-                chunk = []
-        emit(chunk)
+        first = 1
+        for lines in _line_blocks(src, args.chunk):       # blocks of --chunk lines, as bytes
+            stripped = [line.strip() for line in lines]
+            numbers = range(first, first + len(lines))
+            if first == 1 and fmt == "csv" and args.header:
+                stripped[0] = b""
+            if not all(stripped):                          # blank lines get no output line
+                numbers = [n for n, line in zip(numbers, stripped) if line]
+                stripped = [line for line in stripped if line]
+            emit(numbers, stripped)
+            first += len(lines)
+        if out is not None:
+            out.flush()
         dst.flush()
     except BrokenPipeError:
         # The reader went away (`streamsvi score ... | head -1`): stop quietly, as unix tools
@@ -528,7 +563,7 @@ def score(args) -> int:
                 pass
         return 141
     finally:
-        if src is not sys.stdin and args.input != "-":
+        if args.input != "-":
             src.close()
         if dst is not sys.stdout:
             dst.close()
@@ -1010,6 +1045,9 @@ def build_parser(lean: bool = False) -> argparse.ArgumentParser:
     sc.add_argument("--fields", nargs="+", help="JSON object field names, in feature order")
     sc.add_argument("--header", action="store_true", help="CSV input has a header line")
     sc.add_argument("--chunk", type=_positive_int, default=10000, help="records scored per vectorised chunk")
+    sc.add_argument("--top-k", type=_positive_int, default=10,
+                    help="ratings models (pmf, hpf): items listed for a record of a user alone, "
+                         '{"user": ...}, leaving out the items the user rated (default 10)')
     ins = sub.add_parser("inspect", help="a readable summary of a snapshot",
                          description="A readable summary of a snapshot: the model and its settings, the "
                                      "engine, progress, offsets, the ELBO history and, for mixtures, "

@@ -30,6 +30,7 @@ dead-letter gets an error with the daemon's reason code and its line number.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ import numpy as np
 
 from .checkpoint import Snapshot, followed_pointer_text, load_snapshot
 from .io.validate import ModelChecked
-from .models.base import ScoresRecords, StoredScaled
+from .models.base import ScoresRecords, StoredScaled, column_length, records_of_columns
 
 log = logging.getLogger("streamsvi.scoring")
 
@@ -167,21 +168,55 @@ class FittedModel:
         """Topic models: exp(−perword_bound)."""
         return self._model_method("perplexity")(self.lam, x, topic_kl, n_docs)
 
-    def score(self, x) -> list[dict]:
+    def __repr__(self) -> str:
+        s = self.settings
+        shown = ", ".join(f"{k}={v!r}" for k, v in list(s.items())[1:7]) + (", ..." if len(s) > 7 else "")
+        return (f"FittedModel({s['name']}: {shown})\n"
+                f"  snapshot {self.number} at {self.path}, written {self.created:%Y-%m-%d %H:%M:%S} UTC "
+                f"by streamsvi {self.version}\n"
+                f"  step {self.step}, {self.records_seen} records; scores: {', '.join(self.scoring_methods)}")
+
+    def score_block(self, x, top_k: int = 10) -> dict:
+        """The scores of the records ``x`` (a decoded batch) as columns, ``{name: column}``.
+
+        The column layout of :class:`streamsvi.models.ScoresRecords` (1-D arrays, 2-D
+        arrays of probabilities, lists of JSON values): what :meth:`score` turns into
+        dicts and what ``streamsvi score`` writes straight to JSON lines; the fast way
+        to score many records. Mixtures: ``assignment`` (MAP component),
+        ``responsibilities`` and ``log_density`` (the predictive log density). Other
+        models say what theirs are (``score_columns``); ``top_k`` is used by the
+        ratings models (PMF, HPF) for a record of a user alone.
+        """
+        model = self.model
+        if isinstance(model, ScoresRecords):
+            kw = {} if self.aux is None else {"aux": self.aux}
+            if "top_k" in model.score_options:
+                kw["top_k"] = top_k
+            return model.score_columns(self.lam, x, **kw)
+        x = self.check(x)
+        R = np.asarray(self.responsibilities(x))
+        return {"assignment": R.argmax(axis=1), "responsibilities": R,
+                "log_density": np.asarray(self.predictive_logpdf(x), dtype=np.float64)}
+
+    def score(self, x, top_k: int = 10) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts.
 
-        A model with a ``score_records(lam, x)`` method decides what that is;
-        otherwise (the mixtures) the MAP assignment, the responsibilities and
-        the predictive log density.
+        ``x`` is a decoded batch (an array, a CSR matrix, :class:`~streamsvi.models.Ratings`,
+        sequences) or a list of JSON records as the daemon reads them (dicts: ``{"user":
+        "u1", "item": 3}``, ``{"ids": [...], "counts": [...]}``, ``{"x": [...]}``); JSON
+        records are decoded and validated as ``streamsvi score`` does, and a record that
+        cannot be scored gets ``{"reason": r, "error": "r: ..."}`` in its place. The dicts
+        are :meth:`score_block`'s columns, one per record; a ratings model gives
+        ``top_k`` items to a record of a user alone (PMF, HPF).
         """
-        if isinstance(self.model, ScoresRecords):
-            own = self.model.score_records
-            return own(self.lam, x) if self.aux is None else own(self.lam, x, aux=self.aux)
-        x = self.check(x)
-        R = self.responsibilities(x)
-        lp = self.predictive_logpdf(x)
-        return [{"assignment": int(r.argmax()), "responsibilities": [round(float(v), 12) for v in r],
-                 "log_density": float(d)} for r, d in zip(R, lp)]
+        if isinstance(x, (list, tuple)) and x and all(isinstance(v, dict) for v in x):
+            lines = [(i, json.dumps(v)) for i, v in enumerate(x)]
+            fields = (self.config.get("source") or {}).get("fields")    # the daemon's, for dense objects
+            out = LineScorer(self, "jsonl", fields, top_k=top_k)(lines)
+            for rec in out:
+                del rec["line"]
+            return out
+        return records_of_columns(self.score_block(x, top_k=top_k))
 
 
 def load(path, follow: str = "promoted") -> FittedModel:
@@ -306,6 +341,8 @@ class LineScorer:
         numbers (models with dense records only).
     fields : sequence of str, optional
         JSON object field names (the config's ``source.fields``).
+    top_k : int
+        Ratings models (PMF, HPF): how many items a record of a user alone gets.
 
     Raises
     ------
@@ -323,6 +360,11 @@ class LineScorer:
     when they all parse and validate (one vectorised score), one by one
     otherwise.
 
+    :meth:`score_bytes` does the same for raw lines and returns the JSON lines
+    themselves, written from the score columns without a dict per record (what
+    ``streamsvi score`` and a scorer should call for speed): the same values as
+    ``json.dumps`` of the dicts (probabilities as 12-decimal text).
+
     Examples
     --------
     >>> import numpy as np, tempfile
@@ -338,13 +380,14 @@ class LineScorer:
     [(1, None), (2, 'non_finite'), (4, 'wrong_shape')]
     """
 
-    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None):
+    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None, top_k: int = 10):
         from .io.dense import CsvCodec, DenseKind
         from .io.records import record_kind
 
         if fmt not in ("jsonl", "csv"):
             raise ValueError(f"format must be 'jsonl' or 'csv', got {fmt!r}")
         self.fitted = fitted
+        self.top_k = top_k
         self.kind = record_kind(fitted.model)
         if fmt == "csv":
             if not isinstance(self.kind, DenseKind):
@@ -363,9 +406,6 @@ class LineScorer:
                                              dict(fitted.config.get("validation") or {}))
 
     def __call__(self, lines) -> list[dict]:
-        from .io.codecs import DecodeError, decode_many_safely, decode_rows_safely
-        from .io.validate import all_valid_safely, validate_safely
-
         numbers, payloads = [], []
         for n, text in lines:
             text = text.strip()
@@ -374,12 +414,46 @@ class LineScorer:
                 payloads.append(text.encode("utf-8", "replace"))
         if not payloads:
             return []
+        kept, columns, errors = self._run(numbers, payloads)
+        if columns is not None:
+            for n, sc in zip(kept, records_of_columns(columns)):
+                errors[n] = {"line": n, **sc}
+        return [errors[n] for n in sorted(errors)]
+
+    def score_bytes(self, numbers, payloads, key: str = "line") -> tuple[bytes, int, int]:
+        """JSON lines (bytes) for the stripped, non-blank lines ``payloads`` (bytes) numbered
+        ``numbers`` (ascending, unique), with the number of lines scored and of lines with an error.
+
+        The same records as :meth:`__call__` (``json.loads`` of each line equals its dict),
+        in line order; the scores are written from the columns in one vectorised pass
+        (:func:`jsonl_of_columns`). ``key`` names the number in the output (a scorer of
+        Kafka messages: the payloads of one partition, ``numbers`` their offsets,
+        ``key="offset"``).
+        """
+        if not payloads:
+            return b"", 0, 0
+        kept, columns, errors = self._run(numbers, payloads)
+        text = jsonl_of_columns(columns, kept, key) if columns is not None else b""
+        if not errors:
+            return text, len(kept), 0
+        if key != "line":
+            errors = {n: {key: rec.pop("line"), **rec} for n, rec in errors.items()}
+        lines = dict(zip(kept, text.splitlines(keepends=True))) if kept else {}
+        lines.update((n, json.dumps(rec).encode() + b"\n") for n, rec in errors.items())
+        return b"".join(lines[n] for n in sorted(lines)), len(kept), len(errors)
+
+    def _run(self, numbers, payloads):
+        """Decode, validate and score: (line numbers scored, their score columns or None,
+        {line number: error dict})."""
+        from .io.codecs import DecodeError, decode_many_safely, decode_rows_safely
+        from .io.validate import all_valid_safely, validate_safely
+
         kind = self.kind
         fast = None
         if max(map(len, payloads)) <= self.validator.max_message_bytes:
             fast = decode_many_safely(self.codec, payloads)
         if fast is not None and kind.n_records(fast) == len(payloads) and all_valid_safely(self.validator, fast):
-            return [{"line": n, **sc} for n, sc in zip(numbers, self._score(fast))]
+            return self._score(numbers, fast, {})
         out, parts, where = {}, [], []
         for n, payload in zip(numbers, payloads):
             problem = self.validator.check_size(payload)
@@ -396,36 +470,184 @@ class LineScorer:
                 continue
             parts.append(part)
             where.append(n)
-        if parts:
-            good, rejected = validate_safely(self.validator, kind, kind.concat(parts))
-            bad = {i for i, _, _ in rejected}
-            for i, reason, message in rejected:
-                out[where[i]] = _error(where[i], reason, message)
-            kept = [n for i, n in enumerate(where) if i not in bad]
-            if kept:
-                for n, sc in zip(kept, self._score(good)):
-                    out[n] = {"line": n, **sc}
-        return [out[n] for n in sorted(out)]
+        if not parts:
+            return [], None, out
+        good, rejected = validate_safely(self.validator, kind, kind.concat(parts))
+        bad = {i for i, _, _ in rejected}
+        for i, reason, message in rejected:
+            out[where[i]] = _error(where[i], reason, message)
+        kept = [n for i, n in enumerate(where) if i not in bad]
+        if not kept:
+            return [], None, out
+        return self._score(kept, good, out)
 
-    def _score(self, batch) -> list[dict]:
-        """The scores of valid records; a record the model still refuses gets ``invalid``."""
+    def _score(self, numbers, batch, errors):
+        """Score valid records; a record the model still refuses gets ``invalid`` (found one by one)."""
+        fitted, kind, top_k = self.fitted, self.kind, self.top_k
         try:
-            return self.fitted.score(batch)
+            return numbers, fitted.score_block(batch, top_k=top_k), errors
         except ValueError:
             pass
-        out = []
-        for i in range(self.kind.n_records(batch)):
+        ok = []
+        for i, n in enumerate(numbers):
             try:
-                out.extend(self.fitted.score(self.kind.take(batch, slice(i, i + 1))))
+                fitted.score_block(kind.take(batch, slice(i, i + 1)), top_k=top_k)
+                ok.append(i)
             except ValueError as exc:
-                out.append({"reason": "invalid", "error": f"invalid: {exc}"})
-        return out
+                errors[n] = {"line": n, "reason": "invalid", "error": f"invalid: {exc}"}
+        if not ok:
+            return [], None, errors
+        columns = fitted.score_block(kind.take(batch, np.asarray(ok, dtype=np.int64)), top_k=top_k)
+        return [numbers[i] for i in ok], columns, errors
 
 
 def _error(line: int, reason: str, message: str) -> dict:
     return {"line": line, "reason": reason, "error": f"{reason}: {message}"}
 
 
-def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None) -> list[dict]:
-    """``LineScorer(fitted, fmt, fields)(lines)``: see :class:`LineScorer`."""
-    return LineScorer(fitted, fmt, fields)(lines)
+def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None, top_k: int = 10) -> list[dict]:
+    """``LineScorer(fitted, fmt, fields, top_k)(lines)``: see :class:`LineScorer`."""
+    return LineScorer(fitted, fmt, fields, top_k)(lines)
+
+# ------------------------------------------------------------ JSON lines from score columns
+#
+# Every column becomes a block of text rows padded with NUL bytes (JSON text never holds
+# a NUL: json.dumps escapes it), the blocks and the constant pieces are laid side by
+# side in one byte matrix, and the lines are the matrix's non-NUL bytes in order.
+
+
+def _digit_groups() -> np.ndarray:
+    """Three decimal digits per uint32 (bytes "ddd" then a NUL), in three tables of 1000:
+    all digits; trailing zeros as NUL (the last group of a number); the same keeping the
+    first digit (the first decimal: "0.0")."""
+    table = np.zeros((3, 1000, 4), dtype=np.uint8)
+    for i in range(1000):
+        d = f"{i:03d}".encode()
+        table[0, i, :3] = list(d)
+        short = d.rstrip(b"0")
+        table[1, i, :len(short)] = list(short)
+        short = short or b"0"
+        table[2, i, :len(short)] = list(short)
+    return table.reshape(3000, 4).view("<u4").reshape(3000)
+
+
+_GROUPS = _digit_groups()
+#: the most bytes a padded column may take in one block before the writer goes record by record
+_MAX_BLOCK_BYTES = 64 << 20
+
+
+class _Fallback(Exception):
+    """A column the vectorised writer does not write (e.g. ±inf): write the block record by record."""
+
+
+def _bytes_rows(a: np.ndarray) -> np.ndarray:
+    """A fixed-width bytes array ``a`` (n,) as (n, w) uint8 rows, NUL-padded."""
+    if a.dtype.itemsize == 0:
+        a = a.astype("S1")
+    if len(a) * a.dtype.itemsize > _MAX_BLOCK_BYTES:
+        raise _Fallback
+    return np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
+
+
+def _int_text(v: np.ndarray) -> np.ndarray:
+    """Integers as decimal text rows (as narrow as the widest)."""
+    v = v.astype(np.int64, copy=False)
+    widest = max(abs(int(v.min())), abs(int(v.max()))) if len(v) else 0
+    return _bytes_rows(v.astype(f"S{len(str(widest)) + 1}"))
+
+
+def _float_text(v: np.ndarray) -> np.ndarray:
+    """Shortest round-trip text of floats (numpy's Dragon4, the digits of Python's ``repr``)."""
+    if not np.isfinite(v).all():
+        raise _Fallback
+    return _bytes_rows(v.astype("S24"))                # the longest: -2.2250738585072014e-308
+
+
+def _probability_text(P: np.ndarray) -> np.ndarray:
+    """``[p1, p2, ...]`` per row: each p = rint(p·10¹²)/10¹² in [0, 1] as fixed-point text with
+    its trailing zeros dropped ("0.25", "1.0"), which reads back as that exact value."""
+    n, K = P.shape
+    m = np.rint(np.asarray(P, dtype=np.float64) * 1e12)
+    if not ((m >= 0) & (m <= 1e12)).all():             # also NaN
+        raise _Fallback
+    hi, lo = np.divmod(m.astype(np.int64), 10 ** 6)         # 32-bit arithmetic from here
+    whole, hi = np.divmod(hi.astype(np.int32), 10 ** 6)
+    g0, g1 = np.divmod(hi, 1000)
+    g2, g3 = np.divmod(lo.astype(np.int32), 1000)
+    el = np.empty((n, K, 6), dtype="<u4")              # "w." | ddd | ddd | ddd | ddd | ", "
+    el[:, :, 0] = ((48 + whole) << 16) | (46 << 24)
+    rest0 = lo == 0
+    el[:, :, 1] = _GROUPS[g0 + np.where(rest0 & (g1 == 0), 2000, 0)]
+    el[:, :, 2] = _GROUPS[g1 + np.where(rest0, 1000, 0)]
+    el[:, :, 3] = _GROUPS[g2 + np.where(g3 == 0, 1000, 0)]
+    el[:, :, 4] = _GROUPS[1000 + g3]
+    el[:, :, 5] = 44 | (32 << 8)
+    el[:, K - 1, 5] = 0
+    body = el.view(np.uint8).reshape(n, K * 24)
+    edge = np.ones((n, 1), np.uint8)
+    return np.concatenate([edge * 91, body, edge * 93], axis=1)      # [ ... ]
+
+
+def _json_text(values: list) -> tuple[np.ndarray, np.ndarray | None]:
+    """``json.dumps`` of each value (``None``: absent) as rows; and the presence mask or None."""
+    present = None
+    if any(v is None for v in values):
+        present = np.array([v is not None for v in values], dtype=bool)
+    elif set(map(type, values)) == {str}:
+        joined = "".join(values)                      # plain printable ASCII ids: quote them at once
+        if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+            quote = np.full((len(values), 1), 34, np.uint8)
+            return np.concatenate([quote, _bytes_rows(np.array(values, dtype=bytes)), quote], axis=1), None
+    dumps = json.dumps
+    encoded = [b"" if v is None else dumps(v).encode() for v in values]
+    return _bytes_rows(np.array(encoded, dtype=bytes)), present
+
+
+def jsonl_of_columns(columns: dict, lines, key: str = "line") -> bytes:
+    """One JSON line per record of score columns, ``{"line": n, "name": value, ...}``, as bytes.
+
+    ``lines`` are the integers of the first key, ``key`` (e.g. a scorer's input offsets).
+
+    Every column is turned into text at once (numpy's float text, digit tables for
+    probabilities, ``json.dumps`` only for the values of list columns) and the lines are
+    the non-NUL bytes of one padded byte matrix. ``json.loads`` of each line equals
+    ``{"line": n, **records_of_columns(columns)[i]}``; a block holding something the
+    vectorised writer does not write (±inf) is written record by record with ``json.dumps``.
+    """
+    n = column_length(columns)
+    numbers = np.asarray(lines, dtype=np.int64)
+    if len(numbers) != n:
+        raise ValueError(f"{len(numbers)} line numbers for {n} scored records")
+    if n == 0:
+        return b""
+    try:
+        first = np.frombuffer(b"{" + json.dumps(key).encode() + b": ", np.uint8)
+        blocks = [np.broadcast_to(first, (n, len(first))), _int_text(numbers)]
+        for name, v in columns.items():
+            present = None
+            if isinstance(v, np.ndarray) and v.ndim == 2:
+                d = _probability_text(v)
+            elif isinstance(v, np.ndarray) and v.dtype.kind == "f":
+                nan = np.isnan(v)
+                if nan.any():
+                    present = ~nan
+                    v = np.where(nan, 0.0, v)
+                d = _float_text(v)
+            elif isinstance(v, np.ndarray) and v.dtype.kind == "b":
+                d = _bytes_rows(np.where(v, b"true", b"false"))
+            elif isinstance(v, np.ndarray) and v.dtype.kind in "iu":
+                d = _int_text(v)
+            else:
+                d, present = _json_text(list(v))
+            key = np.frombuffer(b", " + json.dumps(name).encode() + b": ", np.uint8)
+            if present is None:
+                blocks += [np.broadcast_to(key, (n, len(key))), d]
+            else:                                       # absent: the key and the value are NULs
+                keep = present[:, None].astype(np.uint8)
+                blocks += [key * keep, d * keep]
+        blocks.append(np.broadcast_to(np.frombuffer(b"}\n", np.uint8), (n, 2)))
+        buf = np.concatenate(blocks, axis=1)
+        return buf[buf != 0].tobytes()
+    except _Fallback:
+        return b"".join(json.dumps({key: int(ln), **rec}).encode() + b"\n"
+                        for ln, rec in zip(numbers.tolist(), records_of_columns(columns)))

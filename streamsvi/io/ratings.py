@@ -26,6 +26,11 @@ validator returns them per row):
 ``out_of_range``   (validator) the rating is outside [``min_rating``, ``max_rating``]
                    or |rating| > ``max_abs``
 
+Scoring (``streamsvi score``, :meth:`RatingsKind.scoring_codec_validator`) reads
+the same JSON with the rating optional (a pair to predict: NaN rating) and the
+item optional too (``{"user": 42}``: a top-k request, item ``None``); a rating
+that is given is checked as the daemon checks it.
+
 Examples
 --------
 >>> codec = RatingsJsonCodec()
@@ -101,24 +106,40 @@ class RatingsJsonCodec:
     name = "json"
     rows_per_message = 1
 
+    #: scoring (``RatingsJsonCodec(scoring=True)``): the rating (NaN) and the item (None) may be left out
+    scoring = False
+
+    def __init__(self, scoring: bool = False):
+        self.scoring = bool(scoring)
+
     def decode(self, payload: bytes) -> tuple[str, str, float]:
         obj = load_json_message(payload)
         if not isinstance(obj, dict):
             raise DecodeError("wrong_shape", f"expected a JSON object with user, item and rating, "
                                              f"got {type(obj).__name__} {_short(obj)}")
-        missing = [k for k in ("user", "item", "rating") if k not in obj]
+        needed = ("user",) if self.scoring else ("user", "item", "rating")
+        missing = [k for k in needed if k not in obj]
         if missing:
             raise DecodeError("missing_field", f"JSON object lacks field(s) {missing} "
                                                f"(keys: {sorted(obj)[:10]})")
         try:
-            u, i = canonical_id(obj["user"], "user"), canonical_id(obj["item"], "item")
+            u = canonical_id(obj["user"], "user")
+            i = canonical_id(obj["item"], "item") if "item" in obj else None
         except ValueError as exc:
             raise DecodeError("bad_id", str(exc)) from None
+        if "rating" not in obj:
+            return u, i, math.nan
+        if i is None:
+            raise DecodeError("missing_field", "a rating needs its item (a record of a user alone "
+                                               "asks for the user's top-k items)")
         y = obj["rating"]
         if isinstance(y, bool) or not isinstance(y, (int, float)):
             raise DecodeError("not_numeric", f"rating must be a number, got {type(y).__name__} {_short(y)}")
         try:
-            return u, i, float(y)
+            y = float(y)
+            if self.scoring and y != y:                # NaN given (not "no rating"): as the validator says
+                raise DecodeError("non_finite", "rating is nan, expected a finite number")
+            return u, i, y
         except OverflowError:
             raise DecodeError("out_of_range", f"rating {_short(y)} does not fit in a float64") from None
 
@@ -161,9 +182,13 @@ class RatingsJsonCodec:
         try:
             objs = list(map(_orjson.loads, payloads))
             users = [o["user"] for o in objs]
-            items = [o["item"] for o in objs]
-            ys = [o["rating"] for o in objs]
-        except (ValueError, TypeError, KeyError):     # not JSON, not an object, a field missing
+            if self.scoring:                           # pairs with or without their rating
+                items = [o["item"] for o in objs]
+                ys = [o.get("rating", math.nan) for o in objs]
+            else:
+                items = [o["item"] for o in objs]
+                ys = [o["rating"] for o in objs]
+        except (ValueError, TypeError, KeyError, AttributeError):  # not JSON, not an object, a field missing
             return None
         ids = _ids_columns(users, items, max(map(len, payloads)))
         if ids is None or not set(map(type, ys)) <= {int, float}:
@@ -184,13 +209,13 @@ class RatingsJsonCodec:
         return json.dumps({"user": x.user[0], "item": x.item[0], "rating": y}).encode()
 
     def get_params(self) -> dict:
-        return {}
+        return {"scoring": True} if self.scoring else {}
 
     def empty(self) -> Ratings:
         return Ratings.empty()
 
     def __repr__(self):
-        return "RatingsJsonCodec()"
+        return "RatingsJsonCodec(scoring=True)" if self.scoring else "RatingsJsonCodec()"
 
 
 class RatingsBinaryCodec:
@@ -302,7 +327,7 @@ class RatingsValidator:
     """
 
     def __init__(self, min_rating=None, max_rating=None, max_abs: float = 1e12,
-                 max_message_bytes: int = 1_048_576):
+                 max_message_bytes: int = 1_048_576, optional_rating: bool = False):
         for nm, v in (("min_rating", min_rating), ("max_rating", max_rating)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
                 raise ValueError(f"{nm} must be a finite number or None, got {v!r}")
@@ -319,6 +344,8 @@ class RatingsValidator:
         lo = -self.max_abs if self.min_rating is None else max(-self.max_abs, self.min_rating)
         hi = self.max_abs if self.max_rating is None else min(self.max_abs, self.max_rating)
         self._lo, self._hi = lo, hi
+        #: scoring: a NaN rating is a rating not given (the scoring codec refuses a given NaN)
+        self.optional_rating = bool(optional_rating)
 
     def get_params(self) -> dict:
         return {"min_rating": self.min_rating, "max_rating": self.max_rating, "max_abs": self.max_abs,
@@ -330,6 +357,12 @@ class RatingsValidator:
     def all_valid(self, x: Ratings) -> bool:
         if len(x) == 0:
             return True
+        if self.optional_rating:
+            y = x.rating[~np.isnan(x.rating)]
+            if len(y) == 0:
+                return True
+            lo, hi = float(y.min()), float(y.max())
+            return self._lo <= lo and hi <= self._hi and math.isfinite(lo) and math.isfinite(hi)
         lo, hi = float(x.rating.min()), float(x.rating.max())
         return self._lo <= lo and hi <= self._hi and math.isfinite(lo) and math.isfinite(hi)
 
@@ -340,6 +373,8 @@ class RatingsValidator:
         with np.errstate(invalid="ignore"):
             inside = (y >= self._lo) & (y <= self._hi)
         ok = finite & inside
+        if self.optional_rating:
+            ok |= np.isnan(y)
         if ok.all():
             return x, []
         rejected = []
@@ -389,6 +424,16 @@ class RatingsKind(RecordKind):
         return RatingsValidator(min_rating=lo, max_rating=options.get("max_rating"),
                                 max_abs=options.get("max_abs", 1e12),
                                 max_message_bytes=options.get("max_message_bytes", 1_048_576))
+
+    def scoring_codec_validator(self, model, fields, options):
+        """The JSON codec and validator of ``streamsvi score``: the rating and the item are optional
+        there (a pair to predict; a user alone: a top-k request)."""
+        if fields is not None:
+            raise ValueError("--fields does not apply to ratings records (JSON objects with user, item "
+                             "and rating)")
+        validator = self.make_validator(model, options)
+        validator.optional_rating = True
+        return RatingsJsonCodec(scoring=True), validator
 
     def n_records(self, part) -> int:
         return len(part)

@@ -277,11 +277,77 @@ class Classifier:
 
 
 class ScoresRecords:
-    """A model that says what scoring a record gives: ``score_records(lam, x[, aux=])`` -> dicts."""
+    """A model that says what scoring a record gives: ``score_columns(lam, x[, aux=])``.
+
+    ``score_columns`` returns the scores of a block of records as columns,
+    ``{name: column}`` in output order, one entry per record in each column:
+
+    * a 1-D integer or bool array: a JSON integer (boolean) per record;
+    * a 1-D float array: a JSON number; NaN means the record has no such key
+      (e.g. ``log_density`` of a record given without its label or rating);
+    * a 2-D float array: a list of probabilities per record, rounded to 12
+      decimals (``rint(v·10¹²)/10¹²``);
+    * a list: any JSON value per record (``None``: no such key).
+
+    ``streamsvi.scoring`` writes JSON lines straight from these columns
+    (vectorised) and :meth:`score_records` makes the same dicts from them.
+    """
+
+    #: keyword options ``score_columns`` takes besides ``aux`` (ratings models: ``("top_k",)``)
+    score_options: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
+    def score_columns(self, lam, x, *args, **kw) -> dict:
+        """The scores of the records ``x`` as columns (see the class docs)."""
+
     def score_records(self, lam, x, *args, **kw) -> list[dict]:
-        """One JSON-ready dict per record."""
+        """One JSON-ready dict per record: :func:`records_of_columns` of :meth:`score_columns`."""
+        return records_of_columns(self.score_columns(lam, x, *args, **kw))
+
+
+def column_length(columns: Mapping) -> int:
+    """The number of records of score columns (0 for no columns)."""
+    for v in columns.values():
+        return len(v)
+    return 0
+
+
+def rounded_probabilities(P) -> np.ndarray:
+    """``rint(P·10¹²)/10¹²``: probabilities as written by scoring (12 decimals, correctly
+    rounded division, so the written decimal text reads back as exactly this value)."""
+    return np.rint(np.asarray(P, dtype=np.float64) * 1e12) / 1e12
+
+
+def records_of_columns(columns: Mapping) -> list[dict]:
+    """The JSON-ready dict of each record of score columns (:class:`ScoresRecords`).
+
+    >>> records_of_columns({"k": np.array([1, 0]), "p": np.array([[0.25, 0.75], [1.0, 0.0]]),
+    ...                     "log_density": np.array([-1.5, np.nan]), "path": [[0, 1], None]})
+    [{'k': 1, 'p': [0.25, 0.75], 'log_density': -1.5, 'path': [0, 1]}, {'k': 0, 'p': [1.0, 0.0]}]
+    """
+    n = column_length(columns)
+    names, values, optional = [], [], []
+    for name, v in columns.items():
+        if isinstance(v, np.ndarray):
+            if v.ndim == 2:
+                vals, opt = rounded_probabilities(v).tolist(), False
+            elif v.dtype.kind == "f":
+                vals, opt = v.tolist(), bool(np.isnan(v).any())
+                if opt:
+                    vals = [None if x != x else x for x in vals]
+            else:
+                vals, opt = v.tolist(), False
+        else:
+            vals = list(v)
+            opt = any(x is None for x in vals)
+        if len(vals) != n:
+            raise ValueError(f"score column {name!r} has {len(vals)} values, expected {n}")
+        names.append(name)
+        values.append(vals)
+        optional.append(opt)
+    if not any(optional):
+        return [dict(zip(names, row)) for row in zip(*values)] if names else [{} for _ in range(n)]
+    return [{k: x for k, x in zip(names, row) if x is not None} for row in zip(*values)]
 
 
 class Mixture:

@@ -612,11 +612,10 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords, Paired
             out[i] = path[:L, j].copy()
         return out
 
-    def score_records(self, lam: NatParams, x) -> list[dict]:
-        """Every scoring output per sequence, as JSON-ready dicts."""
+    def score_columns(self, lam: NatParams, x) -> dict:
+        """Scores per sequence (``ScoresRecords``): ``log_likelihood`` (:meth:`log_likelihood`),
+        ``log_predictive`` (:meth:`predictive_logpdf`) and ``viterbi``, the most likely state
+        path (:meth:`viterbi`), a list of state numbers."""
         x = self.check_batch(x)
-        ll = self.log_likelihood(lam, x)
-        lp = self.predictive_logpdf(lam, x)
-        paths = self.viterbi(lam, x)
-        return [{"log_likelihood": float(a), "log_predictive": float(b), "viterbi": p.tolist()}
-                for a, b, p in zip(ll, lp, paths)]
+        return {"log_likelihood": self.log_likelihood(lam, x), "log_predictive": self.predictive_logpdf(lam, x),
+                "viterbi": [p.tolist() for p in self.viterbi(lam, x)]}

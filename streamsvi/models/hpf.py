@@ -148,7 +148,7 @@ from ..ratings_batch import Ratings, as_ratings, canonical_id
 from ..settings import ConfigKind, Setting
 from .base import ChecksState, ConjugateModel, NatParams, RowWise, ScoresRecords, segment_limit_positive
 from .blocks import Family, RowBlock, RowIndex, RowStats, top_unseen
-from .pmf import _hashed_normals
+from .pmf import _hashed_normals, rating_score_columns
 
 __all__ = ["HPF"]
 
@@ -329,7 +329,9 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     #: the coordinate blocks in the order of one sweep (module docs, (2)–(5))
     blocks = (("user_shape", "user_rate"), ("user_hyper",), ("item_shape", "item_rate"),
               ("item_hyper",))
-    scoring_methods = ("recommend", "predict_rate", "predictive_logpdf")
+    scoring_methods = ("recommend", "predict_rate", "predict_count", "predictive_logpdf")
+    #: ``fitted.score(x, top_k=10)``: a record of a user alone gets that many items
+    score_options = ("top_k",)
     # annealing kinds: none and svi+, for it is neither Tempered nor RandomRestart (φ could be
     # tempered; not written yet)
 
@@ -614,11 +616,46 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
         return top_unseen(self.rows_of, self._need_aux(aux), user, k, exclude, lambda urow, n_items:
                           self._means(lam, "item", np.arange(n_items)) @ self._means(lam, "user", urow)[0])
 
-    def score_records(self, lam, x, aux=None) -> list[dict]:
-        """``{"user", "item", "rate"}`` per record of ``x`` (JSON-ready)."""
-        x = self.check_batch(x)
-        mu = self.predict_rate(lam, x.user, x.item, aux=aux)
-        return [{"user": u, "item": i, "rate": float(m)} for u, i, m in zip(x.user, x.item, mu)]
+    def _moments2(self, lam, side, rows):
+        """(E[θ], E[θ²]) per coordinate of rows (Gamma(shape, rate): a/b, a(a+1)/b²); the prior
+        Gamma(a, b') of an unknown row (−1)."""
+        a, _, _, rate0 = self._side[side]
+        m = np.full((len(rows), self.n_factors), a / rate0)
+        m2 = np.full((len(rows), self.n_factors), a * (a + 1.0) / rate0 ** 2)
+        known = rows >= 0
+        if known.any():
+            r = rows[known]
+            shape, rate = np.asarray(lam[f"{side}_shape"])[r], np.asarray(lam[f"{side}_rate"])[r]
+            m[known] = shape / rate
+            m2[known] = shape * (shape + 1.0) / (rate * rate)
+        return m, m2
+
+    def predict_count(self, lam, users, items, aux=None):
+        """Posterior predictive mean and standard deviation of the count of each (user, item) pair.
+
+        The predictive of y ~ Poisson(θ_uᵀβ_i) under q: mean μ = E[θ_u]ᵀE[β_i] (:meth:`predict_rate`)
+        and variance E[θᵀβ] + Var_q[θᵀβ], Var_q[θᵀβ] = Σ_k (E[θ_k²]E[β_k²] − E[θ_k]²E[β_k]²)
+        (q(θ_u), q(β_i) independent Gammas). Unknown ids use the prior Gamma(a, b′) (Gamma(c, d′)).
+        """
+        aux = self._need_aux(aux)
+        mu, mu2 = self._moments2(lam, "user", self.rows_of(aux, "user", users))
+        mi, mi2 = self._moments2(lam, "item", self.rows_of(aux, "item", items))
+        mean = np.einsum("nk,nk->n", mu, mi)
+        var = mean + np.maximum(np.einsum("nk,nk->n", mu2, mi2) - np.einsum("nk,nk->n", mu * mu, mi * mi), 0.0)
+        return mean, np.sqrt(var)
+
+    def score_columns(self, lam, x, aux=None, top_k: int = 10) -> dict:
+        """Scores of (user, item[, count]) records and top-k requests (``ScoresRecords``).
+
+        See :func:`streamsvi.models.pmf.rating_score_columns`: ``prediction`` and ``sd`` from
+        :meth:`predict_count`, ``log_density`` log Poisson(y | μ) at the posterior mean rate
+        (as :meth:`predictive_logpdf`) where a count is given, ``top_k`` from :meth:`recommend`.
+        """
+        aux = self._need_aux(aux)
+        return rating_score_columns(
+            x, lambda u, i: self.predict_count(lam, u, i, aux=aux),
+            lambda y, mean, sd: y * np.log(mean) - mean - gammaln(y + 1.0),
+            lambda u, k: self.recommend(lam, u, k, aux=aux), top_k)
 
     @staticmethod
     def _need_aux(aux):

@@ -1251,13 +1251,21 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
         """Topic proportions E_q[θ_d] (the scoring interface's name)."""
         return self.topic_proportions(lam, x)
 
-    def score_records(self, lam: NatParams, x, aux=None) -> list[dict]:
-        """JSON-ready scores per document (``streamsvi score``): the dominant topic,
-        the topic proportions E_q[θ_d] and the document's bound L_d."""
-        theta = self.topic_proportions(lam, x)
-        bound = self.predictive_logpdf(lam, x)
-        return [{"topic": int(t.argmax()), "topic_proportions": [round(float(v), 12) for v in t],
-                 "log_bound": float(b)} for t, b in zip(theta, bound)]
+    def score_columns(self, lam: NatParams, x, aux=None) -> dict:
+        """Scores per document (``streamsvi score``, ``ScoresRecords``): the dominant ``topic``,
+        the ``topic_proportions`` E_q[θ_d], the document's bound ``log_bound`` L_d (as
+        :meth:`predictive_logpdf`) and ``perword_bound`` L_d / N_d (NaN, so absent, for a
+        document of no words). One local step for all of them."""
+        X = self.check_batch(x)
+        local = self.local_step(lam, X)
+        g = local.gamma
+        theta = g / g.sum(axis=1, keepdims=True)
+        bound = np.asarray(local.log_norm, dtype=np.float64)
+        words = np.asarray(X.sum(axis=1), dtype=np.float64).reshape(-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_word = np.where(words > 0, bound / np.where(words > 0, words, 1.0), np.nan)
+        return {"topic": theta.argmax(axis=1), "topic_proportions": theta, "log_bound": bound,
+                "perword_bound": per_word}
 
     def predict(self, lam: NatParams, x, aux=None) -> np.ndarray:
         """The dominant topic of each document."""

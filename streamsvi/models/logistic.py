@@ -223,27 +223,25 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
         kappa = m / np.sqrt(1.0 + math.pi * s2 / 8.0)
         return log_expit((2.0 * x[:, -1] - 1.0) * kappa)
 
-    def score_records(self, lam, x, aux=None) -> list[dict]:
-        """Per record: ``proba`` [p(y=0), p(y=1)] from the posterior (probit approximation), the
-        predicted class and, for a row with a label, ``log_density`` log p(y | x, data)."""
+    def _split_labels(self, x):
+        """(features, labels) of rows given with or without their label (a NaN label = none)."""
         x = np.asarray(x, float)
-        if x.ndim == 2 and x.shape[1] == self.n_features + 1:   # labelled rows; a NaN label = none
-            X, y = x[:, :-1], x[:, -1]
-        else:
-            X, y = x, np.full(np.atleast_2d(x).shape[0], np.nan)
+        if x.ndim == 2 and x.shape[1] == self.n_features + 1:
+            return x[:, :-1], x[:, -1]
+        return x, np.full(np.atleast_2d(x).shape[0], np.nan)
+
+    def score_columns(self, lam, x, aux=None) -> dict:
+        """Per record (``ScoresRecords``): ``proba`` [p(y=0), p(y=1)] from the posterior (probit
+        approximation), the ``prediction`` and, for a row with a label, ``log_density``
+        log p(y | x, data) (NaN: absent for a row without one)."""
+        X, y = self._split_labels(x)
         p = self.predict_proba(lam, X)
         labelled = np.isfinite(y)
         lp = np.full(len(p), np.nan)
         if labelled.any():
             lp[labelled] = self.predictive_logpdf(lam, np.column_stack([X, y])[labelled])
-        out = []
-        for i, pi in enumerate(p):
-            row = {"proba": [round(1.0 - float(pi), 12), round(float(pi), 12)],
-                   "prediction": int(pi >= 0.5)}
-            if labelled[i]:
-                row["log_density"] = float(lp[i])
-            out.append(row)
-        return out
+        return {"proba": np.column_stack([1.0 - p, p]), "prediction": (p >= 0.5).astype(np.int64),
+                "log_density": lp}
 
 
 class CorrelatedGaussianTarget(GradientModel, ChecksState, CoordinateLoglik):
@@ -435,17 +433,14 @@ class SoftmaxRegression(BayesianLogisticRegression):
         p = self.predict_proba(lam, x[:, :-1])
         return np.log(np.maximum(p[np.arange(x.shape[0]), x[:, -1].astype(np.int64)], 1e-300))
 
-    def score_records(self, lam, x, aux=None) -> list[dict]:
-        x = np.asarray(x, float)
-        if x.ndim == 2 and x.shape[1] == self.n_features + 1:
-            X, y = x[:, :-1], x[:, -1]
-        else:
-            X, y = x, np.full(np.atleast_2d(x).shape[0], np.nan)
+    def score_columns(self, lam, x, aux=None) -> dict:
+        """Per record: ``proba`` p(y = c | x, data) (n, C), the ``prediction`` and, for a row
+        with a label, ``log_density`` log p(y | x, data) (NaN: absent)."""
+        X, y = self._split_labels(x)
         p = self.predict_proba(lam, X)
-        out = []
-        for i, pi in enumerate(p):
-            row = {"proba": [round(float(v), 12) for v in pi], "prediction": int(pi.argmax())}
-            if np.isfinite(y[i]):
-                row["log_density"] = float(np.log(max(pi[int(y[i])], 1e-300)))
-            out.append(row)
-        return out
+        labelled = np.isfinite(y)
+        lp = np.full(len(p), np.nan)
+        if labelled.any():
+            rows = np.flatnonzero(labelled)
+            lp[rows] = np.log(np.maximum(p[rows, y[rows].astype(np.int64)], 1e-300))
+        return {"proba": p, "prediction": p.argmax(axis=1), "log_density": lp}

@@ -303,6 +303,8 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     blocks = (("user_h", "user_prec"), ("item_h", "item_prec"))
     #: what ``streamsvi.load(...)`` offers (each called with λ and ``aux=``)
     scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
+    #: ``fitted.score(x, top_k=10)``: a record of a user alone gets that many items
+    score_options = ("top_k",)
     # annealing kinds (``streamsvi.inference.annealing``): none and svi+ only, for it is neither
     # Tempered nor RandomRestart (no local latent assignments to temper or restart)
     #: δ: an SVI+ step may not take Λ below δ·I/c (no variance above c/δ)
@@ -724,12 +726,25 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
 
         return top_unseen(self.rows_of, aux, user, k, exclude, score)
 
-    def score_records(self, lam, x, aux=None) -> list[dict]:
-        """``{"user", "item", "prediction", "variance"}`` per rating of ``x`` (JSON-ready)."""
-        x = self.check_batch(x)
-        mean, var = self.predict_rating(lam, x.user, x.item, aux=aux)
-        return [{"user": u, "item": i, "prediction": float(m), "variance": float(v)}
-                for u, i, m, v in zip(x.user, x.item, mean, var)]
+    def score_columns(self, lam, x, aux=None, top_k: int = 10) -> dict:
+        """Scores of (user, item[, rating]) records and of top-k requests (``ScoresRecords``).
+
+        See :func:`rating_score_columns`: ``prediction`` is the predictive mean of
+        :meth:`predict_rating`, ``sd`` its standard deviation √(σ² + Var_q[f]),
+        ``log_density`` :meth:`predictive_logpdf` where a rating is given, and a
+        record with a user and no item gets ``top_k``: :meth:`recommend` (rated items
+        left out). Unknown users and items are predicted from the prior (cold start).
+        """
+        aux = self._need_aux(aux)
+
+        def predict(users, items):
+            mean, var = self.predict_rating(lam, users, items, aux=aux)
+            return mean, np.sqrt(var)
+
+        def density(y, mean, sd):
+            return -0.5 * np.log(2 * math.pi * sd * sd) - (y - mean) ** 2 / (2 * sd * sd)
+
+        return rating_score_columns(x, predict, density, lambda u, k: self.recommend(lam, u, k, aux=aux), top_k)
 
     @staticmethod
     def _need_aux(aux):
@@ -737,3 +752,41 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
             raise ValueError("PMF scoring needs aux=state.aux (the id→row maps of the state); "
                              "streamsvi.load(...) passes it")
         return aux
+
+
+def rating_score_columns(x, predict, density, recommend, top_k: int = 10) -> dict:
+    """The score columns of a ratings model (PMF, HPF) for ``x``.
+
+    ``x`` is a :class:`Ratings`; for scoring, a record's rating may be NaN (not
+    given) and its item ``None`` (a top-k request for the user). ``predict(users,
+    items) -> (mean, sd)``, ``density(y, mean, sd)`` the log density of given
+    ratings, ``recommend(user, k) -> [(item, score), ...]``. Columns: ``user``,
+    ``item`` (absent for a top-k request), ``prediction`` and ``sd`` (pairs),
+    ``log_density`` (pairs with a rating), ``top_k`` (requests: ``[{"item",
+    "prediction"}, ...]`` best first, without the items the user rated).
+    """
+    if not isinstance(x, Ratings):
+        x = as_ratings(x, "ratings to score")
+    if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 1:
+        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
+    n = len(x)
+    items = x.item
+    pair = np.fromiter((i is not None for i in items), dtype=bool, count=n)
+    mean, sd, lp = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    if pair.any():
+        rows = np.flatnonzero(pair)
+        m, s = predict(x.user[rows], items[rows])
+        mean[rows], sd[rows] = m, s
+        y = x.rating[rows]
+        given = np.isfinite(y)
+        if given.any():
+            lp[rows[given]] = density(y[given], m[given], s[given])
+    top = None
+    if not pair.all():
+        top = [None] * n
+        for r in np.flatnonzero(~pair).tolist():
+            top[r] = [{"item": i, "prediction": float(v)} for i, v in recommend(x.user[r], int(top_k))]
+    cols = {"user": x.user.tolist(), "item": items.tolist(), "prediction": mean, "sd": sd, "log_density": lp}
+    if top is not None:
+        cols["top_k"] = top
+    return cols

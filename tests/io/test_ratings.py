@@ -202,10 +202,11 @@ def test_daemon_learns_pmf_from_a_file_of_ratings(tmp_path):
     rmse, base = np.sqrt(np.mean((mean - y[held]) ** 2)), np.std(y[held])
     assert rmse < 0.75 * base, (rmse, base)        # one pass: 0.69 vs 1.03; no learning is >= 1
     assert np.all(var > 0)
-    (tmp_path / "in.jsonl").write_text('{"user": "u3", "item": 4, "rating": 3}\n{"user": "u3"}\n')
+    (tmp_path / "in.jsonl").write_text('{"user": "u3", "item": 4, "rating": 3}\n{"item": 4}\n{"user": "u3"}\n')
     assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
                  "--output", str(tmp_path / "out.jsonl")]) == 1      # some lines failed
     out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert "error" in out[1]
+    assert out[1]["reason"] == "missing_field"                        # no user
+    assert [i for i, _ in fitted.recommend("u3", k=10)] == [r["item"] for r in out[2]["top_k"]]
     m, _ = fitted.predict_rating(["u3"], [4])
     assert out[0]["prediction"] == pytest.approx(float(m[0]))

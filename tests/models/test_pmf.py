@@ -379,7 +379,7 @@ def test_snapshot_scoring_and_recommend(tmp_path):
     assert not rated & {j for j, _ in fitted.recommend("u0", k=100)}
     assert best[0] not in {j for j, _ in fitted.recommend("u0", k=3, exclude=[best[0]])}
     out = fitted.score(x[np.arange(2)])
-    assert set(out[0]) == {"user", "item", "prediction", "variance"}
+    assert set(out[0]) == {"user", "item", "prediction", "sd", "log_density"}
 
 
 def test_river_ranker_face():
