@@ -12,6 +12,7 @@ import json
 import time
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry
 
 from streamsvi.checkpoint import CheckpointStore, load_snapshot, pointer_number
@@ -498,3 +499,52 @@ def load_first(ck):
         return load(ck)
     except (FileNotFoundError, ValueError):
         return None
+
+
+def test_a_pmf_scorer_predicts_unrated_pairs_and_top_k(kafka_broker, new_topic, new_group, tmp_path):
+    """The scorer reads ratings records as ``streamsvi score`` does: a pair without a rating gets
+    its prediction and sd, a user alone the top-k items the user has not rated, a rating its log
+    density; each output equals ``fitted.score`` of that record."""
+    from streamsvi.inference import SVI
+    from streamsvi.models import PMF
+
+    model = PMF(n_factors=2, sigma2=0.25, prior_var=1.0, biases=True, offset=3.0)
+    x = PMF.synthetic_ratings()
+    engine = SVI(model, n_total=len(x))
+    state = engine.init(x, seed=0)
+    for _ in range(3):
+        state, _ = engine.update(state, x)
+    ck = tmp_path / "pmf-ck"
+    CheckpointStore(ck).save(engine, state, offsets=[])
+    fitted = load(ck)
+    user = x.user[0]
+    asks = [{"user": user, "item": x.item[1]}, {"user": user}, {"user": "nobody", "item": "nothing"},
+            {"user": user, "item": x.item[1], "rating": 2.0}, {"item": x.item[1]}]
+    bootstrap = kafka_broker.bootstrap
+    records, output = new_topic(1), new_topic(1)
+    where = produce_raw(bootstrap, records, [json.dumps(a).encode() for a in asks], partitions=1)
+    raw = gmm_config(tmp_path, bootstrap=bootstrap, topic=records, group=new_group(),
+                     inference={"max_wait_seconds": 0.3})
+    raw["model"] = {"kind": "pmf", "n_factors": 2, "sigma2": 0.25, "prior_var": 1.0, "biases": True,
+                    "offset": 3.0}
+    del raw["inference"]["effective_batch_size"]
+    raw["metrics"] = {"enabled": False, "progress_seconds": 0.0}
+    raw["checkpoint"]["directory"] = str(ck)
+    raw["scorer"] = {"output_topic": output, "scorer_id": "s1", "snapshot_poll_seconds": 0.05}
+    cfg = validate(raw)
+    res = Scorer(cfg, registry=CollectorRegistry(), out=io.StringIO()).run(until_drained=True, timeout=60)
+    got = _by_position(read_committed(bootstrap, output, expect=len(asks)))
+    assert (res.records, res.dead) == (len(asks) - 1, 1), [{k: v for k, v in r.items() if k not in ("snapshot", "topic")} for r in got.values()]
+    expect = fitted.score(asks)
+    for (p, o), want in zip(where, expect):
+        r = got[(records, p, o)]
+        for k, v in want.items():
+            if isinstance(v, float):
+                assert r[k] == pytest.approx(v, rel=1e-12), k
+            else:
+                assert r[k] == v, k
+    first = got[(records, *where[0])]
+    assert "prediction" in first and first["sd"] > 0 and "log_density" not in first
+    assert len(got[(records, *where[1])]["top_k"]) > 0
+    assert "log_density" in got[(records, *where[3])]
+    assert got[(records, *where[4])]["reason"] == "missing_field"

@@ -44,7 +44,7 @@ import socket
 import time
 
 from ..commit import CommitStrategy, _bounded
-from ..config import ConfigError, client_security
+from ..config import ConfigError, build_model, client_security
 from ..console import plural
 from ..daemon import Daemon
 from ..metrics import ScorerMetrics
@@ -99,11 +99,17 @@ def scorer_source(cfg, metrics):
     member that missed a rebalance can otherwise wait in its JoinGroup for the default 300 s;
     with the daemon's source, one run of the two-scorer kill test saw the surviving scorer get
     no batch for 60 s after its peer was killed) on the scorers' group, telling where each
-    record came from."""
+    record came from. A record kind that scores differently from how it learns (ratings: a pair
+    without a rating, a user alone for the top-k; labelled rows: no label) reads its JSON
+    records with its scoring codec and validator, as ``streamsvi score`` does."""
     from .worker import worker_source
 
     source = worker_source({**cfg, "source": {**cfg["source"], "group_id": scorer_group(cfg)}}, metrics)
     source.track_positions = True
+    own = getattr(source.kind, "scoring_codec_validator", None)
+    if own is not None and cfg["source"]["codec"] == "json":      # (LineScorer's choice, the same)
+        source.codec, source.validator = own(build_model(cfg["model"]), cfg["source"].get("fields"),
+                                             dict(cfg["validation"]))
     return source
 
 
