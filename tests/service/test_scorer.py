@@ -445,7 +445,8 @@ def test_serving_while_the_daemon_learns_through_the_snapshot_topic(kafka_broker
     produce_rows(bootstrap, train, blob_rows(300, seed=1), JsonCodec(2), partitions=1)
     dcfg = validate(gmm_config(tmp_path / "daemon", bootstrap=bootstrap, topic=train, group=new_group(),
                                inference={"max_wait_seconds": 0.2},
-                               checkpoint={"snapshot_topic": snaps, "every_batches": 2, "keep": 1000}))
+                               checkpoint={"snapshot_topic": snaps, "every_batches": 2, "keep": 1000},
+                               promotion={"enabled": False}))      # every snapshot is published
     d = Daemon(dcfg, registry=CollectorRegistry(), out=io.StringIO())
     learner = threading.Thread(target=lambda: d.run(timeout=120), daemon=True)
     learner.start()
@@ -548,3 +549,29 @@ def test_a_pmf_scorer_predicts_unrated_pairs_and_top_k(kafka_broker, new_topic, 
     assert len(got[(records, *where[1])]["top_k"]) > 0
     assert "log_density" in got[(records, *where[3])]
     assert got[(records, *where[4])]["reason"] == "missing_field"
+
+
+def test_with_promotion_the_snapshot_topic_carries_the_promoted_snapshots(kafka_broker, new_topic, new_group,
+                                                                         tmp_path):
+    """Promotion on (the default): a snapshot is published when it is promoted, so a scorer
+    without shared storage serves what one following ``promoted`` serves; a rejected snapshot
+    (one that learned a burst of far-off records) never reaches the topic."""
+    bootstrap = kafka_broker.bootstrap
+    train, snaps = new_topic(1), new_topic(1)
+    X = np.concatenate([blob_rows(300, seed=1), blob_rows(100, seed=2) + 40.0, blob_rows(200, seed=3)])
+    produce_rows(bootstrap, train, X, JsonCodec(2), partitions=1)
+    dcfg = validate(gmm_config(tmp_path, bootstrap=bootstrap, topic=train, group=new_group(),
+                               inference={"max_wait_seconds": 0.3},
+                               checkpoint={"snapshot_topic": snaps, "every_batches": 2, "keep": 1000}))
+    d = Daemon(dcfg, registry=CollectorRegistry(), out=io.StringIO())
+    assert d.run(until_drained=True, timeout=60).stopped_by == "drained"
+    decided = {x["candidate"]: x["outcome"] for x in d.promotion.decisions}
+    promoted = sorted(n for n, o in decided.items() if o == "promoted")
+    assert "rejected" in decided.values(), decided
+    assert d._snapshot_publisher.published == len(promoted)
+    reader = SnapshotTopicReader(bootstrap, snaps)
+    try:
+        got = reader.latest(timeout_s=5)
+    finally:
+        reader.close()
+    assert got.number == promoted[-1] == load(dcfg["checkpoint"]["directory"]).number
