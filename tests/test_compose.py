@@ -12,7 +12,7 @@ import yaml
 
 from streamsvi.cli import build_parser
 from streamsvi.service.config import load_config
-from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics
+from streamsvi.service.metrics import DaemonMetrics, ScaleoutMetrics, ScorerMetrics
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"
 
@@ -68,6 +68,7 @@ def _exported_series():
     names = set()
     m = DaemonMetrics()
     ScaleoutMetrics(m.registry)          # the roles' metrics (--role worker|applier)
+    ScorerMetrics(m.registry)            # --role scorer
     for mf in m.registry.collect():
         if mf.type == "counter":
             names |= {mf.name + "_total", mf.name + "_created"}
@@ -107,9 +108,10 @@ LEFT_OUT: dict[str, str] = {}
 
 
 def _families():
-    """Every metric family the daemon and the scale-out roles register, and its series names."""
+    """Every metric family the daemon, the scale-out roles and the scorer register, and its series names."""
     m = DaemonMetrics()
     ScaleoutMetrics(m.registry)
+    ScorerMetrics(m.registry)
     out = {}
     for mf in m.registry.collect():
         if mf.type == "counter":
