@@ -7,12 +7,15 @@ records, the daemon's streaming start, then one engine update per minibatch.
 :class:`TopicModel` is a ``river.base.MiniBatchTransformer`` for LDA:
 documents ``{word: count}`` in, topic proportions out.
 :class:`MatrixFactorization` is a river ranker for PMF,
-:class:`LogisticRegression` and :class:`SoftmaxRegression` river classifiers.
+:class:`PoissonFactorization` one for the Poisson factorisation (HPF) of
+counts, :class:`LogisticRegression` and :class:`SoftmaxRegression` river
+classifiers.
 
 :class:`GaussianMixture` is a ``river.base.Clusterer``: ``learn_one`` buffers
 records and applies an SVI / SVI+ update each time ``batch_size`` of them are
 in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
 ``predict_one`` / ``predict_many`` give the MAP component.
+:class:`PoissonMixture` is the same clusterer for dicts of counts.
 :class:`HiddenMarkovModel` learns a discrete HMM from symbol sequences (river
 has no sequence base class: its docstring states the interface).
 
@@ -122,7 +125,8 @@ def _short_repr(value, limit: int = 60) -> str:
 
 #: the face that loads each model of a snapshot (model name -> face)
 _FACE_OF = {"gmm": "GaussianMixture", "lda": "TopicModel", "pmf": "MatrixFactorization",
-            "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "HiddenMarkovModel"}
+            "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "HiddenMarkovModel",
+            "hpf": "PoissonFactorization", "poisson_mixture": "PoissonMixture"}
 
 
 def _face_snapshot(cls, path, models: tuple, what: str):
@@ -556,7 +560,72 @@ def _ratings(rows: list):
     return Ratings(*zip(*rows))
 
 
-class GaussianMixture(_Face, base.Clusterer):
+class _MixtureFace(_Face, base.Clusterer):
+    """What the two mixture clusterers share (:class:`GaussianMixture`, :class:`PoissonMixture`):
+    the predictions from the model's ``predict``, ``responsibilities`` and
+    ``predictive_logpdf`` on rows that ``_rows_now`` makes from raw rows (imputed, or checked
+    counts), records held in ``_pending`` (a :class:`_DictRows`) until an update is due.
+    Before the start: component 0, uniform responsibilities, NaN scores."""
+
+    _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _row(self, x: dict) -> np.ndarray:
+        """One record as a (1, D) row for the model's predictions."""
+        return self._rows_now(self._pending.matrix([x]))
+
+    # ------------------------------------------------------------ predicting
+    def predict_one(self, x: dict) -> int:
+        if self._state is None:
+            return 0
+        return int(self._engine.model.predict(self._state.lam, self._row(x))[0])
+
+    def predict_many(self, X):
+        """MAP components of a DataFrame's rows, as a pandas Series."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.Series(np.zeros(len(X), dtype=int), index=X.index)
+        rows = self._rows_now(self._pending.frame(X))
+        return pd.Series(self._engine.model.predict(self._state.lam, rows), index=X.index)
+
+    def predict_proba_one(self, x: dict) -> dict[int, float]:
+        """Responsibilities of each component."""
+        if self._state is None:
+            return {k: 1.0 / self.n_components for k in range(self.n_components)}
+        r = self._engine.model.responsibilities(self._state.lam, self._row(x))[0]
+        return dict(enumerate(r.tolist()))
+
+    def score_one(self, x: dict) -> float:
+        """Posterior predictive log density of a record."""
+        if self._state is None:
+            return float("nan")
+        return float(self._engine.model.predictive_logpdf(self._state.lam, self._row(x))[0])
+
+    def predict_proba_many(self, X):
+        """Responsibilities of a DataFrame's rows (columns 0 … K−1), as
+        ``streamsvi.load(path).responsibilities`` gives them."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.DataFrame(np.full((len(X), self.n_components), 1.0 / self.n_components), index=X.index)
+        rows = self._rows_now(self._pending.frame(X))
+        return pd.DataFrame(self._engine.model.responsibilities(self._state.lam, rows), index=X.index)
+
+    def score_many(self, X):
+        """Posterior predictive log densities of a DataFrame's rows, as a pandas Series (NaN before the start)."""
+        import pandas as pd
+
+        if self._state is None:
+            return pd.Series(np.full(len(X), np.nan), index=X.index)
+        rows = self._rows_now(self._pending.frame(X))
+        return pd.Series(self._engine.model.predictive_logpdf(self._state.lam, rows), index=X.index)
+
+
+
+class GaussianMixture(_MixtureFace):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
 
     Parameters
@@ -689,8 +758,6 @@ class GaussianMixture(_Face, base.Clusterer):
     def _face_state(self) -> dict:
         return {"features": list(self._features), "moments": self._moments.to_json()}
 
-    _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
-
     # ------------------------------------------------------------ features
     def _sync(self) -> None:
         """Learn the running means of the rows held back, then hand them (imputed) to the learner."""
@@ -703,10 +770,6 @@ class GaussianMixture(_Face, base.Clusterer):
         """Raw rows imputed with the running means as they are now (for predictions)."""
         self._sync()
         return _impute(X, self._moments.current()[0])
-
-    def _row(self, x: dict) -> np.ndarray:
-        """One record as a (1, D) row for the model's predictions."""
-        return self._rows_now(self._pending.matrix([x]))
 
     # ------------------------------------------------------------- learning
     def learn_one(self, x: dict) -> None:
@@ -729,52 +792,206 @@ class GaussianMixture(_Face, base.Clusterer):
         Xr = self._pending.frame(X)
         self._learner.learn_many(_impute(Xr, self._moments.learn(Xr)[0]))
 
-    # ------------------------------------------------------------ predicting
-    def predict_one(self, x: dict) -> int:
-        if self._state is None:
-            return 0
-        return int(self._engine.model.predict(self._state.lam, self._row(x))[0])
+# ----------------------------------------------------------------- Poisson mixture
+def _tuple_of(v):
+    """A setting of a number or a list of numbers, with lists as tuples (immutable, as river wants)."""
+    return tuple(v) if isinstance(v, (list, tuple, np.ndarray)) else v
 
-    def predict_many(self, X):
-        """MAP components of a DataFrame's rows, as a pandas Series."""
-        import pandas as pd
 
-        if self._state is None:
-            return pd.Series(np.zeros(len(X), dtype=int), index=X.index)
-        rows = self._rows_now(self._pending.frame(X))
-        return pd.Series(self._engine.model.predict(self._state.lam, rows), index=X.index)
+class PoissonMixture(_MixtureFace):
+    """Bayesian mixture of Poisson count vectors learned online with SVI / SVI+ (a ``river.base.Clusterer``).
 
-    def predict_proba_one(self, x: dict) -> dict[int, float]:
-        """Responsibilities of each component."""
-        if self._state is None:
-            return {k: 1.0 / self.n_components for k in range(self.n_components)}
-        r = self._engine.model.responsibilities(self._state.lam, self._row(x))[0]
-        return dict(enumerate(r.tolist()))
+    A record is a dict of counts ``{feature: count}``, each an integer ≥ 0 (river's
+    ``feature_extraction.BagOfWords`` makes such dicts); a feature the record does not
+    have (an absent key, None, or NaN, pandas' missing value) counts 0. A count that is
+    negative, not an integer or infinite, or a value that is not a number, is refused
+    with ``ValueError`` naming the feature, by the call that brings it, before anything
+    of it is learned. The model is :class:`streamsvi.models.PoissonMixture`: K components,
+    each with its own rate for every feature. ``learn_one`` buffers records and applies an
+    SVI / SVI+ update per ``batch_size`` of them (``learn_many`` takes a DataFrame: same
+    batching, same result); ``predict_one`` / ``predict_many`` give the MAP component,
+    ``predict_proba_one`` / ``predict_proba_many`` the component posterior E_q[z],
+    ``score_one`` / ``score_many`` the posterior predictive log density (a mixture of
+    negative binomials, ``PoissonMixture.predictive_logpdf``).
 
-    def score_one(self, x: dict) -> float:
-        """Posterior predictive log density of a record."""
-        if self._state is None:
-            return float("nan")
-        return float(self._engine.model.predictive_logpdf(self._state.lam, self._row(x))[0])
+    Parameters
+    ----------
+    n_components
+        K.
+    batch_size
+        |S|: records per update.
+    effective_batch_size
+        M for SVI+ (≤ batch_size); None is plain SVI.
+    n_total
+        N, or the population size for an unbounded stream.
+    tau0, kappa
+        Robbins–Monro schedule ρ_t = (τ0 + t)^(−κ).
+    weight_concentration, prior_shape, prior_rate
+        α0 of the Dirichlet on the weights (a number or K numbers), and a0, b0 of the Gamma
+        prior of every rate (numbers or D numbers; prior mean a0/b0).
+    init, n_init, init_sweeps
+        The start on the start's records (:class:`streamsvi.models.PoissonMixture`):
+        ``"kmeans"`` on √x, ``"random_from_data"`` or ``"random_resp"``; the best of
+        ``n_init`` starts after ``init_sweeps`` CAVI sweeps.
+    features
+        Feature names in order (a tuple); None takes the sorted keys of the first record
+        (give them for sparse records, whose first may lack some).
+    seed
+        Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer (:mod:`streamsvi.inference.annealing`) or its dict form; None: SVI, or
+        SVI+ with ``effective_batch_size`` (not both).
+    init_batches
+        The streaming start, as the daemon makes it: the first update waits for
+        ``init_batches`` minibatches and at least 20·K records (``start_size``). Until
+        then predictions are those of no model (component 0, uniform, NaN scores).
 
-    def predict_proba_many(self, X):
-        """Responsibilities of a DataFrame's rows (columns 0 … K−1), as
-        ``streamsvi.load(path).responsibilities`` gives them."""
-        import pandas as pd
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> model = PoissonMixture(n_components=2, batch_size=50, seed=1)
+    >>> for _ in range(1000):
+    ...     rate = rng.choice([1.0, 12.0])
+    ...     model.learn_one({"clicks": int(rng.poisson(rate)), "views": int(rng.poisson(2 * rate))})
+    >>> model.predict_one({"clicks": 0, "views": 1}) != model.predict_one({"clicks": 12, "views": 25})
+    True
+    """
 
-        if self._state is None:
-            return pd.DataFrame(np.full((len(X), self.n_components), 1.0 / self.n_components), index=X.index)
-        rows = self._rows_now(self._pending.frame(X))
-        return pd.DataFrame(self._engine.model.responsibilities(self._state.lam, rows), index=X.index)
+    def __init__(self, n_components: int = 3, batch_size: int = 32,
+                 effective_batch_size: float | None = None, n_total: float = 10_000.0,
+                 tau0: float = 1.0, kappa: float = 0.7, weight_concentration=1.0, prior_shape=1.0,
+                 prior_rate=0.1, init: str = "kmeans", n_init: int = 3, init_sweeps: int = 5,
+                 features: tuple | None = None, seed: int | None = None, annealing=None,
+                 init_batches: int = 4):
+        self.n_components = n_components
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.weight_concentration = weight_concentration
+        self.prior_shape = prior_shape
+        self.prior_rate = prior_rate
+        self.init = init
+        self.n_init = n_init
+        self.init_sweeps = init_sweeps
+        self.features = features
+        self.seed = seed
+        self.annealing = annealing
+        self.init_batches = init_batches
+        _check_batch_sizes(batch_size, effective_batch_size)
+        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
+        self._features = list(features) if features is not None else None
+        self._learner = None
+        if self._features is not None:
+            self._build()
 
-    def score_many(self, X):
-        """Posterior predictive log densities of a DataFrame's rows, as a pandas Series (NaN before the start)."""
-        import pandas as pd
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
+        yield {"n_components": 2, "batch_size": 8, "seed": 2,
+               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
 
-        if self._state is None:
-            return pd.Series(np.full(len(X), np.nan), index=X.index)
-        rows = self._rows_now(self._pending.frame(X))
-        return pd.Series(self._engine.model.predictive_logpdf(self._state.lam, rows), index=X.index)
+    def _build(self):
+        from .models import PoissonMixture as Model
+
+        model = Model(self.n_components, len(self._features), weight_concentration=self.weight_concentration,
+                      prior_shape=self.prior_shape, prior_rate=self.prior_rate, init=self.init,
+                      n_init=self.n_init, init_sweeps=self.init_sweeps, init_batches=self.init_batches)
+        self._make_learner(SVI(model, n_total=self.n_total,
+                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                               effective_batch_size=self.effective_batch_size, short_batches="svi",
+                               annealer=self._annealer), _dense)
+        self._pending = _DictRows(self._features, self.batch_size)
+
+    @classmethod
+    def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "PoissonMixture":
+        """A clusterer that starts from a ``poisson_mixture`` snapshot: the daemon's, or one
+        :meth:`to_snapshot` wrote.
+
+        It predicts what ``streamsvi.load(path)`` predicts (``predict``, ``responsibilities``,
+        ``predictive_logpdf``), and learning goes on from the snapshot's engine and state
+        (step, λ, random stream, records seen), bit for bit as that engine would go on.
+        ``features`` names the D counts in order (default: the writing face's names, else
+        ``("x0", …)``, the order of the daemon's arrays). ``batch_size`` defaults to the
+        daemon's ``inference.batch_size`` stored with the snapshot (32 without one, or M
+        rounded up if larger); the snapshot's SVI+ setting is kept. ``ValueError`` for a
+        snapshot of another model, or ``features`` of the wrong length.
+        """
+        from .models import PoissonMixture as Model
+
+        snap, face = _face_snapshot(cls, path, (Model,), "a Poisson mixture")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        if features is None and face is not None:
+            features = face.get("features")
+        features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(p["n_features"]))
+        if len(features) != p["n_features"]:
+            raise ValueError(f"features has {len(features)} names, the snapshot's model has "
+                             f"{p['n_features']} features")
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_components=p["n_components"], batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
+                  weight_concentration=_tuple_of(p["weight_concentration"]),
+                  prior_shape=_tuple_of(p["prior_shape"]), prior_rate=_tuple_of(p["prior_rate"]),
+                  init=p["init"], n_init=p["n_init"], init_sweeps=p["init_sweeps"],
+                  init_batches=p["init_batches"], features=features)
+        est._adopt(snap, face)
+        return est
+
+    def _face_state(self) -> dict:
+        return {"features": list(self._features)}
+
+    # ------------------------------------------------------------ counts
+    def _counts(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows as counts: a missing value (NaN) is 0; ``ValueError`` naming the first feature
+        whose value is negative, not an integer or infinite."""
+        X = np.where(np.isnan(X), 0.0, X)
+        bad = ~((X >= 0) & (X < np.inf) & (X == np.floor(X)))
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise ValueError(f"feature {self._features[c]!r} must be a count (an integer >= 0; a missing "
+                             f"one is 0), got {float(X[r, c])!r}")
+        return X
+
+    def _sync(self) -> None:
+        """Hand the records held back to the learner (their counts were checked as they came)."""
+        if self._pending is None or not self._pending.n:
+            return
+        self._learner.learn_many(self._counts(self._pending.take()))
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows as checked counts, after the held records are learned (for predictions)."""
+        self._sync()
+        return self._counts(X)
+
+    # ------------------------------------------------------------- learning
+    def learn_one(self, x: dict) -> None:
+        if self._features is None:
+            self._features = sorted(x)
+            self._build()
+        pending = self._pending
+        pending.put(x)
+        try:
+            self._counts(pending.rows[pending.n - 1:pending.n])
+        except ValueError:
+            pending.n -= 1                          # not learned
+            raise
+        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
+            self._sync()
+
+    def learn_many(self, X) -> None:
+        """Learn from a pandas DataFrame (columns = features; NaN counts 0); same batching, same
+        result as learn_one. The counts are checked before any is learned."""
+        if self._features is None:
+            if not len(X):
+                return
+            self._features = sorted(X.columns)
+            self._build()
+        rows = self._counts(self._pending.frame(X))
+        self._sync()
+        self._learner.learn_many(rows)
 
 
 # ---------------------------------------------------------------- topic model
@@ -1036,7 +1253,77 @@ class TopicModel(_Face, base.MiniBatchTransformer):
 from river.reco.base import Ranker as _Ranker  # noqa: E402
 
 
-class MatrixFactorization(_Face, _Ranker):
+class _RatingsFace(_Face, _Ranker):
+    """What the two ratings faces share (:class:`MatrixFactorization`, :class:`PoissonFactorization`):
+    records ``(user, item, y)`` learned through a :class:`~streamsvi.learner.StreamLearner`,
+    pickling that rebuilds the engine, ``flush``, ``rank`` (by ``_predict``'s means) and
+    ``recommend`` (the model's top k, leaving out rated items)."""
+
+    def _make_engine(self):
+        raise NotImplementedError
+
+    def _predict(self, users, items):
+        """(predictive means, a second moment) of the pairs; the face's own."""
+        raise NotImplementedError
+
+    # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
+    # settings rather than copied. Its PMF (HPF) model keeps an id -> row lookup cache that holds a
+    # threading.Lock (which cannot be pickled) and is keyed by id() of the state's id lists
+    # (meaningless in a copy); learned values live in the learner's state and buffer, which are copied.
+    _table = None       # [state, predictions under it, the rows' moments or None] (_predict_pair)
+
+    def __getstate__(self):
+        learner = copy.copy(self._learner)
+        learner.engine = None
+        return {**self.__dict__, "_learner": learner, "_table": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._learner.engine = self._make_engine()
+
+    @staticmethod
+    def _record_to_json(record):
+        user, item, y = record
+        return [_json_id(user), _json_id(item), float(y)]
+
+    @staticmethod
+    def _record_from_json(value):
+        return tuple(value[:2]) + (float(value[2]),)
+
+    @property
+    def model(self):
+        """The model being learned (:class:`~streamsvi.models.PMF`, :class:`~streamsvi.models.HPF`)."""
+        return self._engine.model
+
+    @property
+    def state(self):
+        """The engine state (None before the first update)."""
+        return self._state
+
+    def flush(self) -> None:
+        """Apply the buffered ratings (counts) as one (possibly short) update."""
+        self._learner.flush()
+
+    def rank(self, user, items, x=None) -> list:
+        """``items`` ordered by predicted rating (count), best first (ties in the given order)."""
+        items = list(items)
+        if not items:
+            return []
+        mean = self._predict([user] * len(items), items)[0]
+        order = sorted(range(len(items)), key=lambda k: (-mean[k], k))
+        return [items[k] for k in order]
+
+    def recommend(self, user, k: int = 10, exclude=()) -> list:
+        """The ``k`` best items not rated by ``user`` (in the learned stream) as ``[(item, prediction)]``,
+        best first: the model's ``recommend``, as ``streamsvi.load(path).recommend`` gives it
+        (leaving out what the user rated when the model has ``remember_rated``); [] before the
+        first update."""
+        if self._state is None:
+            return []
+        return self.model.recommend(self._state.lam, user, k=k, exclude=exclude, aux=self._state.aux)
+
+
+class MatrixFactorization(_RatingsFace):
     """Probabilistic matrix factorisation learned online with SVI / SVI+ (a ``river`` Ranker).
 
     ``learn_one(user, item, y)`` buffers ratings and applies one SVI / SVI+
@@ -1130,21 +1417,6 @@ class MatrixFactorization(_Face, _Ranker):
                    effective_batch_size=self.effective_batch_size, short_batches="svi",
                    annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
 
-    # Pickling and copy.deepcopy (river's checks need both): the engine is rebuilt from the
-    # settings rather than copied. Its PMF model keeps an id -> row lookup cache that holds a
-    # threading.Lock (which cannot be pickled) and is keyed by id() of the state's id lists
-    # (meaningless in a copy); learned values live in the learner's state and buffer, which are copied.
-    _table = None       # [state, predictions under it, the rows' moments or None] (_predict_pair)
-
-    def __getstate__(self):
-        learner = copy.copy(self._learner)
-        learner.engine = None
-        return {**self.__dict__, "_learner": learner, "_table": None}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._learner.engine = self._make_engine()
-
     @classmethod
     def _unit_test_params(cls):
         yield {"n_factors": 2, "batch_size": 8, "seed": 0}
@@ -1161,8 +1433,8 @@ class MatrixFactorization(_Face, _Ranker):
         learning goes on from the snapshot's engine and state (step, λ, the id→row maps,
         random stream, records seen). ``batch_size`` defaults to the daemon's
         ``inference.batch_size`` stored with the snapshot (1000 without one). ``ValueError``
-        for a snapshot of another model (the Poisson factorisation, ``hpf``, has no face:
-        score it with ``streamsvi.load``).
+        for a snapshot of another model (a Poisson factorisation, ``hpf``, loads with
+        :meth:`PoissonFactorization.from_snapshot`).
         """
         from .models import PMF
 
@@ -1175,29 +1447,6 @@ class MatrixFactorization(_Face, _Ranker):
                   bias_var=m.bias_var, row_clock=m.row_clock, sweep=m.sweep, annealing=annealing)
         est._adopt(snap, face)
         return est
-
-    @staticmethod
-    def _record_to_json(record):
-        user, item, y = record
-        return [_json_id(user), _json_id(item), float(y)]
-
-    @staticmethod
-    def _record_from_json(value):
-        return tuple(value[:2]) + (float(value[2]),)
-
-    @property
-    def model(self):
-        """The :class:`~streamsvi.models.PMF` being learned."""
-        return self._engine.model
-
-    @property
-    def state(self):
-        """The engine state (None before the first update)."""
-        return self._state
-
-    def flush(self) -> None:
-        """Apply the buffered ratings as one (possibly short) update."""
-        self._learner.flush()
 
     def learn_one(self, user, item, y, x=None) -> None:
         self._learner.learn((user, item, float(y)))
@@ -1312,19 +1561,194 @@ class MatrixFactorization(_Face, _Ranker):
         return float(self.model.predictive_logpdf(self._state.lam, Ratings([user], [item], [y]),
                                                   aux=self._state.aux)[0])
 
-    def rank(self, user, items, x=None) -> list:
-        items = list(items)
-        if not items:
-            return []
-        mean = self._predict([user] * len(items), items)[0]
-        order = sorted(range(len(items)), key=lambda k: (-mean[k], k))
-        return [items[k] for k in order]
 
-    def recommend(self, user, k: int = 10, exclude=()) -> list:
-        """The ``k`` best items not rated by ``user`` (in the learned stream) as ``[(item, rating)]``."""
+
+# ------------------------------------------------------- counts (Poisson factorisation)
+class PoissonFactorization(_RatingsFace):
+    """Hierarchical Poisson factorisation of counts learned online with SVI / SVI+ (a ``river`` Ranker).
+
+    The ranker of implicit feedback: ``learn_one(user, item, y)`` takes a count y ≥ 0
+    (plays, clicks, purchases; a click stream sends 1 per event, and river's
+    ``True``/``False`` are 1/0) and applies one update of
+    :class:`streamsvi.models.HPF` per ``batch_size`` records (:meth:`flush` applies a
+    partial batch). ``predict_one(user, item)`` is the posterior predictive mean count
+    E[θ_u]ᵀE[β_i] of a pair, rated or not, :meth:`predict_sd_one` its predictive
+    standard deviation √(mean + Var_q[θ_uᵀβ_i]) (``HPF.predict_count``), :meth:`score_one`
+    the log Poisson density of a given count at that mean, :meth:`recommend` the top k
+    items the user has not yet counted. Unknown users and items use the prior's rows
+    (Gamma(a, b′), Gamma(c, d′)), as ``streamsvi.load(path)`` does.
+
+    A separate face rather than ``MatrixFactorization(model="hpf")``: the two models
+    share no setting beyond K (PMF's σ², biases and offset against HPF's Gamma
+    hierarchy), a count is checked as one (≥ 0) where a rating is not, and the
+    predictive is a Poisson one (sd, log density) where PMF's is Gaussian. What they
+    share (records, pickling, ``flush``, ``rank``, ``recommend``) is :class:`_RatingsFace`.
+
+    Parameters
+    ----------
+    n_factors, theta_shape, activity_shape, activity_mean, beta_shape, popularity_shape
+        The :class:`~streamsvi.models.HPF` settings and defaults (the paper's a = a′ = c = c′ = 0.3,
+        b′ = d′ = 1), except ``row_counts = "seen"``: each row's N_u is its records so far (one
+        pass over a stream, as ``MatrixFactorization``), where the model's ``"scaled"`` (N_u =
+        N n_u / R) suits epochs over a fixed set of N = ``n_total`` records. Repeated records
+        of a pair add up: the predicted count of a pair is its total.
+    popularity_mean, init_scale, row_counts, remember_rated
+        The other :class:`~streamsvi.models.HPF` settings, as above.
+    batch_size
+        |S|: counts per update (``configs/hpf.toml``'s 1000).
+    effective_batch_size
+        M for SVI+ (≤ batch_size); None is plain SVI.
+    n_total
+        N: with ``row_counts = "scaled"`` each row's N_u = N n_u / R (R the records seen).
+    tau0, kappa
+        ρ_u = (τ0 + t_u)^(−κ), t_u the updates of row u so far.
+    seed
+        Seed of the engine's random stream (SVI+ noise) and of the rows' hashed random start.
+    annealing
+        None, ``{"kind": "none"}`` or SVI+ (``{"kind": "svi+", "M0": M, ...}`` or an ``SVIPlus``);
+        ``deterministic`` and ``stochastic`` are refused (``ValueError``), as for the daemon.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> model = PoissonFactorization(n_factors=2, batch_size=100, seed=1)
+    >>> for _ in range(3000):
+    ...     u, i = int(rng.integers(20)), int(rng.integers(10))
+    ...     model.learn_one(u, i, int(rng.poisson(4.0 if (u + i) % 2 else 0.5)))
+    >>> model.predict_one(3, 4) > model.predict_one(3, 5)
+    True
+    >>> model.predict_sd_one(3, 4) > 0
+    True
+    """
+
+    def __init__(self, n_factors: int = 10, theta_shape: float = 0.3, activity_shape: float = 0.3,
+                 activity_mean: float = 1.0, beta_shape: float = 0.3, popularity_shape: float = 0.3,
+                 popularity_mean: float = 1.0, init_scale: float = 0.3, row_counts: str = "seen",
+                 remember_rated: bool = True, batch_size: int = 1000,
+                 effective_batch_size: float | None = None, n_total: float = 100_000.0,
+                 tau0: float = 1.0, kappa: float = 0.7, seed: int | None = None, annealing=None):
+        super().__init__(seed=seed)
+        self.n_factors = n_factors
+        self.theta_shape = theta_shape
+        self.activity_shape = activity_shape
+        self.activity_mean = activity_mean
+        self.beta_shape = beta_shape
+        self.popularity_shape = popularity_shape
+        self.popularity_mean = popularity_mean
+        self.init_scale = init_scale
+        self.row_counts = row_counts
+        self.remember_rated = remember_rated
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.annealing = annealing
+        if isinstance(batch_size, bool):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
+        _check_batch_sizes(batch_size, effective_batch_size)
+        _annealer_of(annealing, batch_size, effective_batch_size)
+        self._make_learner(self._make_engine(), _ratings)
+
+    _MODEL_SETTINGS = ("n_factors", "theta_shape", "activity_shape", "activity_mean", "beta_shape",
+                       "popularity_shape", "popularity_mean", "init_scale", "row_counts", "remember_rated")
+
+    def _make_engine(self) -> SVI:
+        """The engine of these settings, or of the snapshot the face started from (:meth:`from_snapshot`)."""
+        from .models import HPF
+
+        if self._spec is not None:
+            return _engine_of_spec(self._spec)
+        model = HPF(**{k: getattr(self, k) for k in self._MODEL_SETTINGS})
+        return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                   effective_batch_size=self.effective_batch_size, short_batches="svi",
+                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_factors": 2, "batch_size": 8, "seed": 0}
+        yield {"n_factors": 2, "batch_size": 8, "seed": 1, "row_counts": "seen",
+               "annealing": {"kind": "svi+", "M0": 2.0, "schedule": "linear", "increment": 1.0}}
+
+    @classmethod
+    def from_snapshot(cls, path, batch_size: int | None = None) -> "PoissonFactorization":
+        """A ranker that starts from an HPF snapshot: the daemon's, or one :meth:`to_snapshot` wrote.
+
+        ``predict_many`` / :meth:`predict_sd_many` give what ``streamsvi.load(path).predict_count``
+        gives, :meth:`score_one` its ``predictive_logpdf``, :meth:`recommend` its ``recommend``
+        (leaving out what each user has, when the model has ``remember_rated``), and learning
+        goes on from the snapshot's engine and state (step, λ, the id→row maps and row totals,
+        random stream, records seen), bit for bit as that engine would. ``batch_size``
+        defaults to the daemon's ``inference.batch_size`` stored with the snapshot (1000
+        without one). ``ValueError`` for a snapshot of another model (PMF loads with
+        :meth:`MatrixFactorization.from_snapshot`).
+        """
+        from .models import HPF
+
+        snap, face = _face_snapshot(cls, path, (HPF,), "a Poisson factorisation (HPF)")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 1000)
+        est = cls(**{k: p[k] for k in cls._MODEL_SETTINGS}, batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng))
+        est._adopt(snap, face)
+        return est
+
+    def learn_one(self, user, item, y, x=None) -> None:
+        """Learn the count ``y`` (a finite number ≥ 0) of ``(user, item)``; ``ValueError`` otherwise,
+        before anything is learned."""
+        try:
+            c = float(y)
+        except (TypeError, ValueError):
+            raise ValueError(f"a count must be a number >= 0, got {y!r} for ({user!r}, {item!r})") from None
+        if not 0.0 <= c < math.inf:
+            raise ValueError(f"a count must be a finite number >= 0, got {y!r} for ({user!r}, {item!r})")
+        self._learner.learn((user, item, c))
+
+    def _predict(self, users, items):
+        """Predictive means and standard deviations of the counts of the pairs: ``HPF.predict_count``
+        (the prior's rows for every pair before the first update)."""
         if self._state is None:
-            return []
-        return self.model.recommend(self._state.lam, user, k=k, exclude=exclude, aux=self._state.aux)
+            model, rows = self.model, np.full(len(users), -1)
+            mu, mu2 = model._moments2(None, "user", rows)
+            mi, mi2 = model._moments2(None, "item", rows)
+            mean = np.einsum("nk,nk->n", mu, mi)
+            var = mean + np.maximum(np.einsum("nk,nk->n", mu2, mi2)
+                                    - np.einsum("nk,nk->n", mu * mu, mi * mi), 0.0)
+            return mean, np.sqrt(var)
+        return self.model.predict_count(self._state.lam, users, items, aux=self._state.aux)
+
+    def predict_one(self, user, item, x=None) -> float:
+        """Posterior predictive mean count of the pair (rated or not)."""
+        return float(self._predict([user], [item])[0][0])
+
+    def predict_sd_one(self, user, item) -> float:
+        """Posterior predictive standard deviation of the count √(mean + Var_q[θ_uᵀβ_i])."""
+        return float(self._predict([user], [item])[1][0])
+
+    def predict_many(self, users, items) -> np.ndarray:
+        """Predictive mean counts of the pairs ``zip(users, items)`` in one call: exactly
+        ``streamsvi.load(path).predict_count(users, items)[0]``."""
+        return self._predict(list(users), list(items))[0]
+
+    def predict_sd_many(self, users, items) -> np.ndarray:
+        """Predictive standard deviations of the pairs ``zip(users, items)`` (``predict_count``'s sd)."""
+        return self._predict(list(users), list(items))[1]
+
+    def score_one(self, user, item, y) -> float:
+        """log Poisson(y | μ) of the count ``y`` of (user, item), μ the predictive mean: the library's
+        ``predictive_logpdf`` (the prior's mean before the first update). ``ValueError`` for a
+        count that is negative or not finite."""
+        from .models import Ratings
+
+        y = float(y)
+        if self._state is None:
+            if not 0.0 <= y < math.inf:
+                raise ValueError(f"a count must be a finite number >= 0, got {y!r}")
+            mean = float(self._predict([user], [item])[0][0])
+            return y * math.log(mean) - mean - math.lgamma(y + 1.0)
+        return float(self.model.predictive_logpdf(self._state.lam, Ratings([user], [item], [y]),
+                                                  aux=self._state.aux)[0])
 
 
 # ----------------------------------------------------------- logistic regression

@@ -18,17 +18,20 @@ import pytest
 from streamsvi.checkpoint import CheckpointStore, load_snapshot
 from streamsvi.datasets import make_blobs
 from streamsvi.estimators import (GaussianMixture, HiddenMarkovModel, LogisticRegression,
-                                  MatrixFactorization, SoftmaxRegression, TopicModel, _docs)
+                                  MatrixFactorization, PoissonFactorization, PoissonMixture,
+                                  SoftmaxRegression, TopicModel, _docs)
 from streamsvi.inference import SVI
-from streamsvi.models import HPF, Ratings
+from streamsvi.models import HPF, KnownVarianceGMM1D, Ratings
 from streamsvi.models.hmm import sample_hmm
 from streamsvi.models.hpf import sample_counts
+from streamsvi.models.poisson_mixture import sample_mixture
 from streamsvi.scoring import load
 from streamsvi.sequence_batch import Sequences
 from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 
-FACES = (GaussianMixture, TopicModel, MatrixFactorization, LogisticRegression, SoftmaxRegression, HiddenMarkovModel)
+FACES = (GaussianMixture, TopicModel, MatrixFactorization, LogisticRegression, SoftmaxRegression, HiddenMarkovModel,
+         PoissonFactorization, PoissonMixture)
 
 
 # ------------------------------------------------------------------ data
@@ -52,6 +55,14 @@ def _ratings_of(n, seed):
     rng = np.random.default_rng(seed)
     u, i = rng.integers(0, 30, n), rng.integers(0, 12, n)
     y = np.clip(np.round(3 + np.where((u + i) % 2, 1.5, -1.5) + rng.normal(0, 0.3, n)), 1, 5)
+    return [(int(a), int(b), float(c)) for a, b, c in zip(u, i, y)]
+
+
+def _counts_of(n, seed):
+    """(user, item, count) records: counts of two taste groups (Poisson 4 or 0.5), zeros included."""
+    rng = np.random.default_rng(seed)
+    u, i = rng.integers(0, 30, n), rng.integers(0, 12, n)
+    y = rng.poisson(np.where((u + i) % 2, 4.0, 0.5))
     return [(int(a), int(b), float(c)) for a, b, c in zip(u, i, y)]
 
 
@@ -182,6 +193,59 @@ def test_matrix_factorization_from_a_daemon_snapshot(tmp_path):
     assert pickle.loads(pickle.dumps(est)).predict_one(users[0], items[0]) == est.predict_one(users[0], items[0])
 
 
+def test_poisson_factorization_from_a_daemon_snapshot(tmp_path):
+    counts = _counts_of(1600, seed=2)
+    lines = [{"user": u, "item": i, "rating": y} for u, i, y in counts[:1000]]
+    ck = _daemon_snapshot(tmp_path, "hpf", {"n_factors": 2}, lines, 200, validation={"min_rating": 0.0})
+    est, fitted = PoissonFactorization.from_snapshot(ck), load(ck)
+    assert est.batch_size == 200 and est.n_factors == 2 and est.row_counts == "scaled"   # the daemon's model
+    users, items = [u for u, _, _ in counts[1000:]] + [999], [i for _, i, _ in counts[1000:]] + [0]
+    mean, sd = fitted.predict_count(users, items)                        # 999: a user never seen
+    np.testing.assert_array_equal(est.predict_many(users, items), mean)
+    np.testing.assert_array_equal(est.predict_sd_many(users, items), sd)
+    for u, i, y in counts[1000:1020] + [(999, 0, 2.0)]:                # one pair: the library on that pair
+        m1, s1 = fitted.predict_count([u], [i])
+        assert (est.predict_one(u, i), est.predict_sd_one(u, i)) == (m1[0], s1[0])
+        assert est.score_one(u, i, y) == fitted.predictive_logpdf(Ratings([u], [i], [y]))[0]
+    scored = fitted.score([{"user": u, "item": i} for u, i, _ in counts[1000:1010]])    # what streamsvi score writes
+    assert [r["prediction"] for r in scored] == [est.predict_one(u, i) for u, i, _ in counts[1000:1010]]
+    assert [r["sd"] for r in scored] == [est.predict_sd_one(u, i) for u, i, _ in counts[1000:1010]]
+    with_counts = fitted.score([{"user": u, "item": i, "rating": y} for u, i, y in counts[1000:1010]])
+    assert [r["log_density"] for r in with_counts] == [est.score_one(u, i, y) for u, i, y in counts[1000:1010]]
+    assert est.recommend(users[0], k=3) == fitted.recommend(users[0], k=3)
+    rated = {i for u, i, _ in counts[:1000] if u == users[0]}
+    assert not rated & {i for i, _ in est.recommend(users[0], k=12)}     # leaves out what the user has
+    top = est.recommend(users[0], k=12)
+    assert [i for i, _ in top] == [str(i) for i in est.rank(users[0], [int(i) for i, _ in top])]
+    for u, i, y in counts[1000:]:
+        est.learn_one(u, i, y)
+    _same_state(est._state, _engine_goes_on(ck, [Ratings(*zip(*c)) for c in _chunks(counts[1000:], 200)]))
+    assert pickle.loads(pickle.dumps(est)).predict_one(users[0], items[0]) == est.predict_one(users[0], items[0])
+
+
+def test_poisson_mixture_from_a_daemon_snapshot(tmp_path):
+    X, _, _ = sample_mixture(1000, seed=3)
+    ck = _daemon_snapshot(tmp_path, "poisson_mixture", {"n_components": 3, "n_features": 5}, X[:600].tolist(), 100)
+    names = ("a", "b", "c", "d", "e")
+    est, fitted = PoissonMixture.from_snapshot(ck, features=names), load(ck)
+    assert (est.n_components, est.batch_size, est.features) == (3, 100, names)
+    Q = _frame(X[600:], names)
+    np.testing.assert_array_equal(est.predict_many(Q).to_numpy(), fitted.predict(X[600:]))
+    np.testing.assert_array_equal(est.predict_proba_many(Q).to_numpy(), fitted.responsibilities(X[600:]))
+    np.testing.assert_array_equal(est.score_many(Q).to_numpy(), fitted.predictive_logpdf(X[600:]))
+    for row in X[600:650]:                                      # one record: the library on that one
+        x = dict(zip(names, row))
+        assert est.predict_one(x) == fitted.predict(row[None])[0]
+        assert list(est.predict_proba_one(x).values()) == fitted.responsibilities(row[None])[0].tolist()
+        assert est.score_one(x) == fitted.predictive_logpdf(row[None])[0]
+    scored = fitted.score(X[600:610])
+    assert [r["assignment"] for r in scored] == est.predict_many(Q[:10]).tolist()
+    assert PoissonMixture.from_snapshot(ck).features == ("x0", "x1", "x2", "x3", "x4")
+    assert (est._state.step, est._state.records_seen) == (fitted.step, fitted.records_seen) == (6, 600)
+    est.learn_many(Q)                                           # 400 records: 4 updates of |S| = 100
+    _same_state(est._state, _engine_goes_on(ck, _chunks(X[600:], 100)))
+
+
 @pytest.mark.parametrize("cls, classes", [(LogisticRegression, 2), (SoftmaxRegression, 3)])
 def test_classifier_from_a_daemon_snapshot(tmp_path, cls, classes):
     X, y = _labelled(1400, seed=4, classes=classes)
@@ -285,6 +349,35 @@ def _fit(cls, n_extra):
         score = lambda f, part: (f.score_many(part), f.predict_many(part))              # noqa: E731
         library = lambda fit, part: (fit.log_likelihood(part), [p.tolist() for p in fit.viterbi(part)])  # noqa: E731
         return face, seqs[:300], seqs[300:], learn, score, library
+    if cls is PoissonFactorization:
+        counts = _counts_of(900 + n_extra, seed=7)
+        face = cls(n_factors=2, batch_size=100, seed=1)
+        learn = lambda f, part: [f.learn_one(*r) for r in part]                         # noqa: E731
+        score = lambda f, part: (f.predict_many([r[0] for r in part], [r[1] for r in part]),  # noqa: E731
+                                 f.predict_sd_many([r[0] for r in part], [r[1] for r in part]),
+                                 np.array([f.score_one(u, i, y) for u, i, y in part]),
+                                 [f.recommend(u, k=3) for u in range(5)])
+
+        def library(fit, part):
+            u, i, _ = map(list, zip(*part))
+            return (*fit.predict_count(u, i),
+                    np.array([fit.predictive_logpdf(Ratings([a], [b], [y]))[0] for a, b, y in part]),
+                    [fit.recommend(v, k=3) for v in range(5)])
+        return face, counts[:900], counts[900:], learn, score, library
+    if cls is PoissonMixture:
+        X, _, _ = sample_mixture(400 + n_extra, seed=5)
+        names = ("a", "b", "c", "d", "e")
+        face = cls(n_components=3, batch_size=16, seed=0)
+        data = [dict(zip(names, r)) for r in X.tolist()]
+        learn = lambda f, part: [f.learn_one(x) for x in part]                          # noqa: E731
+        score = lambda f, part: (f.predict_many(pd.DataFrame(part)).to_numpy(),        # noqa: E731
+                                 f.predict_proba_many(pd.DataFrame(part)).to_numpy(),
+                                 f.score_many(pd.DataFrame(part)).to_numpy())
+
+        def library(fit, part):
+            Z = np.array([[x[c] for c in names] for x in part])
+            return fit.predict(Z), fit.responsibilities(Z), fit.predictive_logpdf(Z)
+        return face, data[:400], data[400:], learn, score, library
     classes = 2 if cls is LogisticRegression else 3
     X, y = _labelled(500 + n_extra, seed=8, classes=classes)
     X = X * [1.0, 10.0, 100.0] + [0.0, 5.0, -50.0]              # raw units: the face standardises
@@ -373,8 +466,33 @@ def test_a_snapshot_of_another_model_is_refused_with_the_face_that_loads_it(tmp_
     state, _ = engine.update(engine.init(counts, seed=0), counts)
     CheckpointStore(tmp_path / "hpf").save(engine, state, offsets=[])
     with pytest.raises(ValueError, match=r"holds a 'hpf' model, not a probabilistic matrix factorisation "
-                                         r"\(PMF\); no river face loads it: score it with streamsvi\.load"):
+                                         r"\(PMF\); load it with streamsvi\.estimators\.PoissonFactorization"
+                                         r"\.from_snapshot"):
         MatrixFactorization.from_snapshot(tmp_path / "hpf")
+    assert PoissonFactorization.from_snapshot(tmp_path / "hpf").state.step == 1
+    m = MatrixFactorization(n_factors=2, batch_size=8, seed=0)
+    for r in _ratings_of(16, seed=0):
+        m.learn_one(*r)
+    m.to_snapshot(tmp_path / "pmf")
+    with pytest.raises(ValueError, match=r"holds a 'pmf' model, not a Poisson factorisation \(HPF\); load it "
+                                         r"with streamsvi\.estimators\.MatrixFactorization\.from_snapshot"):
+        PoissonFactorization.from_snapshot(tmp_path / "pmf")
+    with pytest.raises(ValueError, match=r"holds a 'gmm' model, not a Poisson mixture; load it with "
+                                         r"streamsvi\.estimators\.GaussianMixture\.from_snapshot"):
+        PoissonMixture.from_snapshot(tmp_path / "gmm")
+    pm = PoissonMixture(n_components=2, batch_size=20, seed=0)
+    pm.learn_many(_frame(sample_mixture(100, seed=0)[0], "abcde"))
+    pm.to_snapshot(tmp_path / "pm")
+    with pytest.raises(ValueError, match=r"holds a 'poisson_mixture' model, not a Gaussian mixture; load it "
+                                         r"with streamsvi\.estimators\.PoissonMixture\.from_snapshot"):
+        GaussianMixture.from_snapshot(tmp_path / "pm")
+    engine = SVI(KnownVarianceGMM1D(2), n_total=200)               # a kind that still has no face
+    x = np.concatenate([np.full(20, -3.0), np.full(20, 3.0)]) + np.linspace(-0.5, 0.5, 40)
+    state, _ = engine.update(engine.init(x, seed=0), x)
+    CheckpointStore(tmp_path / "g1").save(engine, state, offsets=[])
+    with pytest.raises(ValueError, match=r"holds a 'gauss1d' model, not a Gaussian mixture; no river face "
+                                         r"loads it: score it with streamsvi\.load"):
+        GaussianMixture.from_snapshot(tmp_path / "g1")
 
 
 def test_to_snapshot_before_the_first_update_says_why(tmp_path):
