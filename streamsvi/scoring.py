@@ -364,8 +364,10 @@ class LineScorer:
 
     :meth:`score_bytes` does the same for raw lines and returns the JSON lines
     themselves, written from the score columns without a dict per record (what
-    ``streamsvi score`` and a scorer should call for speed): the same values as
-    ``json.dumps`` of the dicts (probabilities as 12-decimal text).
+    ``streamsvi score`` and a scorer should call for speed): compact JSON with the
+    same values as the dicts (floats exact, probabilities ``rint(p·10¹²)/10¹²``).
+    :meth:`score_text` takes a whole block of raw lines, and reads a block of plain
+    dense JSON rows in one pass.
 
     Examples
     --------

@@ -344,3 +344,29 @@ def test_dense_decode_many_fast_path_equals_one_by_one():
     assert fast.tobytes() == np.concatenate([codec.decode_rows(p) for p in payloads]).tobytes()
     assert codec.decode_many(payloads[:5] + [b"[1, 2]"]) is None
     assert codec.decode_many([b" [1, 2, 3]", b"[4,5,6]"]).tolist() == [[1, 2, 3], [4, 5, 6]]   # general path
+
+
+def test_cli_blocks_number_lines_across_blocks_crlf_and_a_last_line_without_a_break(tmp_path):
+    """--chunk smaller than the file: numbering runs on across blocks; blank and bad lines, CRLF
+    line ends and a last line without a line break get the per-line path's output."""
+    fitted, _, _, X = _fitted(tmp_path / "ck", "gmm")
+    lines = [json.dumps(r) for r in X[:23].tolist()]
+    scorer = LineScorer(fitted, "jsonl")
+    expected = scorer(list(enumerate(lines, 1)))
+    variants = {"plain": "\n".join(lines) + "\n", "no_final_break": "\n".join(lines),
+                "crlf": "\r\n".join(lines) + "\r\n"}
+    for name, text in variants.items():
+        (tmp_path / "in.jsonl").write_bytes(text.encode())
+        assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                     "--output", str(tmp_path / "out.jsonl"), "--chunk", "5"]) == 0, name
+        out = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert _close(out, expected), name
+    mixed = lines[:4] + ["", json.dumps([1.0] * (X.shape[1] + 1))] + lines[4:]   # blank, bad: a block's edge
+    (tmp_path / "in.jsonl").write_text("\n".join(mixed) + "\n")
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl"), "--chunk", "5"]) == 1
+    out = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in out] == [i for i, s in enumerate(mixed, 1) if s]
+    assert out[4]["line"] == 6 and out[4]["reason"] == "wrong_shape"
+    assert _close([{k: v for k, v in r.items() if k != "line"} for r in out if "error" not in r],
+                  [{k: v for k, v in r.items() if k != "line"} for r in expected])

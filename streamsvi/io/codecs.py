@@ -256,7 +256,7 @@ _FLATTEN = bytes.maketrans(b"[]\n", b"  ,")
 
 
 def parse_json_rows(text: bytes, n: int, width: int) -> np.ndarray | None:
-    """The numbers of n lines, each a flat JSON array of ``width`` numbers, as (n, width) float64.
+    r"""The numbers of n lines, each a flat JSON array of ``width`` numbers, as (n, width) float64.
 
     ``text`` is ``b"[1.5, 2]\n[3,-4e-2]\n"``: n lines, each ending with a line break and
     holding exactly ``[``, ``width`` JSON numbers separated by commas (blanks allowed
