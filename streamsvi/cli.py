@@ -491,11 +491,39 @@ def _line_blocks(src, size: int):
             return
 
 
+def _text_blocks(src, size: int):
+    """``(block, n)``: ``n`` whole lines (up to ``size``) of the binary stream ``src`` (or an
+    iterable of lines) as one bytes object, each line ending with ``\\n`` but perhaps the
+    very last; read 4 MB at a time, cut where numpy finds the line breaks."""
+    read = getattr(src, "read", None)
+    if read is None:
+        for block in _line_blocks(src, size):
+            yield b"".join(line if line.endswith(b"\n") else line + b"\n" for line in block), len(block)
+        return
+    import numpy as np
+
+    held = b""
+    while True:
+        got = read(1 << 22)
+        if got:
+            held += got
+            breaks = np.flatnonzero(np.frombuffer(held, np.uint8) == 10)
+            cut = 0
+            for end in breaks[size - 1::size].tolist():      # the end of every size-th line
+                yield held[cut:end + 1], size
+                cut = end + 1
+            held = held[cut:]
+            continue
+        if held:                                             # the end: fewer than size lines
+            yield held, held.count(b"\n") + (not held.endswith(b"\n"))
+        return
+
+
 def score(args) -> int:
     """``streamsvi score``: JSONL/CSV in, one JSON line per input line out (exit codes above).
 
     Lines are read as bytes and scored in blocks of ``--chunk`` lines: one decode, one
-    vectorised score and one JSON-lines write per block (``LineScorer.score_bytes``).
+    vectorised score and one JSON-lines write per block (``LineScorer.score_text``).
     """
     import os
 
@@ -528,26 +556,17 @@ def score(args) -> int:
             src.close()
         raise ValueError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
     n_ok = n_bad = 0
-
-    def emit(numbers, payloads):
-        nonlocal n_ok, n_bad
-        text, ok, bad = scorer.score_bytes(numbers, payloads)
-        write(text)
-        n_ok += ok
-        n_bad += bad
-
     try:
         first = 1
-        for lines in _line_blocks(src, args.chunk):       # blocks of --chunk lines, as bytes
-            stripped = [line.strip() for line in lines]
-            numbers = range(first, first + len(lines))
+        for block, n_lines in _text_blocks(src, args.chunk):   # blocks of --chunk lines, as bytes
             if first == 1 and fmt == "csv" and args.header:
-                stripped[0] = b""
-            if not all(stripped):                          # blank lines get no output line
-                numbers = [n for n, line in zip(numbers, stripped) if line]
-                stripped = [line for line in stripped if line]
-            emit(numbers, stripped)
-            first += len(lines)
+                block = block.partition(b"\n")[2]         # the header: no output line
+                first, n_lines = 2, n_lines - 1
+            text, ok, bad = scorer.score_text(block, first, n_lines)
+            write(text)
+            n_ok += ok
+            n_bad += bad
+            first += n_lines
         if out is not None:
             out.flush()
         dst.flush()

@@ -30,6 +30,7 @@ dead-letter gets an error with the daemon's reason code and its line number.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -40,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Snapshot, followed_pointer_text, load_snapshot
+from .io.codecs import _orjson
 from .io.validate import ModelChecked
 from .models.base import ScoresRecords, StoredScaled, column_length, records_of_columns
 
@@ -362,8 +364,10 @@ class LineScorer:
 
     :meth:`score_bytes` does the same for raw lines and returns the JSON lines
     themselves, written from the score columns without a dict per record (what
-    ``streamsvi score`` and a scorer should call for speed): the same values as
-    ``json.dumps`` of the dicts (probabilities as 12-decimal text).
+    ``streamsvi score`` and a scorer should call for speed): compact JSON with the
+    same values as the dicts (floats exact, probabilities ``rint(p·10¹²)/10¹²``).
+    :meth:`score_text` takes a whole block of raw lines, and reads a block of plain
+    dense JSON rows in one pass.
 
     Examples
     --------
@@ -381,7 +385,7 @@ class LineScorer:
     """
 
     def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None, top_k: int = 10):
-        from .io.dense import CsvCodec, DenseKind
+        from .io.dense import CsvCodec, DenseKind, JsonCodec
         from .io.records import record_kind
 
         if fmt not in ("jsonl", "csv"):
@@ -404,6 +408,8 @@ class LineScorer:
         if own is not None and fmt == "jsonl":                      # (labelled: the label is optional)
             self.codec, self.validator = own(fitted.model, fields,
                                              dict(fitted.config.get("validation") or {}))
+        # plain JSON rows of D numbers: score_text's one-pass block path applies
+        self._dense_rows = type(self.codec) is JsonCodec and self.codec.fields is None
 
     def __call__(self, lines) -> list[dict]:
         numbers, payloads = [], []
@@ -439,8 +445,53 @@ class LineScorer:
         if key != "line":
             errors = {n: {key: rec.pop("line"), **rec} for n, rec in errors.items()}
         lines = dict(zip(kept, text.splitlines(keepends=True))) if kept else {}
-        lines.update((n, json.dumps(rec).encode() + b"\n") for n, rec in errors.items())
+        lines.update((n, json.dumps(rec, separators=_COMPACT).encode() + b"\n") for n, rec in errors.items())
         return b"".join(lines[n] for n in sorted(lines)), len(kept), len(errors)
+
+    def score_text(self, text: bytes, first: int = 1, n_lines: int | None = None) -> tuple[bytes, int, int]:
+        """:meth:`score_bytes` of a block of raw input lines (bytes, split at ``\\n``),
+        numbered from ``first``: blank lines get no output line. ``n_lines``, if the
+        caller knows it, is the number of lines (of ``\\n``, plus one for a last line
+        without one).
+
+        Dense records in JSON lines that are all plain ``[x_1, ..., x_D]`` arrays and all
+        valid take one pass over the whole block: one flat parse
+        (:func:`~streamsvi.io.codecs.parse_json_rows`), one validation, one score, one
+        write, and no Python object per line. Anything else (a bad or blank line,
+        objects, CSV, other record kinds) goes line by line through :meth:`score_bytes`,
+        with the same output.
+        """
+        if not text:
+            return b"", 0, 0
+        if not text.endswith(b"\n"):
+            text += b"\n"
+        n = text.count(b"\n") if n_lines is None else n_lines
+        limit = self.validator.max_message_bytes                 # every line within the size limit
+        if self._dense_rows and len(text) > limit:
+            breaks = np.flatnonzero(np.frombuffer(text, np.uint8) == 10)
+            fits = int(np.diff(breaks, prepend=-1).max()) - 1 <= limit
+        else:
+            fits = self._dense_rows
+        if fits:
+            from .io.codecs import parse_json_rows
+            from .io.validate import all_valid_safely
+
+            x = parse_json_rows(text, n, self.fitted.n_features)
+            if x is not None and all_valid_safely(self.validator, x):
+                try:
+                    columns = self.fitted.score_block(x, top_k=self.top_k)
+                except ValueError:              # the model refuses one: found line by line below
+                    columns = None
+                if columns is not None:
+                    return jsonl_of_columns(columns, np.arange(first, first + n)), n, 0
+        lines = text.split(b"\n")[:-1]
+        numbers, payloads = [], []
+        for i, line in enumerate(lines, first):
+            line = line.strip()
+            if line:
+                numbers.append(i)
+                payloads.append(line)
+        return self.score_bytes(numbers, payloads)
 
     def _run(self, numbers, payloads):
         """Decode, validate and score: (line numbers scored, their score columns or None,
@@ -513,14 +564,16 @@ def score_lines(fitted: FittedModel, lines, fmt: str = "jsonl", fields=None, top
 #
 # Every column becomes a block of text rows padded with NUL bytes (JSON text never holds
 # a NUL: json.dumps escapes it), the blocks and the constant pieces are laid side by
-# side in one byte matrix, and the lines are the matrix's non-NUL bytes in order.
+# side in one byte matrix, and the lines are the matrix's non-NUL bytes in order. The
+# lines are compact JSON (no blank after "," and ":"), as orjson writes them.
 
 
 def _digit_groups() -> np.ndarray:
-    """Three decimal digits per uint32 (bytes "ddd" then a NUL), in three tables of 1000:
-    all digits; trailing zeros as NUL (the last group of a number); the same keeping the
-    first digit (the first decimal: "0.0")."""
-    table = np.zeros((3, 1000, 4), dtype=np.uint8)
+    """Three decimal digits per uint32 (bytes "ddd", NULs where a digit is left out), in five
+    tables of 1000: all digits; trailing zeros as NUL (the last group of a fraction); the same
+    keeping the first digit (the first decimal: "0.0"); leading zeros as NUL, 0 as nothing
+    (the first groups of an integer); leading zeros as NUL, 0 as "0" (an integer below 1000)."""
+    table = np.zeros((5, 1000, 4), dtype=np.uint8)
     for i in range(1000):
         d = f"{i:03d}".encode()
         table[0, i, :3] = list(d)
@@ -528,12 +581,18 @@ def _digit_groups() -> np.ndarray:
         table[1, i, :len(short)] = list(short)
         short = short or b"0"
         table[2, i, :len(short)] = list(short)
-    return table.reshape(3000, 4).view("<u4").reshape(3000)
+        lead = d.lstrip(b"0")
+        table[3, i, :len(lead)] = list(lead)
+        lead = lead or b"0"
+        table[4, i, :len(lead)] = list(lead)
+    return table.reshape(5000, 4).view("<u4").reshape(5000)
 
 
 _GROUPS = _digit_groups()
 #: the most bytes a padded column may take in one block before the writer goes record by record
 _MAX_BLOCK_BYTES = 64 << 20
+#: compact JSON separators, the writer's (and the error lines')
+_COMPACT = (",", ":")
 
 
 class _Fallback(Exception):
@@ -549,40 +608,105 @@ def _bytes_rows(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint8).reshape(len(a), a.dtype.itemsize)
 
 
+@functools.lru_cache(maxsize=64)
+def _prefix_masks(w: int) -> np.ndarray:
+    """(w + 1, w) uint8: row l keeps the first l bytes of a row of w (ones), the rest zeros."""
+    return (np.arange(w)[None, :] < np.arange(w + 1)[:, None]).astype(np.uint8)
+
+
+def _cut(text: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The pieces ``text[starts[i]:ends[i]]`` as rows of an (n, w) uint8 matrix, NUL-padded.
+
+    One gather of w-byte windows (a sliding-window view of the text) and one mask: no
+    Python object per piece."""
+    lens = ends - starts
+    w = max(int(lens.max()), 1) if len(lens) else 1
+    if len(lens) * w > _MAX_BLOCK_BYTES:
+        raise _Fallback
+    padded = np.concatenate([np.frombuffer(text, np.uint8), np.zeros(w, np.uint8)])
+    rows = np.lib.stride_tricks.sliding_window_view(padded, w)[starts]
+    rows *= _prefix_masks(w)[lens]
+    return rows
+
+
 def _int_text(v: np.ndarray) -> np.ndarray:
-    """Integers as decimal text rows (as narrow as the widest)."""
-    v = v.astype(np.int64, copy=False)
-    widest = max(abs(int(v.min())), abs(int(v.max()))) if len(v) else 0
-    return _bytes_rows(v.astype(f"S{len(str(widest)) + 1}"))
+    """Integers as decimal text rows: digit tables for 0 <= v < 10¹², numpy's text otherwise."""
+    v = np.asarray(v).astype(np.int64, copy=False)
+    if not len(v):
+        return np.zeros((0, 1), np.uint8)
+    lo, hi = int(v.min()), int(v.max())
+    if lo < 0 or hi >= 10 ** 12:
+        widest = max(abs(lo), abs(hi))
+        return _bytes_rows(v.astype(f"S{len(str(widest)) + 1}"))
+    n_groups = (len(str(hi)) + 2) // 3                   # groups of three digits, last first
+    out = np.empty((len(v), n_groups), "<u4")
+    rest = v
+    for j in range(n_groups - 1, -1, -1):
+        if j:
+            rest, g = np.divmod(rest, 1000)
+        else:
+            g = rest
+        if j == n_groups - 1:                             # the last group: "0" for the number 0
+            table = np.where(v < 1000, 4000, 0) if n_groups > 1 else 4000
+        else:                                             # a leading group: its zeros left out
+            table = np.where(v < 1000 ** (n_groups - j), 3000, 0) if j else 3000
+        out[:, j] = _GROUPS[g + table]
+    return out.view(np.uint8).reshape(len(v), 4 * n_groups)
 
 
 def _float_text(v: np.ndarray) -> np.ndarray:
-    """Shortest round-trip text of floats (numpy's Dragon4, the digits of Python's ``repr``)."""
+    """Shortest round-trip text of finite floats (each reads back as exactly that float).
+
+    With orjson: its writer over the whole array (Ryu), cut at the commas; without: numpy's
+    Dragon4 (the digits of Python's ``repr``), about 30 times slower."""
     if not np.isfinite(v).all():
         raise _Fallback
-    return _bytes_rows(v.astype("S24"))                # the longest: -2.2250738585072014e-308
+    if _orjson is None:
+        return _bytes_rows(v.astype("S24"))            # the longest: -2.2250738585072014e-308
+    text = _orjson.dumps(np.ascontiguousarray(v, dtype=np.float64), option=_orjson.OPT_SERIALIZE_NUMPY)
+    commas = np.flatnonzero(np.frombuffer(text, np.uint8) == 44)     # "[a,b,...]"
+    if len(commas) != len(v) - 1:
+        raise _Fallback
+    starts = np.empty(len(v), np.int64)
+    starts[0], starts[1:] = 1, commas + 1
+    ends = np.empty(len(v), np.int64)
+    ends[:-1], ends[-1] = commas, len(text) - 1
+    return _cut(text, starts, ends)
 
 
 def _probability_text(P: np.ndarray) -> np.ndarray:
-    """``[p1, p2, ...]`` per row: each p = rint(p·10¹²)/10¹² in [0, 1] as fixed-point text with
-    its trailing zeros dropped ("0.25", "1.0"), which reads back as that exact value."""
+    """``[p1,p2,...]`` per row: each p = rint(p·10¹²)/10¹² in [0, 1] (``rounded_probabilities``).
+
+    With orjson: that float's shortest round-trip text ("0.25", "1.87046e-7"); without: its
+    fixed-point text with the trailing zeros dropped ("0.000000187046"). Both read back as
+    exactly rint(p·10¹²)/10¹² (the division is correctly rounded)."""
     n, K = P.shape
-    m = np.rint(np.asarray(P, dtype=np.float64) * 1e12)
+    m = np.multiply(np.asarray(P, dtype=np.float64), 1e12, order="C")   # C order: orjson's
+    np.rint(m, out=m)
     if not ((m >= 0) & (m <= 1e12)).all():             # also NaN
         raise _Fallback
+    if _orjson is not None and K:
+        m /= 1e12
+        text = _orjson.dumps(m, option=_orjson.OPT_SERIALIZE_NUMPY)   # "[[a,b],[c,d]]"
+        a = np.frombuffer(text, np.uint8)
+        opens, closes = np.flatnonzero(a == 91)[1:], np.flatnonzero(a == 93)[:-1] + 1
+        if len(opens) != n or len(closes) != n:
+            raise _Fallback
+        return _cut(text, opens, closes)
     hi, lo = np.divmod(m.astype(np.int64), 10 ** 6)         # 32-bit arithmetic from here
     whole, hi = np.divmod(hi.astype(np.int32), 10 ** 6)
     g0, g1 = np.divmod(hi, 1000)
     g2, g3 = np.divmod(lo.astype(np.int32), 1000)
-    el = np.empty((n, K, 6), dtype="<u4")              # "w." | ddd | ddd | ddd | ddd | ", "
+    el = np.empty((n, K, 6), dtype="<u4")              # "w." | ddd | ddd | ddd | ddd | ","
     el[:, :, 0] = ((48 + whole) << 16) | (46 << 24)
     rest0 = lo == 0
     el[:, :, 1] = _GROUPS[g0 + np.where(rest0 & (g1 == 0), 2000, 0)]
     el[:, :, 2] = _GROUPS[g1 + np.where(rest0, 1000, 0)]
     el[:, :, 3] = _GROUPS[g2 + np.where(g3 == 0, 1000, 0)]
     el[:, :, 4] = _GROUPS[1000 + g3]
-    el[:, :, 5] = 44 | (32 << 8)
-    el[:, K - 1, 5] = 0
+    el[:, :, 5] = 44
+    if K:
+        el[:, K - 1, 5] = 0
     body = el.view(np.uint8).reshape(n, K * 24)
     edge = np.ones((n, 1), np.uint8)
     return np.concatenate([edge * 91, body, edge * 93], axis=1)      # [ ... ]
@@ -599,20 +723,23 @@ def _json_text(values: list) -> tuple[np.ndarray, np.ndarray | None]:
             quote = np.full((len(values), 1), 34, np.uint8)
             return np.concatenate([quote, _bytes_rows(np.array(values, dtype=bytes)), quote], axis=1), None
     dumps = json.dumps
-    encoded = [b"" if v is None else dumps(v).encode() for v in values]
+    encoded = [b"" if v is None else dumps(v, separators=_COMPACT).encode() for v in values]
     return _bytes_rows(np.array(encoded, dtype=bytes)), present
 
 
 def jsonl_of_columns(columns: dict, lines, key: str = "line") -> bytes:
-    """One JSON line per record of score columns, ``{"line": n, "name": value, ...}``, as bytes.
+    """One compact JSON line per record of score columns, ``{"line":n,"name":value,...}``, as bytes.
 
     ``lines`` are the integers of the first key, ``key`` (e.g. a scorer's input offsets).
 
-    Every column is turned into text at once (numpy's float text, digit tables for
-    probabilities, ``json.dumps`` only for the values of list columns) and the lines are
-    the non-NUL bytes of one padded byte matrix. ``json.loads`` of each line equals
-    ``{"line": n, **records_of_columns(columns)[i]}``; a block holding something the
-    vectorised writer does not write (±inf) is written record by record with ``json.dumps``.
+    Every column is turned into text at once (orjson's writer over the whole column for
+    floats and probabilities, numpy's float text without orjson; digit tables for
+    integers; ``json.dumps`` only for the values of list columns) and the lines are the
+    non-NUL bytes of one padded byte matrix. Floats are written in shortest round-trip
+    form, so ``json.loads`` of each line equals ``{"line": n, **records_of_columns(columns)[i]}``
+    exactly (probabilities: :func:`~streamsvi.models.base.rounded_probabilities`); a block
+    holding something the vectorised writer does not write (±inf) is written record by
+    record with ``json.dumps``.
     """
     n = column_length(columns)
     numbers = np.asarray(lines, dtype=np.int64)
@@ -621,7 +748,7 @@ def jsonl_of_columns(columns: dict, lines, key: str = "line") -> bytes:
     if n == 0:
         return b""
     try:
-        first = np.frombuffer(b"{" + json.dumps(key).encode() + b": ", np.uint8)
+        first = np.frombuffer(b"{" + json.dumps(key).encode() + b":", np.uint8)
         blocks = [np.broadcast_to(first, (n, len(first))), _int_text(numbers)]
         for name, v in columns.items():
             present = None
@@ -639,15 +766,15 @@ def jsonl_of_columns(columns: dict, lines, key: str = "line") -> bytes:
                 d = _int_text(v)
             else:
                 d, present = _json_text(list(v))
-            key = np.frombuffer(b", " + json.dumps(name).encode() + b": ", np.uint8)
+            label = np.frombuffer(b"," + json.dumps(name).encode() + b":", np.uint8)
             if present is None:
-                blocks += [np.broadcast_to(key, (n, len(key))), d]
+                blocks += [np.broadcast_to(label, (n, len(label))), d]
             else:                                       # absent: the key and the value are NULs
                 keep = present[:, None].astype(np.uint8)
-                blocks += [key * keep, d * keep]
+                blocks += [label * keep, d * keep]
         blocks.append(np.broadcast_to(np.frombuffer(b"}\n", np.uint8), (n, 2)))
         buf = np.concatenate(blocks, axis=1)
         return buf[buf != 0].tobytes()
     except _Fallback:
-        return b"".join(json.dumps({key: int(ln), **rec}).encode() + b"\n"
+        return b"".join(json.dumps({key: int(ln), **rec}, separators=_COMPACT).encode() + b"\n"
                         for ln, rec in zip(numbers.tolist(), records_of_columns(columns)))

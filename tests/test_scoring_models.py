@@ -215,7 +215,7 @@ def test_viterbi_states_are_the_brute_force_argmax_on_a_tiny_hmm(tmp_path):
         assert rec["log_likelihood"] == pytest.approx(float(np.logaddexp.reduce(lps)), rel=1e-10)
 
 
-def test_writer_gives_the_dicts_values_and_pythons_float_text():
+def test_writer_gives_the_dicts_values_and_exact_float_text():
     rng = np.random.default_rng(0)
     n = 2000
     v = rng.normal(size=n) * 10.0 ** rng.integers(-320, 300, n)
@@ -229,10 +229,144 @@ def test_writer_gives_the_dicts_values_and_pythons_float_text():
     text = jsonl_of_columns(cols, np.arange(7, 7 + n))
     lines = text.decode().splitlines()
     assert [json.loads(t) for t in lines] == [{"line": 7 + i, **r} for i, r in enumerate(records_of_columns(cols))]
-    assert jsonl_of_columns({"x": v}, np.arange(n)) == "".join(json.dumps(r) + "\n" for r in
-                                                               [{"line": i, "x": x} for i, x in
-                                                                zip(range(n), v.tolist())]).encode()
+    got = np.array([json.loads(t)["x"] for t in jsonl_of_columns({"x": v}, np.arange(n)).decode().splitlines()])
+    assert got.tobytes() == v.tobytes()               # shortest round-trip text: every float exact, -0.0 too
     assert jsonl_of_columns({"x": v[:2]}, [40, 41], key="offset") == \
-        "".join(json.dumps({"offset": 40 + i, "x": x}) + "\n" for i, x in enumerate(v[:2].tolist())).encode()
+        "".join(json.dumps({"offset": 40 + i, "x": x}, separators=(",", ":")) + "\n"
+                for i, x in enumerate(v[:2].tolist())).encode()
     inf = {"x": np.array([1.0, np.inf])}                  # ±inf: written record by record, as json.dumps
-    assert jsonl_of_columns(inf, [1, 2]) == b'{"line": 1, "x": 1.0}\n{"line": 2, "x": Infinity}\n'
+    assert jsonl_of_columns(inf, [1, 2]) == b'{"line":1,"x":1.0}\n{"line":2,"x":Infinity}\n'
+
+
+def test_writer_without_orjson_gives_the_same_values(monkeypatch):
+    """numpy's float text and the probabilities' digit tables when orjson is not installed."""
+    import streamsvi.scoring as scoring
+    rng = np.random.default_rng(1)
+    n = 500
+    cols = {"k": rng.integers(0, 2000, n), "p": rng.dirichlet(np.full(5, 0.1), n),
+            "log_density": rng.normal(size=n) * 10.0 ** rng.integers(-30, 30, n)}
+    with_orjson = jsonl_of_columns(cols, np.arange(n))
+    monkeypatch.setattr(scoring, "_orjson", None)
+    without = jsonl_of_columns(cols, np.arange(n))
+    assert [json.loads(t) for t in with_orjson.splitlines()] == [json.loads(t) for t in without.splitlines()] \
+        == [{"line": i, **r} for i, r in enumerate(records_of_columns(cols))]
+
+
+def test_integer_text_of_the_digit_tables():
+    from streamsvi.scoring import _int_text
+    v = np.array([0, 5, 10, 999, 1000, 1001, 100000, 123456, 1000000, 999999999999, 7])
+    assert [bytes(r).replace(b"\0", b"").decode() for r in _int_text(v)] == [str(i) for i in v]
+    big = np.array([-3, 10 ** 15])                        # beyond the tables: numpy's text
+    assert [bytes(r).replace(b"\0", b"").decode() for r in _int_text(big)] == ["-3", str(10 ** 15)]
+
+
+def _number_texts(rng, k):
+    """JSON numbers as producers write them: repr, fixed, exponent, integer, edge cases."""
+    out = []
+    for _ in range(k):
+        r = rng.random()
+        if r < 0.3:
+            out.append(repr(float(rng.normal() * 10.0 ** rng.integers(-8, 8))))
+        elif r < 0.45:
+            out.append(str(int(rng.integers(-10 ** 6, 10 ** 6))))
+        elif r < 0.6:
+            out.append(f"{rng.normal():.{rng.integers(0, 12)}e}".replace("e+", rng.choice(["e+", "E", "e"])))
+        elif r < 0.7:
+            out.append(str(rng.choice(["-0", "0", "-0.0", "0.0", "1E5", "1e+05", "-2e-3", "9007199254740993",
+                                       "123456789012345678901234567890", "5e-324", "1.7976931348623157e308"])))
+        else:
+            out.append(f"{rng.normal() * 100:.{rng.integers(0, 17)}f}")
+    return out
+
+
+def test_parse_json_rows_reads_what_json_loads_reads_or_refuses():
+    from streamsvi.io.codecs import parse_json_rows
+    rng = np.random.default_rng(2)
+    accepted = 0
+    for trial in range(400):
+        n, D = int(rng.integers(1, 20)), int(rng.integers(1, 5))
+        toks = _number_texts(rng, n * D)
+        rows = [str(rng.choice([", ", ","])).join(toks[i * D:(i + 1) * D]) for i in range(n)]
+        text = "".join(f"[{r}]\n" for r in rows).encode()
+        if trial % 3 == 0:                                  # one byte changed: most are refused
+            b = bytearray(text)
+            b[int(rng.integers(0, len(b)))] = int(rng.choice(list(b"0123456789-+.eE[], \nx{")))
+            text = bytes(b)
+        try:
+            ref = [json.loads(t) for t in text.split(b"\n")[:-1]]
+            ok = len(ref) == n and all(isinstance(r, list) and len(r) == D and
+                                       all(type(v) in (int, float) for v in r) for r in ref)
+        except ValueError:
+            ok = False
+        got = parse_json_rows(text, n, D)
+        if got is None:
+            assert trial % 3 == 0 or not ok, text              # valid rows of numbers are read
+            continue
+        accepted += 1
+        assert ok, text                                       # nothing invalid is read
+        expected = np.array([[float(v) for v in r] for r in ref])
+        assert got.tobytes() == expected.tobytes(), text      # the same floats, bit for bit
+    assert accepted > 250
+    for bad in (b"[1, 2]\r\n", b"[1, 2] \n", b"\n[1, 2]\n", b"[1, NaN]\n", b"[1, 2]\n[3]\n", b"[[1], 2]\n",
+                b"[1, 2]", b'["1", 2]\n', b"[1 2, 3]\n", b"[1,2],[3,4]\n", b"[1e400, 2]\n"):
+        assert parse_json_rows(bad, bad.count(b"\n") or 1, 2) is None, bad
+
+
+@pytest.mark.parametrize("case", ["gmm", "lda", "pmf"])
+def test_score_text_equals_the_per_line_path(tmp_path, case):
+    """The one-pass block (all good dense rows) and the line-by-line path give the same lines;
+    bad and blank lines keep their numbers and the daemon's reasons."""
+    fitted, _, _, X = _fitted(tmp_path, case)
+    kind = record_kind(fitted.model)
+    lines = [json.dumps(v) for v in kind.to_json(kind.take(X, np.arange(30)))]
+    scorer = LineScorer(fitted, "jsonl")
+    per_line = [r for i, s in enumerate(lines, 5) for r in scorer([(i, s)])]
+    block, ok, bad = scorer.score_text("\n".join(lines).encode(), first=5)   # no final line break
+    assert (ok, bad) == (30, 0)
+    assert _close([json.loads(t) for t in block.splitlines()], per_line)
+    mixed = lines[:10] + ["", "[1, 2", "  "] + lines[10:]
+    text, ok, bad = scorer.score_text(("\r\n".join(mixed) + "\r\n").encode(), first=1)
+    got = [json.loads(t) for t in text.splitlines()]
+    assert (ok, bad) == (30, 1)
+    assert [r["line"] for r in got] == [i for i, s in enumerate(mixed, 1) if s.strip()]
+    assert got[10]["line"] == 12 and got[10]["reason"] == "json_invalid"
+    assert _close([{k: v for k, v in r.items() if k != "line"} for r in got if "error" not in r],
+                  [{k: v for k, v in r.items() if k != "line"} for r in per_line])
+
+
+def test_dense_decode_many_fast_path_equals_one_by_one():
+    from streamsvi.io.dense import JsonCodec
+    rng = np.random.default_rng(3)
+    codec = JsonCodec(3)
+    toks = _number_texts(rng, 300)
+    payloads = [f"[{', '.join(toks[i:i + 3])}]".encode() for i in range(0, 300, 3)]
+    fast = codec.decode_many(payloads)
+    assert fast.tobytes() == np.concatenate([codec.decode_rows(p) for p in payloads]).tobytes()
+    assert codec.decode_many(payloads[:5] + [b"[1, 2]"]) is None
+    assert codec.decode_many([b" [1, 2, 3]", b"[4,5,6]"]).tolist() == [[1, 2, 3], [4, 5, 6]]   # general path
+
+
+def test_cli_blocks_number_lines_across_blocks_crlf_and_a_last_line_without_a_break(tmp_path):
+    """--chunk smaller than the file: numbering runs on across blocks; blank and bad lines, CRLF
+    line ends and a last line without a line break get the per-line path's output."""
+    fitted, _, _, X = _fitted(tmp_path / "ck", "gmm")
+    lines = [json.dumps(r) for r in X[:23].tolist()]
+    scorer = LineScorer(fitted, "jsonl")
+    expected = scorer(list(enumerate(lines, 1)))
+    variants = {"plain": "\n".join(lines) + "\n", "no_final_break": "\n".join(lines),
+                "crlf": "\r\n".join(lines) + "\r\n"}
+    for name, text in variants.items():
+        (tmp_path / "in.jsonl").write_bytes(text.encode())
+        assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                     "--output", str(tmp_path / "out.jsonl"), "--chunk", "5"]) == 0, name
+        out = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert _close(out, expected), name
+    mixed = lines[:4] + ["", json.dumps([1.0] * (X.shape[1] + 1))] + lines[4:]   # blank, bad: a block's edge
+    (tmp_path / "in.jsonl").write_text("\n".join(mixed) + "\n")
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl"), "--chunk", "5"]) == 1
+    out = [json.loads(t) for t in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in out] == [i for i, s in enumerate(mixed, 1) if s]
+    assert out[4]["line"] == 6 and out[4]["reason"] == "wrong_shape"
+    assert _close([{k: v for k, v in r.items() if k != "line"} for r in out if "error" not in r],
+                  [{k: v for k, v in r.items() if k != "line"} for r in expected])

@@ -13,6 +13,8 @@ letters"). Each kind's codecs live in its own module: :mod:`streamsvi.io.dense`
 Here: :class:`Codec` (the interface the dense codecs implement),
 :class:`DecodeError`, and the helpers every kind uses: :func:`load_json_message`,
 :func:`join_json_arrays` (the one-parse fast path of ``decode_many``),
+:func:`parse_json_rows` (the flat one-parse fast path of dense JSON rows, the
+fastest: ``streamsvi score`` and the dense ``decode_many``),
 :func:`parse_int_arrays` (the vectorised fast path of the integer kinds: bag of
 words and sequences), :func:`unpack_binary_header`, :func:`check_binary_length`,
 :func:`check_binary_rows`, :func:`check_encodable_rows`.
@@ -59,7 +61,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 __all__ = ["DecodeError", "Codec", "decode_rows_safely", "decode_many_safely", "json_integer",
-           "load_json_message", "join_json_arrays", "parse_int_arrays",
+           "load_json_message", "join_json_arrays", "parse_int_arrays", "parse_json_rows",
            "unpack_binary_header", "check_binary_length", "check_binary_rows",
            "check_encodable_rows"]
 
@@ -245,6 +247,67 @@ def join_json_arrays(payloads: Sequence[bytes], allowed: bytes) -> bytes | None:
     if lens.min() < 1 or not np.all(np.frombuffer(blob, np.uint8)[last] == ord("]")):
         return None
     return blob
+
+
+#: The bytes of lines of plain JSON number arrays that :func:`parse_json_rows` reads.
+_ROW_BYTES = b"0123456789+-.eE[], \n"
+#: "[" and "]" become blanks and each line break a comma: the lines as one flat JSON array
+_FLATTEN = bytes.maketrans(b"[]\n", b"  ,")
+
+
+def parse_json_rows(text: bytes, n: int, width: int) -> np.ndarray | None:
+    r"""The numbers of n lines, each a flat JSON array of ``width`` numbers, as (n, width) float64.
+
+    ``text`` is ``b"[1.5, 2]\n[3,-4e-2]\n"``: n lines, each ending with a line break and
+    holding exactly ``[``, ``width`` JSON numbers separated by commas (blanks allowed
+    between them), ``]``. Returns None unless every line is such an array (a blank
+    line, ``\r``, a blank before ``[`` or after ``]``, a nested array, an object, a
+    string, NaN, a wrong count of numbers: the caller takes its general path, which
+    reads every valid JSON text and names what is wrong), and None without orjson.
+
+    The structure is checked on the bytes: only the bytes of numbers, commas, blanks
+    and brackets; n line breaks, n ``[`` and n ``]``, every line break after a ``]`` and
+    before a ``[`` (so every ``[`` opens a line and every ``]`` closes one); ``width − 1``
+    commas between each pair of line breaks (numpy over the bytes). Then the brackets become blanks and the line breaks commas,
+    and one orjson parse of that flat array reads every number: with each line holding
+    ``width − 1`` commas, a parse into n·width numbers means that every line held
+    ``width`` valid JSON numbers, the values ``json.loads`` of each line gives (both
+    parsers round correctly; integers become the nearest float). About twice as fast
+    as parsing the lines as nested arrays, and no list per line.
+
+    >>> parse_json_rows(b"[1.5, 2]\n[3,-4e-2]\n", 2, 2).tolist()
+    [[1.5, 2.0], [3.0, -0.04]]
+    >>> [parse_json_rows(t, 1, 2) for t in (b"[1, 2, 3]\n", b"[1, [2]]\n", b" [1, 2]\n", b"[1,, 2]\n")]
+    [None, None, None, None]
+    """
+    if _orjson is None or not isinstance(text, bytes) or n < 1 or width < 1:
+        return None
+    if text[:1] != b"[" or text[-2:] != b"]\n" or text.translate(None, _ROW_BYTES):
+        return None
+    a = np.frombuffer(text, np.uint8)
+    breaks = np.flatnonzero(a == 10)
+    if len(breaks) != n or not ((a[breaks - 1] == 93).all() and (a[breaks[:-1] + 1] == 91).all()):
+        return None
+    if np.count_nonzero(a == 91) != n or np.count_nonzero(a == 93) != n:
+        return None
+    commas = np.flatnonzero(a == 44)
+    if len(commas) != n * (width - 1):
+        return None
+    if width > 1:
+        c = commas.reshape(n, width - 1)
+        if not ((c[:, -1] < breaks).all() and (c[1:, 0] > breaks[:-1]).all()):
+            return None
+    try:
+        values = _orjson.loads(b"[" + text[:-1].translate(_FLATTEN) + b"]")
+    except _orjson.JSONDecodeError:
+        return None
+    if len(values) != n * width:
+        return None
+    try:
+        x = np.fromiter(values, dtype=np.float64, count=n * width)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return x.reshape(n, width)
 
 
 #: _KEEP[k]: the top k bytes of a uint64 (the last k bytes of an 8-byte window, little-endian)

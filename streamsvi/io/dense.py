@@ -69,7 +69,7 @@ import numpy as np
 
 from .codecs import (Codec, DecodeError, check_binary_length, check_binary_rows,
                      check_encodable_rows, join_json_arrays, load_json_message,
-                     short_json, unpack_binary_header)
+                     parse_json_rows, short_json, unpack_binary_header)
 from .records import RecordKind, register_kind
 from .validate import Rejection, check_message_size
 
@@ -185,7 +185,9 @@ class JsonCodec(Codec):
     def decode_many(self, payloads: Sequence[bytes]) -> np.ndarray | None:
         """All records of many messages with one JSON parse, or None.
 
-        The messages are parsed together as ``b"[" + b",".join(payloads) +
+        Messages that are each exactly ``[x_1, ..., x_D]`` are read as one flat array
+        (:func:`~streamsvi.io.codecs.parse_json_rows`, with orjson). Otherwise the
+        messages are parsed together as ``b"[" + b",".join(payloads) +
         b"]"`` (with orjson when it is installed, else the stdlib). The result
         is used only if it is provably what decoding each message alone gives:
         the text holds nothing but numbers and arrays (:attr:`_ARRAY_BYTES`),
@@ -200,6 +202,12 @@ class JsonCodec(Codec):
             return np.empty((0, self.n_features))
         if self.fields is not None:
             return None
+        try:                                    # plain arrays: one flat parse (parse_json_rows)
+            x = parse_json_rows(b"\n".join(payloads) + b"\n", n, self.n_features)
+        except TypeError:                       # a None (tombstone) or str payload
+            return None
+        if x is not None:
+            return x
         blob = join_json_arrays(payloads, self._ARRAY_BYTES)
         if blob is None:
             return None
