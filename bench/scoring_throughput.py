@@ -15,6 +15,8 @@ as a JSON-lines file. Then, in each round, methods alternated:
                   counted): read, decode, validate, score, write JSON lines
 ``dicts``         the per-record path for comparison: ``LineScorer(...)(lines)``
                   and ``json.dumps`` of each dict (what ``streamsvi score`` did before)
+``cli density``   GMM only: ``streamsvi score --scores log_density``, the same output
+                  as ``in-memory`` computes (the predictive density alone), against it
 
 Printed: the median records/s of each over the rounds, and ``cli`` divided by
 ``in-memory`` and by ``score_block`` (medians of the per-round ratios).
@@ -109,10 +111,10 @@ def run_case(name, n, rounds, chunk):
         numbered = list(enumerate(lines, 1))
         scorer = LineScorer(fitted, "jsonl")
 
-        def cli():
+        def cli(*extra, dest=out):
             with contextlib.redirect_stderr(io.StringIO()):
-                code = cli_main(["score", "--snapshot", d, "--input", str(inp), "--output", str(out),
-                                 "--chunk", str(chunk)])
+                code = cli_main(["score", "--snapshot", d, "--input", str(inp), "--output", str(dest),
+                                 "--chunk", str(chunk), *extra])
             assert code == 0, code
 
         def dicts():
@@ -122,6 +124,8 @@ def run_case(name, n, rounds, chunk):
         methods = {"in-memory": lambda: [vectorised(fitted, c) for c in chunks],
                    "score_block": lambda: [fitted.score_block(c) for c in chunks],
                    "cli": cli, "dicts": dicts}
+        if name == "gmm":
+            methods["cli density"] = lambda: cli("--scores", "log_density", dest=Path(d) / "density.jsonl")
         seconds = {m: [] for m in methods}
         for r in range(rounds):
             order = list(methods) if r % 2 == 0 else list(methods)[::-1]     # alternate the order
@@ -133,7 +137,10 @@ def run_case(name, n, rounds, chunk):
     rate = {m: statistics.median(n / s for s in seconds[m]) for m in methods}
     vs_mem = statistics.median(a / b for a, b in zip(seconds["in-memory"], seconds["cli"]))
     vs_block = statistics.median(a / b for a, b in zip(seconds["score_block"], seconds["cli"]))
-    return title, n, rate, vs_mem, vs_block
+    density = None
+    if "cli density" in seconds:
+        density = statistics.median(a / b for a, b in zip(seconds["in-memory"], seconds["cli density"]))
+    return title, n, rate, vs_mem, vs_block, density
 
 
 def main():
@@ -154,9 +161,12 @@ def main():
     print("| model | records | in-memory /s | score_block /s | streamsvi score /s | dicts + json.dumps /s "
           "| score ÷ in-memory | score ÷ score_block |")
     print("|---|---|---|---|---|---|---|---|")
-    for title, n, rate, vs_mem, vs_block in rows:
+    for title, n, rate, vs_mem, vs_block, density in rows:
         print(f"| {title} | {n:,} | {rate['in-memory']:,.0f} | {rate['score_block']:,.0f} | {rate['cli']:,.0f} "
               f"| {rate['dicts']:,.0f} | {vs_mem:.2f} | {vs_block:.2f} |")
+        if density is not None:
+            print(f"| {title}, `--scores log_density` | {n:,} | {rate['in-memory']:,.0f} | – "
+                  f"| {rate['cli density']:,.0f} | – | {density:.2f} | – |")
 
 
 if __name__ == "__main__":

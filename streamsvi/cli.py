@@ -532,7 +532,8 @@ def score(args) -> int:
 
     fitted = load(args.snapshot)
     fmt = args.format or ("csv" if str(args.input).endswith(".csv") else "jsonl")
-    scorer = LineScorer(fitted, fmt, args.fields, top_k=args.top_k)
+    columns = None if args.scores is None else [c.strip() for c in args.scores.split(",") if c.strip()]
+    scorer = LineScorer(fitted, fmt, args.fields, top_k=args.top_k, columns=columns)
     try:
         if args.input == "-":
             src = getattr(sys.stdin, "buffer", None)
@@ -1057,7 +1058,8 @@ def build_parser(lean: bool = False) -> argparse.ArgumentParser:
                                     "code the daemon would dead-letter that record with.",
                         epilog="exit status:\n" + "\n".join(f"  {code:<4d}{what}" for code, what
                                                           in SCORE_EXIT_CODES.items()))
-    sc.add_argument("--snapshot", required=True, help="snapshot or checkpoint directory (follows latest)")
+    sc.add_argument("--snapshot", required=True,
+                    help="snapshot or checkpoint directory (follows promoted, else latest)")
     sc.add_argument("--input", required=True, help="JSONL or CSV file, or - for standard input")
     sc.add_argument("--output", default="-", help="JSONL file, or - for standard output (default)")
     sc.add_argument("--format", choices=["jsonl", "csv"], help="input format (default: from the file name)")
@@ -1067,6 +1069,9 @@ def build_parser(lean: bool = False) -> argparse.ArgumentParser:
     sc.add_argument("--top-k", type=_positive_int, default=10,
                     help="ratings models (pmf, hpf): items listed for a record of a user alone, "
                          '{"user": ...}, leaving out the items the user rated (default 10)')
+    sc.add_argument("--scores", metavar="NAME[,NAME...]",
+                    help="write only these score columns, in this order (default: all the model's; "
+                         "e.g. log_density: a mixture then computes its predictive density alone)")
     ins = sub.add_parser("inspect", help="a readable summary of a snapshot",
                          description="A readable summary of a snapshot: the model and its settings, the "
                                      "engine, progress, offsets, the ELBO history and, for mixtures, "

@@ -178,7 +178,7 @@ class FittedModel:
                 f"by streamsvi {self.version}\n"
                 f"  step {self.step}, {self.records_seen} records; scores: {', '.join(self.scoring_methods)}")
 
-    def score_block(self, x, top_k: int = 10) -> dict:
+    def score_block(self, x, top_k: int = 10, columns=None) -> dict:
         """The scores of the records ``x`` (a decoded batch) as columns, ``{name: column}``.
 
         The column layout of :class:`streamsvi.models.ScoresRecords` (1-D arrays, 2-D
@@ -187,18 +187,44 @@ class FittedModel:
         to score many records. Mixtures: ``assignment`` (MAP component),
         ``responsibilities`` and ``log_density`` (the predictive log density). Other
         models say what theirs are (``score_columns``); ``top_k`` is used by the
-        ratings models (PMF, HPF) for a record of a user alone.
+        ratings models (PMF, HPF) for a record of a user alone. ``columns`` keeps only
+        those columns, in that order (a mixture then computes only what they need:
+        ``("log_density",)`` is its predictive density alone); ``ValueError`` names the
+        model's columns for one it does not have.
         """
         model = self.model
+        if not isinstance(model, ScoresRecords) and columns is not None and set(columns) <= {"log_density"}:
+            return {"log_density": np.asarray(self.predictive_logpdf(self.check(x)), dtype=np.float64)}
         if isinstance(model, ScoresRecords):
             kw = {} if self.aux is None else {"aux": self.aux}
             if "top_k" in model.score_options:
                 kw["top_k"] = top_k
-            return model.score_columns(self.lam, x, **kw)
-        x = self.check(x)
-        R = np.asarray(self.responsibilities(x))
-        return {"assignment": R.argmax(axis=1), "responsibilities": R,
-                "log_density": np.asarray(self.predictive_logpdf(x), dtype=np.float64)}
+            out = model.score_columns(self.lam, x, **kw)
+        else:
+            x = self.check(x)
+            R = np.asarray(self.responsibilities(x))
+            out = {"assignment": R.argmax(axis=1), "responsibilities": R,
+                   "log_density": np.asarray(self.predictive_logpdf(x), dtype=np.float64)}
+        if columns is None:
+            return out
+        return {name: out[name] for name in columns if name in out}
+
+    def score_columns_of(self, columns) -> tuple:
+        """``columns`` checked against the scores this model gives (``ValueError`` naming
+        them): what ``streamsvi score --scores`` and :class:`LineScorer` keep."""
+        columns, known = tuple(columns), self.score_column_names
+        bad = [c for c in columns if c not in known]
+        if bad or not columns:
+            raise ValueError(f"{self.model.name!r} scores have no column(s) {bad}; choose from {list(known)}"
+                             if bad else f"no score column named; choose from {list(known)}")
+        return columns
+
+    @property
+    def score_column_names(self) -> tuple:
+        """The names of the score columns this model gives (:meth:`score_block`)."""
+        if isinstance(self.model, ScoresRecords):
+            return tuple(self.model.score_column_names)
+        return ("assignment", "responsibilities", "log_density")
 
     def score(self, x, top_k: int = 10) -> list[dict]:
         """Every scoring output for each record of ``x``, as JSON-ready dicts.
@@ -345,6 +371,9 @@ class LineScorer:
         JSON object field names (the config's ``source.fields``).
     top_k : int
         Ratings models (PMF, HPF): how many items a record of a user alone gets.
+    columns : sequence of str, optional
+        Only these score columns, in this order (``streamsvi score --scores``); a mixture
+        asked for ``("log_density",)`` computes its predictive density alone.
 
     Raises
     ------
@@ -384,7 +413,7 @@ class LineScorer:
     [(1, None), (2, 'non_finite'), (4, 'wrong_shape')]
     """
 
-    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None, top_k: int = 10):
+    def __init__(self, fitted: FittedModel, fmt: str = "jsonl", fields=None, top_k: int = 10, columns=None):
         from .io.dense import CsvCodec, DenseKind, JsonCodec
         from .io.records import record_kind
 
@@ -392,6 +421,7 @@ class LineScorer:
             raise ValueError(f"format must be 'jsonl' or 'csv', got {fmt!r}")
         self.fitted = fitted
         self.top_k = top_k
+        self.columns = None if columns is None else fitted.score_columns_of(columns)
         self.kind = record_kind(fitted.model)
         if fmt == "csv":
             if not isinstance(self.kind, DenseKind):
@@ -479,7 +509,7 @@ class LineScorer:
             x = parse_json_rows(text, n, self.fitted.n_features)
             if x is not None and all_valid_safely(self.validator, x):
                 try:
-                    columns = self.fitted.score_block(x, top_k=self.top_k)
+                    columns = self.fitted.score_block(x, top_k=self.top_k, columns=self.columns)
                 except ValueError:              # the model refuses one: found line by line below
                     columns = None
                 if columns is not None:
@@ -536,19 +566,20 @@ class LineScorer:
         """Score valid records; a record the model still refuses gets ``invalid`` (found one by one)."""
         fitted, kind, top_k = self.fitted, self.kind, self.top_k
         try:
-            return numbers, fitted.score_block(batch, top_k=top_k), errors
+            return numbers, fitted.score_block(batch, top_k=top_k, columns=self.columns), errors
         except ValueError:
             pass
         ok = []
         for i, n in enumerate(numbers):
             try:
-                fitted.score_block(kind.take(batch, slice(i, i + 1)), top_k=top_k)
+                fitted.score_block(kind.take(batch, slice(i, i + 1)), top_k=top_k, columns=self.columns)
                 ok.append(i)
             except ValueError as exc:
                 errors[n] = {"line": n, "reason": "invalid", "error": f"invalid: {exc}"}
         if not ok:
             return [], None, errors
-        columns = fitted.score_block(kind.take(batch, np.asarray(ok, dtype=np.int64)), top_k=top_k)
+        columns = fitted.score_block(kind.take(batch, np.asarray(ok, dtype=np.int64)), top_k=top_k,
+                                     columns=self.columns)
         return [numbers[i] for i in ok], columns, errors
 
 

@@ -370,3 +370,34 @@ def test_cli_blocks_number_lines_across_blocks_crlf_and_a_last_line_without_a_br
     assert out[4]["line"] == 6 and out[4]["reason"] == "wrong_shape"
     assert _close([{k: v for k, v in r.items() if k != "line"} for r in out if "error" not in r],
                   [{k: v for k, v in r.items() if k != "line"} for r in expected])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cli_scores_writes_only_the_named_columns_in_their_order(tmp_path, case, capsys):
+    """``--scores`` keeps the named columns of the full output, in the order named, for every model;
+    a name the model does not give is refused with the names it gives."""
+    fitted, _, _, X = _fitted(tmp_path / "ck", case)
+    kind = record_kind(fitted.model)
+    part = kind.take(X, np.arange(6))
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(v) + "\n" for v in kind.to_json(part)))
+    full = _expected(fitted, part)
+    names = list(full[0])[::-1][:2]                       # two columns, the order reversed
+    assert set(fitted.score_block(part)) <= set(fitted.score_column_names)     # the names are declared
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--output", str(tmp_path / "out.jsonl"), "--scores", ",".join(names)]) == 0
+    out = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [list(r) for r in out] == [["line", *names]] * 6
+    assert _close(out, [{"line": i + 1, **{k: e[k] for k in names}} for i, e in enumerate(full)])
+    capsys.readouterr()
+    assert main(["score", "--snapshot", str(tmp_path / "ck"), "--input", str(tmp_path / "in.jsonl"),
+                 "--scores", "no_such_score"]) == 2
+    assert "no_such_score" in capsys.readouterr().err
+
+
+def test_a_mixture_asked_for_its_density_computes_only_the_density(tmp_path, monkeypatch):
+    fitted, _, _, X = _fitted(tmp_path / "ck", "gmm")
+    monkeypatch.setattr(type(fitted.model), "responsibilities",
+                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("computed")))
+    cols = fitted.score_block(X[:5], columns=("log_density",))
+    assert list(cols) == ["log_density"]
+    assert np.array_equal(cols["log_density"], fitted.model.predictive_logpdf(fitted.lam, X[:5]))

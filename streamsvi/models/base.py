@@ -295,6 +295,8 @@ class ScoresRecords:
 
     #: keyword options ``score_columns`` takes besides ``aux`` (ratings models: ``("top_k",)``)
     score_options: ClassVar[tuple[str, ...]] = ()
+    #: the names of the columns ``score_columns`` can return (``streamsvi score --scores`` picks among them)
+    score_column_names: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def score_columns(self, lam, x, *args, **kw) -> dict:

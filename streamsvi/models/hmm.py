@@ -229,6 +229,7 @@ class DiscreteHMM(ConjugateModel, Tempered, RandomRestart, ScoresRecords, Paired
                                     low=1),
     }
     #: what ``streamsvi.load(...)`` offers with λ filled in (``fitted.viterbi(x)``, ...)
+    score_column_names = ("log_likelihood", "log_predictive", "viterbi")
     scoring_methods = ("log_likelihood", "predictive_logpdf", "elbo_bound", "filtering", "viterbi",
                        "mean_params")
 

@@ -332,6 +332,7 @@ class HPF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     scoring_methods = ("recommend", "predict_rate", "predict_count", "predictive_logpdf")
     #: ``fitted.score(x, top_k=10)``: a record of a user alone gets that many items
     score_options = ("top_k",)
+    score_column_names = ("user", "item", "prediction", "sd", "log_density", "top_k")
     # annealing kinds: none and svi+, for it is neither Tempered nor RandomRestart (φ could be
     # tempered; not written yet)
 

@@ -358,6 +358,7 @@ class LDA(ConjugateModel, Tempered, RandomRestart, RowWise, StoredScaled, Checks
                               "sweeps)"),
     }
     #: what ``streamsvi.load(...)`` offers for this model (λ filled in)
+    score_column_names = ("topic", "topic_proportions", "log_bound", "perword_bound")
     scoring_methods = ("topic_proportions", "predict", "predictive_logpdf", "perword_bound",
                        "perplexity")
     #: how the engine stores and steps λ (:mod:`streamsvi.inference.storage_columns`):

@@ -80,6 +80,7 @@ class BayesianLogisticRegression(GradientModel, Classifier, ChecksState, ScoresR
                             "0.1*sqrt(prior_var)", low=0, low_open=True),
     }
     n_classes = 2
+    score_column_names = ("proba", "prediction", "log_density")
     scoring_methods = ("predict_proba", "predict", "predictive_logpdf")
 
     def __init__(self, n_features: int, prior_var: float = 1.0, fit_intercept: bool = True,

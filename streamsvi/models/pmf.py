@@ -305,6 +305,7 @@ class PMF(ConjugateModel, RowWise, ChecksState, ScoresRecords):
     scoring_methods = ("predict_rating", "recommend", "predictive_logpdf")
     #: ``fitted.score(x, top_k=10)``: a record of a user alone gets that many items
     score_options = ("top_k",)
+    score_column_names = ("user", "item", "prediction", "sd", "log_density", "top_k")
     # annealing kinds (``streamsvi.inference.annealing``): none and svi+ only, for it is neither
     # Tempered nor RandomRestart (no local latent assignments to temper or restart)
     #: δ: an SVI+ step may not take Λ below δ·I/c (no variance above c/δ)
