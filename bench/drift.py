@@ -419,7 +419,7 @@ def promotion_run(quick, seed=0, out=print):
 
     from prometheus_client import CollectorRegistry
 
-    from streamsvi.checkpoint import load_snapshot, snapshot_name
+    from streamsvi.checkpoint import load_snapshot
     from streamsvi.service.config import validate
     from streamsvi.service.daemon import Daemon
 

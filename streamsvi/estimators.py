@@ -71,7 +71,7 @@ from functools import partial
 import numpy as np
 from river import base
 
-from .inference import SVI, EngineState, RobbinsMonro
+from .inference import SVI, RobbinsMonro
 from .inference.annealing import SVIPlus, annealer_from_dict
 from .learner import StreamLearner
 from .models import BayesianGMM

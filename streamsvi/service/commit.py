@@ -203,6 +203,20 @@ def _bounded(producer, method: str, *args) -> None:
 
 
 @dataclass
+def abort_or_drop(strategy, logger, who: str) -> None:
+    """Abort ``strategy.producer``'s open transaction; a producer that cannot is closed and
+    dropped (``strategy.producer = None``): its successor's ``init_transactions`` aborts it."""
+    try:
+        strategy.producer.abort_transaction()
+    except Exception as exc:  # noqa: BLE001 - the new producer settles it
+        logger.info("%s: abort failed (%s: %s); a new producer aborts it", who, type(exc).__name__, exc)
+        old, strategy.producer = strategy.producer, None
+        try:
+            old.close(timeout=0)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 class _Transaction:
     """The worker's open transaction: its batches' offset ranges and next offsets."""
 
@@ -374,18 +388,7 @@ class TransactionCommit(CommitStrategy):
         return None
 
     def _abort(self) -> None:
-        """Abort the open transaction; a producer that cannot is replaced (its successor's
-        ``init_transactions`` aborts it)."""
-        try:
-            self.producer.abort_transaction()
-        except Exception as exc:  # noqa: BLE001 - the new producer settles it
-            worker_log.info("worker %s: abort failed (%s: %s); a new producer aborts it", self.role.worker_id,
-                            type(exc).__name__, exc)
-            old, self.producer = self.producer, None
-            try:
-                old.close(timeout=0)
-            except Exception:  # noqa: BLE001
-                pass
+        abort_or_drop(self, worker_log, f"worker {self.role.worker_id}")
 
     def commit_open(self, source) -> None:
         """Commit the open transaction: its deltas, the dead letters flushed, its batches' offsets,

@@ -43,7 +43,7 @@ import os
 import socket
 import time
 
-from ..commit import CommitStrategy, _bounded
+from ..commit import CommitStrategy, _bounded, abort_or_drop
 from ..config import ConfigError, build_model, client_security
 from ..console import plural
 from ..daemon import Daemon
@@ -159,7 +159,29 @@ class DirectorySnapshots:
             self.watcher.stop()
 
 
-class TopicSnapshots:
+class _PolledSnapshots:
+    """A source of snapshots read on the scoring thread between transactions: ``first()`` the
+    current one (None while there is none), ``newest()`` looks for a newer one at most every
+    ``poll_seconds`` (``_read``, of the subclass) and returns the one in use."""
+
+    poll_seconds = 1.0
+    _current, _looked = None, 0.0
+
+    def _read(self):
+        raise NotImplementedError
+
+    def first(self):
+        return self._read()
+
+    def newest(self):
+        now = time.monotonic()
+        if now - self._looked >= self.poll_seconds:
+            self._looked = now
+            self._read()
+        return self._current
+
+
+class TopicSnapshots(_PolledSnapshots):
     """Snapshots of the daemon's snapshot topic (:class:`.snapshot_topic.SnapshotTopicReader`),
     read on the scoring thread between transactions, at most every ``scorer.snapshot_poll_seconds``."""
 
@@ -190,18 +212,11 @@ class TopicSnapshots:
     def first(self):
         return self._read(timeout_s=0.2)
 
-    def newest(self):
-        now = time.monotonic()
-        if now - self._looked >= self.poll_seconds:
-            self._looked = now
-            self._read()
-        return self._current
-
     def close(self) -> None:
         self.reader.close()
 
 
-class LambdaSnapshots:
+class LambdaSnapshots(_PolledSnapshots):
     """The scale-out applier's λ as snapshots (``scorer.from_lambda``): its lambda topic
     (:class:`.lambda_log.LambdaLog`, which replays the applier's steps) or its λ file; each λ
     version is a snapshot numbered by its step, looked for at most every
@@ -243,16 +258,6 @@ class LambdaSnapshots:
                  for k, v in sorted(applied.items())]
         meta = {"number": int(state.step), "created": datetime.now(timezone.utc).isoformat(), "offsets": marks}
         self._current = FittedModel.from_snapshot(_snapshot(self.lam.engine, state, meta, self.where))
-        return self._current
-
-    def first(self):
-        return self._read()
-
-    def newest(self):
-        now = time.monotonic()
-        if now - self._looked >= self.poll_seconds:
-            self._looked = now
-            self._read()
         return self._current
 
     def close(self) -> None:
@@ -387,16 +392,7 @@ class ScoreCommit(CommitStrategy):
         s.metrics.set_lag(source.lag())
 
     def _abort(self) -> None:
-        try:
-            self.producer.abort_transaction()
-        except Exception as exc:  # noqa: BLE001 - a new producer's init_transactions aborts it
-            log.info("scorer %s: abort failed (%s: %s); a new producer aborts it", self.role.scorer_id,
-                     type(exc).__name__, exc)
-            old, self.producer = self.producer, None
-            try:
-                old.close(timeout=0)
-            except Exception:  # noqa: BLE001
-                pass
+        abort_or_drop(self, log, f"scorer {self.role.scorer_id}")
 
     @staticmethod
     def _give_back(source, txn) -> None:
