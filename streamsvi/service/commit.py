@@ -202,7 +202,6 @@ def _bounded(producer, method: str, *args) -> None:
         raise KafkaTimeoutError(f"{method}: no answer within {TRANSACTION_WAIT_S:g} s")
 
 
-@dataclass
 def abort_or_drop(strategy, logger, who: str) -> None:
     """Abort ``strategy.producer``'s open transaction; a producer that cannot is closed and
     dropped (``strategy.producer = None``): its successor's ``init_transactions`` aborts it."""
@@ -217,6 +216,7 @@ def abort_or_drop(strategy, logger, who: str) -> None:
             pass
 
 
+@dataclass
 class _Transaction:
     """The worker's open transaction: its batches' offset ranges and next offsets."""
 
