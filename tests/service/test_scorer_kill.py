@@ -84,5 +84,5 @@ def test_kill_9_scorer_at_random_instants_scores_every_record_exactly_once(kafka
     rows = {(records, p, o): json.loads(v) for p, o, v in read_topic(bootstrap, records)}
     want = fitted.score(np.array([rows[k] for k in keys]))
     assert all(r["snapshot"]["number"] == fitted.number for r in out)
-    assert [r["log_density"] for r in out] == [w["log_density"] for w in want]
-    assert [r["assignment"] for r in out] == [w["assignment"] for w in want]
+    assert [r["scores"]["log_density"] for r in out] == [w["log_density"] for w in want]
+    assert [r["scores"]["assignment"] for r in out] == [w["assignment"] for w in want]

@@ -16,7 +16,7 @@ its own commit strategy, :class:`ScoreCommit`:
   (:meth:`Scorer._score`: ``FittedModel.score`` on the decoded block, the one call)
   and makes one output record per record: its position, the snapshot's ``number``,
   ``step`` and offset ``watermark`` (the source offsets the snapshot includes), and the
-  model's scores;
+  model's scores under ``"scores"``;
 * the commit (:class:`ScoreCommit`): the output records of up to
   ``scorer.commit_every_batches`` batches (or ``scorer.commit_seconds``) and their input
   offsets (``send_offsets_to_transaction``) in one Kafka transaction, under the
@@ -555,13 +555,17 @@ class Scorer(Daemon):
         loop.res.dead += len(batch.dead)
 
     def _emit(self, topic, partition, offset, row, scores: dict) -> None:
-        """One output record: where the input was, the snapshot's stamp, ``scores``."""
+        """One output record: where the input was, the snapshot's stamp, and ``scores`` under
+        ``"scores"`` (a score column may share a name with a position field: LDA's ``topic``),
+        or an error record's ``reason`` and ``error`` beside the position."""
         where = {"topic": topic, "partition": int(partition), "offset": int(offset)}
         if row is not None:
             where["row"] = int(row)
-        body = json.dumps(scores, separators=(",", ":"), allow_nan=True)
-        value = json.dumps(where, separators=(",", ":"))[:-1] + ',"snapshot":' + self._stamp + \
-            ("," + body[1:] if len(body) > 2 else "}")
+        if "reason" in scores and "error" in scores:
+            body = "," + json.dumps(scores, separators=(",", ":"))[1:]
+        else:
+            body = ',"scores":' + json.dumps(scores, separators=(",", ":"), allow_nan=True) + "}"
+        value = json.dumps(where, separators=(",", ":"))[:-1] + ',"snapshot":' + self._stamp + body
         self._out.append((f"{topic}/{partition}".encode(), value.encode()))
 
     def _hold_out(self, x, loop):
