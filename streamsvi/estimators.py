@@ -16,6 +16,8 @@ records and applies an SVI / SVI+ update each time ``batch_size`` of them are
 in; ``learn_many`` takes a pandas DataFrame (same batching, same result);
 ``predict_one`` / ``predict_many`` give the MAP component.
 :class:`PoissonMixture` is the same clusterer for dicts of counts.
+:class:`GaussianMixture1D` the same for one numeric feature (the 1-D mixture with
+known variance, ``gauss1d``).
 :class:`HiddenMarkovModel` learns a discrete HMM from symbol sequences (river
 has no sequence base class: its docstring states the interface).
 
@@ -126,7 +128,8 @@ def _short_repr(value, limit: int = 60) -> str:
 #: the face that loads each model of a snapshot (model name -> face)
 _FACE_OF = {"gmm": "GaussianMixture", "lda": "TopicModel", "pmf": "MatrixFactorization",
             "logistic": "LogisticRegression", "softmax": "SoftmaxRegression", "hmm": "HiddenMarkovModel",
-            "hpf": "PoissonFactorization", "poisson_mixture": "PoissonMixture"}
+            "hpf": "PoissonFactorization", "poisson_mixture": "PoissonMixture",
+            "gauss1d": "GaussianMixture1D"}
 
 
 def _face_snapshot(cls, path, models: tuple, what: str):
@@ -992,6 +995,178 @@ class PoissonMixture(_MixtureFace):
         rows = self._counts(self._pending.frame(X))
         self._sync()
         self._learner.learn_many(rows)
+
+
+# ------------------------------------------------------- 1-D Gaussian mixture
+class GaussianMixture1D(_MixtureFace):
+    """Mixture of K 1-D Gaussians with known variance learned online with SVI / SVI+ (a
+    ``river.base.Clusterer``).
+
+    The model is :class:`streamsvi.models.KnownVarianceGMM1D` (the daemon's ``gauss1d``):
+    component means μ_k ~ N(μ0, τ²), uniform weights, a known observation variance σ². A
+    record is a dict with one numeric feature, ``feature`` (other keys are ignored); a
+    missing, NaN or infinite value is imputed with the feature's running mean (0 before
+    any value is seen), a value that is not a number is refused with ``ValueError``.
+    ``learn_one`` buffers records and applies an SVI / SVI+ update per ``batch_size`` of
+    them (``learn_many`` takes a DataFrame: same batching, same result); the first update
+    starts the model from its first minibatch (``KnownVarianceGMM1D.init_params``).
+    ``predict_one`` / ``predict_many`` give the MAP component, ``predict_proba_one`` /
+    ``predict_proba_many`` the component posterior E_q[z], ``score_one`` / ``score_many``
+    the posterior predictive log density log (1/K) Σ_k N(x | m_k, σ² + s_k²). Before the
+    first update: component 0, uniform responsibilities, NaN scores.
+
+    Parameters
+    ----------
+    n_components
+        K.
+    sigma2
+        σ² > 0, the known observation variance.
+    prior_mean, prior_var
+        μ0 and τ² > 0 of the prior N(μ0, τ²) of every component mean.
+    batch_size
+        |S|: records per update.
+    effective_batch_size
+        M for SVI+ (≤ batch_size); None is plain SVI.
+    n_total
+        N, or the population size for an unbounded stream.
+    tau0, kappa
+        Robbins–Monro schedule ρ_t = (τ0 + t)^(−κ).
+    feature
+        The name of the record's feature; None takes the first of the sorted keys of the
+        first record.
+    seed
+        Seed of the engine's random stream (None: a random seed).
+    annealing
+        An annealer (:mod:`streamsvi.inference.annealing`) or its dict form; None: SVI, or
+        SVI+ with ``effective_batch_size`` (not both).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> model = GaussianMixture1D(n_components=2, batch_size=50, seed=1)
+    >>> for c in rng.choice([-4.0, 4.0], size=1000):
+    ...     model.learn_one({"x": c + rng.normal()})
+    >>> model.predict_one({"x": -4.0}) != model.predict_one({"x": 4.0})
+    True
+    """
+
+    def __init__(self, n_components: int = 3, sigma2: float = 1.0, prior_mean: float = 0.0,
+                 prior_var: float = 10.0, batch_size: int = 32, effective_batch_size: float | None = None,
+                 n_total: float = 10_000.0, tau0: float = 1.0, kappa: float = 0.7,
+                 feature: str | None = None, seed: int | None = None, annealing=None):
+        from .models import KnownVarianceGMM1D
+
+        self.n_components = n_components
+        self.sigma2 = sigma2
+        self.prior_mean = prior_mean
+        self.prior_var = prior_var
+        self.batch_size = batch_size
+        self.effective_batch_size = effective_batch_size
+        self.n_total = n_total
+        self.tau0 = tau0
+        self.kappa = kappa
+        self.feature = feature
+        self.seed = seed
+        self.annealing = annealing
+        KnownVarianceGMM1D(n_components, sigma2=sigma2, prior_mean=prior_mean, prior_var=prior_var)  # checks
+        _check_batch_sizes(batch_size, effective_batch_size)
+        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
+        self._features = [feature] if feature is not None else None
+        self._learner = None
+        if self._features is not None:
+            self._build()
+
+    @classmethod
+    def _unit_test_params(cls):
+        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "sigma2": 0.5, "seed": 1}
+        yield {"n_components": 2, "batch_size": 8, "seed": 2,
+               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+
+    def _build(self):
+        from .models import KnownVarianceGMM1D
+
+        model = KnownVarianceGMM1D(self.n_components, sigma2=self.sigma2, prior_mean=self.prior_mean,
+                                   prior_var=self.prior_var)
+        self._make_learner(SVI(model, n_total=self.n_total,
+                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                               effective_batch_size=self.effective_batch_size, short_batches="svi",
+                               annealer=self._annealer), _dense)
+        self._moments = _RunningMoments(1)
+        self._pending = _DictRows(self._features, self.batch_size)
+
+    @classmethod
+    def from_snapshot(cls, path, feature: str | None = None,
+                      batch_size: int | None = None) -> "GaussianMixture1D":
+        """A clusterer that starts from a ``gauss1d`` snapshot: the daemon's, or one
+        :meth:`to_snapshot` wrote.
+
+        It predicts what ``streamsvi.load(path)`` predicts (``predict``, ``responsibilities``,
+        ``predictive_logpdf``), and learning goes on from the snapshot's engine and state
+        (step, λ, random stream, records seen), bit for bit as that engine would go on.
+        ``feature`` names the record's feature (default: the writing face's name, else
+        ``"x0"``). ``batch_size`` defaults to the daemon's ``inference.batch_size`` stored
+        with the snapshot (32 without one, or M rounded up if larger); the snapshot's SVI+
+        setting is kept. ``ValueError`` for a snapshot of another model.
+        """
+        from .models import KnownVarianceGMM1D
+
+        snap, face = _face_snapshot(cls, path, (KnownVarianceGMM1D,), "a 1-D Gaussian mixture")
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        if feature is None and face is not None:
+            feature = face.get("feature")
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_components=p["n_components"], sigma2=p["sigma2"], prior_mean=p["prior_mean"],
+                  prior_var=p["prior_var"], batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
+                  feature="x0" if feature is None else feature)
+        if face is not None and face.get("moments") is not None:
+            est._moments = _RunningMoments.from_json(face["moments"], 1)
+        est._adopt(snap, face)
+        return est
+
+    def _face_state(self) -> dict:
+        return {"feature": self._features[0], "moments": self._moments.to_json()}
+
+    # ------------------------------------------------------------ the feature
+    def _sync(self) -> None:
+        """Learn the running mean of the values held back, then hand them (imputed) to the learner."""
+        if self._pending is None or not self._pending.n:
+            return
+        X = self._pending.take()
+        self._learner.learn_many(_impute(X, self._moments.learn(X)[0]))
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        """Raw values imputed with the running mean as it is now (for predictions)."""
+        self._sync()
+        return _impute(X, self._moments.current()[0])
+
+    # ------------------------------------------------------------- learning
+    def _start(self, keys) -> None:
+        self._features = [sorted(keys)[0]]
+        self._build()
+
+    def learn_one(self, x: dict) -> None:
+        if self._features is None:
+            if not x:
+                return
+            self._start(x)
+        pending = self._pending
+        pending.put(x)
+        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
+            self._sync()
+
+    def learn_many(self, X) -> None:
+        """Learn from a pandas DataFrame (the ``feature`` column; a missing one is imputed); same
+        batching, same result as learn_one."""
+        if self._features is None:
+            if not len(X) or not len(X.columns):
+                return
+            self._start(X.columns)
+        self._sync()
+        Xr = self._pending.frame(X)
+        self._learner.learn_many(_impute(Xr, self._moments.learn(Xr)[0]))
 
 
 # ---------------------------------------------------------------- topic model

@@ -17,7 +17,7 @@ import pytest
 
 from streamsvi.checkpoint import CheckpointStore, load_snapshot
 from streamsvi.datasets import make_blobs
-from streamsvi.estimators import (GaussianMixture, HiddenMarkovModel, LogisticRegression,
+from streamsvi.estimators import (GaussianMixture, GaussianMixture1D, HiddenMarkovModel, LogisticRegression,
                                   MatrixFactorization, PoissonFactorization, PoissonMixture,
                                   SoftmaxRegression, TopicModel, _docs)
 from streamsvi.inference import SVI
@@ -31,7 +31,7 @@ from streamsvi.service.config import validate
 from streamsvi.service.daemon import Daemon
 
 FACES = (GaussianMixture, TopicModel, MatrixFactorization, LogisticRegression, SoftmaxRegression, HiddenMarkovModel,
-         PoissonFactorization, PoissonMixture)
+         PoissonFactorization, PoissonMixture, GaussianMixture1D)
 
 
 # ------------------------------------------------------------------ data
@@ -246,6 +246,32 @@ def test_poisson_mixture_from_a_daemon_snapshot(tmp_path):
     _same_state(est._state, _engine_goes_on(ck, _chunks(X[600:], 100)))
 
 
+def _line_of(n, seed):
+    """n values of three 1-D clusters (-4, 0.5, 5; sd 1), the gauss1d records."""
+    rng = np.random.default_rng(seed)
+    return rng.choice([-4.0, 0.5, 5.0], size=n) + rng.normal(size=n)
+
+
+def test_gaussian_mixture_1d_from_a_daemon_snapshot(tmp_path):
+    x = _line_of(1000, seed=3)
+    ck = _daemon_snapshot(tmp_path, "gauss1d", {"n_components": 3, "sigma2": 1.0, "prior_var": 25.0},
+                          [[v] for v in x[:600]], 100)
+    est, fitted = GaussianMixture1D.from_snapshot(ck, feature="v"), load(ck)
+    assert (est.n_components, est.batch_size, est.feature, est.prior_var) == (3, 100, "v", 25.0)
+    X, Q = x[600:, None], _frame(x[600:, None], "v")
+    np.testing.assert_array_equal(est.predict_many(Q).to_numpy(), fitted.predict(X))
+    np.testing.assert_array_equal(est.predict_proba_many(Q).to_numpy(), fitted.responsibilities(X))
+    np.testing.assert_array_equal(est.score_many(Q).to_numpy(), fitted.predictive_logpdf(X))
+    for v in x[600:650]:                                        # one record: the library on that one
+        assert est.predict_one({"v": v}) == fitted.predict([[v]])[0]
+        assert list(est.predict_proba_one({"v": v}).values()) == fitted.responsibilities([[v]])[0].tolist()
+        assert est.score_one({"v": v}) == fitted.predictive_logpdf([[v]])[0]
+    assert GaussianMixture1D.from_snapshot(ck).feature == "x0"
+    assert (est._state.step, est._state.records_seen) == (fitted.step, fitted.records_seen) == (6, 600)
+    est.learn_many(Q)                                           # 400 records: 4 updates of |S| = 100
+    _same_state(est._state, _engine_goes_on(ck, _chunks(X, 100)))
+
+
 @pytest.mark.parametrize("cls, classes", [(LogisticRegression, 2), (SoftmaxRegression, 3)])
 def test_classifier_from_a_daemon_snapshot(tmp_path, cls, classes):
     X, y = _labelled(1400, seed=4, classes=classes)
@@ -378,6 +404,19 @@ def _fit(cls, n_extra):
             Z = np.array([[x[c] for c in names] for x in part])
             return fit.predict(Z), fit.responsibilities(Z), fit.predictive_logpdf(Z)
         return face, data[:400], data[400:], learn, score, library
+    if cls is GaussianMixture1D:
+        x = _line_of(400 + n_extra, seed=5)
+        face = cls(n_components=3, batch_size=16, seed=0)
+        data = [{"v": float(v)} for v in x]
+        learn = lambda f, part: [f.learn_one(r) for r in part]                          # noqa: E731
+        score = lambda f, part: (f.predict_many(pd.DataFrame(part)).to_numpy(),        # noqa: E731
+                                 f.predict_proba_many(pd.DataFrame(part)).to_numpy(),
+                                 f.score_many(pd.DataFrame(part)).to_numpy())
+
+        def library(fit, part):
+            Z = np.array([[r["v"]] for r in part])
+            return fit.predict(Z), fit.responsibilities(Z), fit.predictive_logpdf(Z)
+        return face, data[:400], data[400:], learn, score, library
     classes = 2 if cls is LogisticRegression else 3
     X, y = _labelled(500 + n_extra, seed=8, classes=classes)
     X = X * [1.0, 10.0, 100.0] + [0.0, 5.0, -50.0]              # raw units: the face standardises
@@ -486,13 +525,17 @@ def test_a_snapshot_of_another_model_is_refused_with_the_face_that_loads_it(tmp_
     with pytest.raises(ValueError, match=r"holds a 'poisson_mixture' model, not a Gaussian mixture; load it "
                                          r"with streamsvi\.estimators\.PoissonMixture\.from_snapshot"):
         GaussianMixture.from_snapshot(tmp_path / "pm")
-    engine = SVI(KnownVarianceGMM1D(2), n_total=200)               # a kind that still has no face
+    engine = SVI(KnownVarianceGMM1D(2), n_total=200)               # the daemon's gauss1d
     x = np.concatenate([np.full(20, -3.0), np.full(20, 3.0)]) + np.linspace(-0.5, 0.5, 40)
     state, _ = engine.update(engine.init(x, seed=0), x)
     CheckpointStore(tmp_path / "g1").save(engine, state, offsets=[])
-    with pytest.raises(ValueError, match=r"holds a 'gauss1d' model, not a Gaussian mixture; no river face "
-                                         r"loads it: score it with streamsvi\.load"):
+    with pytest.raises(ValueError, match=r"holds a 'gauss1d' model, not a Gaussian mixture; load it with "
+                                         r"streamsvi\.estimators\.GaussianMixture1D\.from_snapshot"):
         GaussianMixture.from_snapshot(tmp_path / "g1")
+    assert GaussianMixture1D.from_snapshot(tmp_path / "g1").state.step == 1
+    with pytest.raises(ValueError, match=r"holds a 'gmm' model, not a 1-D Gaussian mixture; load it with "
+                                         r"streamsvi\.estimators\.GaussianMixture\.from_snapshot"):
+        GaussianMixture1D.from_snapshot(tmp_path / "gmm")
 
 
 def test_to_snapshot_before_the_first_update_says_why(tmp_path):
