@@ -564,16 +564,99 @@ def _ratings(rows: list):
 
 
 class _MixtureFace(_Face, base.Clusterer):
-    """What the two mixture clusterers share (:class:`GaussianMixture`, :class:`PoissonMixture`):
-    the predictions from the model's ``predict``, ``responsibilities`` and
-    ``predictive_logpdf`` on rows that ``_rows_now`` makes from raw rows (imputed, or checked
-    counts), records held in ``_pending`` (a :class:`_DictRows`) until an update is due.
+    """What the mixture clusterers share (:class:`GaussianMixture`, :class:`PoissonMixture`,
+    :class:`GaussianMixture1D`): the engine (``_model()`` under SVI / SVI+ with the
+    Robbins–Monro schedule), the start on the first record's keys (``_start``), the
+    batching of ``learn_one`` / ``learn_many``, and the predictions from the model's
+    ``predict``, ``responsibilities`` and ``predictive_logpdf`` on rows that ``_rows_now``
+    makes from raw rows. Records are held in ``_pending`` (a :class:`_DictRows`) until an
+    update is due. A face says how raw rows are checked (``_checked``), turned into the
+    learner's rows (``_learned``) and into rows to predict on (``_predicted``).
     Before the start: component 0, uniform responsibilities, NaN scores."""
 
     _pending: _DictRows | None = None      # raw rows not yet handed to the learner (None until built)
 
-    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+    def _init_learning(self, features: list | None) -> None:
+        """The end of every mixture's ``__init__``: check the batching, make the annealer, and
+        build the engine now if the features are known."""
+        _check_batch_sizes(self.batch_size, self.effective_batch_size)
+        self._annealer = _annealer_of(self.annealing, self.batch_size, self.effective_batch_size)
+        self._features = features
+        self._learner = None
+        if self._features is not None:
+            self._build()
+
+    @staticmethod
+    def _mixture_test_params(**extra):
+        """The cases every mixture's ``_unit_test_params`` runs: plain SVI, SVI+ (with ``extra``
+        settings) and deterministic annealing."""
+        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
+        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, **extra, "seed": 1}
+        yield {"n_components": 2, "batch_size": 8, "seed": 2,
+               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+
+    # -------------------------------------------------------------- set-up
+    def _model(self):
+        """The face's model, for ``len(self._features)`` features."""
         raise NotImplementedError
+
+    def _build(self):
+        self._make_learner(SVI(self._model(), n_total=self.n_total,
+                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                               effective_batch_size=self.effective_batch_size, short_batches="svi",
+                               annealer=self._annealer), _dense)
+        self._pending = _DictRows(self._features, self.batch_size)
+
+    def _start(self, keys) -> bool:
+        """Take the features from the first record's keys (sorted) and build; False if it cannot start."""
+        self._features = sorted(keys)
+        self._build()
+        return True
+
+    @classmethod
+    def _from_snapshot(cls, path, models: tuple, what: str, batch_size, settings):
+        """The face of a snapshot of one of ``models``: ``settings(p, face)`` gives the face's own
+        settings from the model's ``get_params()`` (and checks them), the shared ones come
+        from the engine; then the face's state and the snapshot's are adopted."""
+        snap, face = _face_snapshot(cls, path, models, what)
+        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
+        own = settings(p, face)
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
+        est = cls(n_components=p["n_components"], batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng), **own)
+        est._adopt_face(face)
+        est._adopt(snap, face)
+        return est
+
+    def _adopt_face(self, face: dict | None) -> None:
+        """Take what the face stored beside the snapshot (nothing here)."""
+
+    def _face_state(self) -> dict:
+        return {"features": list(self._features)}
+
+    # ------------------------------------------------------------- raw rows
+    def _checked(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows as the model takes them, or ``ValueError`` (as they are, here)."""
+        return X
+
+    def _learned(self, X: np.ndarray) -> np.ndarray:
+        """Checked rows as the learner gets them (as they are, here)."""
+        return X
+
+    def _predicted(self, X: np.ndarray) -> np.ndarray:
+        """Checked rows as the predictions get them (as they are, here)."""
+        return X
+
+    def _sync(self) -> None:
+        """Hand the records held back to the learner."""
+        if self._pending is None or not self._pending.n:
+            return
+        self._learner.learn_many(self._learned(self._checked(self._pending.take())))
+
+    def _rows_now(self, X: np.ndarray) -> np.ndarray:
+        """Raw rows as the predictions take them, after the held records are learned."""
+        self._sync()
+        return self._predicted(self._checked(X))
 
     def _row(self, x: dict) -> np.ndarray:
         """One record as a (1, D) row for the model's predictions."""
@@ -626,9 +709,65 @@ class _MixtureFace(_Face, base.Clusterer):
         rows = self._rows_now(self._pending.frame(X))
         return pd.Series(self._engine.model.predictive_logpdf(self._state.lam, rows), index=X.index)
 
+    # ------------------------------------------------------------- learning
+    def _put(self, x: dict) -> None:
+        """Hold one record back (``ValueError``, and nothing held, for a value that is not a number)."""
+        self._pending.put(x)
+
+    def learn_one(self, x: dict) -> None:
+        if self._features is None and not self._start(x):
+            return
+        pending = self._pending
+        self._put(x)
+        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
+            self._sync()
+
+    def learn_many(self, X) -> None:
+        """Learn from a pandas DataFrame (columns = features); same batching, same result as
+        learn_one. The rows are checked before any is learned."""
+        if self._features is None and (not len(X) or not self._start(X.columns)):
+            return
+        rows = self._checked(self._pending.frame(X))
+        self._sync()
+        self._learner.learn_many(self._learned(rows))
 
 
-class GaussianMixture(_MixtureFace):
+class _ImputingMixture(_MixtureFace):
+    """A mixture of real values (:class:`GaussianMixture`, :class:`GaussianMixture1D`): a missing,
+    NaN or infinite value is imputed with the feature's running mean (``_moments``, a
+    :class:`_RunningMoments` stored with the face): as learned so far for the learner's rows,
+    as it is now for predictions."""
+
+    def _build(self):
+        super()._build()
+        self._moments = _RunningMoments(len(self._features))
+
+    def _adopt_face(self, face: dict | None) -> None:
+        if face is not None and face.get("moments") is not None:
+            self._moments = _RunningMoments.from_json(face["moments"], len(self._features))
+
+    def _learned(self, X: np.ndarray) -> np.ndarray:
+        """Learn the running means of the rows, then impute the rows with them."""
+        return _impute(X, self._moments.learn(X)[0])
+
+    def _predicted(self, X: np.ndarray) -> np.ndarray:
+        """Rows imputed with the running means as they are now."""
+        return _impute(X, self._moments.current()[0])
+
+
+def _snapshot_features(features, face: dict | None, n_features: int) -> tuple:
+    """The names of a snapshot's ``n_features`` features: those given, else the writing face's,
+    else ``("x0", …)``; ``ValueError`` for the wrong number of names."""
+    if features is None and face is not None:
+        features = face.get("features")
+    features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(n_features))
+    if len(features) != n_features:
+        raise ValueError(f"features has {len(features)} names, the snapshot's model has "
+                         f"{n_features} features")
+    return features
+
+
+class GaussianMixture(_ImputingMixture):
     """Bayesian Gaussian mixture clusterer learned online with SVI / SVI+.
 
     Parameters
@@ -690,35 +829,20 @@ class GaussianMixture(_MixtureFace):
         self.seed = seed
         self.annealing = annealing
         self.init_batches = init_batches
-        _check_batch_sizes(batch_size, effective_batch_size)
-        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
-        self._features = list(features) if features is not None else None
-        self._learner = None
-        if self._features is not None:
-            self._build()
+        self._init_learning(list(features) if features is not None else None)
 
     @classmethod
     def _unit_test_params(cls):
-        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
-        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
-        yield {"n_components": 2, "batch_size": 8, "seed": 2,
-               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+        yield from cls._mixture_test_params()
         yield {"n_components": 2, "batch_size": 8, "seed": 3, "annealing": {"kind": "stochastic", "rho0": 0.5}}
         yield {"n_components": 2, "batch_size": 8, "seed": 4, "init_batches": 1}
 
     # -------------------------------------------------------------- set-up
-    def _build(self):
-        D = len(self._features)
-        model = BayesianGMM(self.n_components, D, weight_concentration=self.weight_concentration,
-                            mean_precision=self.mean_precision,
-                            degrees_of_freedom=self.degrees_of_freedom, scale=self.scale,
-                            init=self.init, init_batches=self.init_batches)
-        self._make_learner(SVI(model, n_total=self.n_total,
-                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                               effective_batch_size=self.effective_batch_size, short_batches="svi",
-                               annealer=self._annealer), _dense)
-        self._moments = _RunningMoments(D)
-        self._pending = _DictRows(self._features, self.batch_size)
+    def _model(self):
+        return BayesianGMM(self.n_components, len(self._features), weight_concentration=self.weight_concentration,
+                           mean_precision=self.mean_precision,
+                           degrees_of_freedom=self.degrees_of_freedom, scale=self.scale,
+                           init=self.init, init_batches=self.init_batches)
 
     @classmethod
     def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "GaussianMixture":
@@ -736,64 +860,19 @@ class GaussianMixture(_MixtureFace):
         ``batch_size``; ``batch_size`` must be at least M. ``ValueError`` for a snapshot of
         another model, or ``features`` of the wrong length.
         """
-        snap, face = _face_snapshot(cls, path, (BayesianGMM,), "a Gaussian mixture")
-        model = snap.engine.model
-        p, eng = model.get_params(), snap.engine.to_dict()
-        if features is None and face is not None:
-            features = face.get("features")
-        features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(p["n_features"]))
-        if len(features) != p["n_features"]:
-            raise ValueError(f"features has {len(features)} names, the snapshot's model has "
-                             f"{p['n_features']} features")
-        if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
-            raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
-        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
-        est = cls(n_components=p["n_components"], batch_size=batch_size, effective_batch_size=M,
-                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
-                  weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
-                  degrees_of_freedom=p["degrees_of_freedom"], scale=p["scale"] if p["scale"] is not None else 1.0,
-                  init=p["init"], init_batches=p.get("init_batches", 4), features=features)
-        if face is not None and face.get("moments") is not None:
-            est._moments = _RunningMoments.from_json(face["moments"], len(features))
-        est._adopt(snap, face)
-        return est
+        def settings(p, face):
+            names = _snapshot_features(features, face, p["n_features"])
+            if np.ndim(p["weight_concentration"]) or np.ndim(p["mean"]) or np.ndim(p["scale"] or 1.0):
+                raise ValueError("from_snapshot supports models with scalar priors (as the daemon's configs make)")
+            return dict(features=names, weight_concentration=p["weight_concentration"], mean_precision=p["mean_precision"],
+                        degrees_of_freedom=p["degrees_of_freedom"],
+                        scale=p["scale"] if p["scale"] is not None else 1.0,
+                        init=p["init"], init_batches=p.get("init_batches", 4))
+
+        return cls._from_snapshot(path, (BayesianGMM,), "a Gaussian mixture", batch_size, settings)
 
     def _face_state(self) -> dict:
         return {"features": list(self._features), "moments": self._moments.to_json()}
-
-    # ------------------------------------------------------------ features
-    def _sync(self) -> None:
-        """Learn the running means of the rows held back, then hand them (imputed) to the learner."""
-        if self._pending is None or not self._pending.n:
-            return
-        X = self._pending.take()
-        self._learner.learn_many(_impute(X, self._moments.learn(X)[0]))
-
-    def _rows_now(self, X: np.ndarray) -> np.ndarray:
-        """Raw rows imputed with the running means as they are now (for predictions)."""
-        self._sync()
-        return _impute(X, self._moments.current()[0])
-
-    # ------------------------------------------------------------- learning
-    def learn_one(self, x: dict) -> None:
-        if self._features is None:
-            self._features = sorted(x)
-            self._build()
-        pending = self._pending
-        pending.put(x)
-        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
-            self._sync()
-
-    def learn_many(self, X) -> None:
-        """Learn from a pandas DataFrame (columns = features); same batching, same result as learn_one."""
-        if self._features is None:
-            if not len(X):
-                return
-            self._features = sorted(X.columns)
-            self._build()
-        self._sync()
-        Xr = self._pending.frame(X)
-        self._learner.learn_many(_impute(Xr, self._moments.learn(Xr)[0]))
 
 # ----------------------------------------------------------------- Poisson mixture
 def _tuple_of(v):
@@ -883,31 +962,18 @@ class PoissonMixture(_MixtureFace):
         self.seed = seed
         self.annealing = annealing
         self.init_batches = init_batches
-        _check_batch_sizes(batch_size, effective_batch_size)
-        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
-        self._features = list(features) if features is not None else None
-        self._learner = None
-        if self._features is not None:
-            self._build()
+        self._init_learning(list(features) if features is not None else None)
 
     @classmethod
     def _unit_test_params(cls):
-        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
-        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "seed": 1}
-        yield {"n_components": 2, "batch_size": 8, "seed": 2,
-               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+        yield from cls._mixture_test_params()
 
-    def _build(self):
+    def _model(self):
         from .models import PoissonMixture as Model
 
-        model = Model(self.n_components, len(self._features), weight_concentration=self.weight_concentration,
-                      prior_shape=self.prior_shape, prior_rate=self.prior_rate, init=self.init,
-                      n_init=self.n_init, init_sweeps=self.init_sweeps, init_batches=self.init_batches)
-        self._make_learner(SVI(model, n_total=self.n_total,
-                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                               effective_batch_size=self.effective_batch_size, short_batches="svi",
-                               annealer=self._annealer), _dense)
-        self._pending = _DictRows(self._features, self.batch_size)
+        return Model(self.n_components, len(self._features), weight_concentration=self.weight_concentration,
+                     prior_shape=self.prior_shape, prior_rate=self.prior_rate, init=self.init,
+                     n_init=self.n_init, init_sweeps=self.init_sweeps, init_batches=self.init_batches)
 
     @classmethod
     def from_snapshot(cls, path, features=None, batch_size: int | None = None) -> "PoissonMixture":
@@ -925,29 +991,17 @@ class PoissonMixture(_MixtureFace):
         """
         from .models import PoissonMixture as Model
 
-        snap, face = _face_snapshot(cls, path, (Model,), "a Poisson mixture")
-        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
-        if features is None and face is not None:
-            features = face.get("features")
-        features = tuple(features) if features is not None else tuple(f"x{i}" for i in range(p["n_features"]))
-        if len(features) != p["n_features"]:
-            raise ValueError(f"features has {len(features)} names, the snapshot's model has "
-                             f"{p['n_features']} features")
-        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
-        est = cls(n_components=p["n_components"], batch_size=batch_size, effective_batch_size=M,
-                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
-                  weight_concentration=_tuple_of(p["weight_concentration"]),
-                  prior_shape=_tuple_of(p["prior_shape"]), prior_rate=_tuple_of(p["prior_rate"]),
-                  init=p["init"], n_init=p["n_init"], init_sweeps=p["init_sweeps"],
-                  init_batches=p["init_batches"], features=features)
-        est._adopt(snap, face)
-        return est
+        def settings(p, face):
+            return dict(features=_snapshot_features(features, face, p["n_features"]),
+                        weight_concentration=_tuple_of(p["weight_concentration"]),
+                        prior_shape=_tuple_of(p["prior_shape"]), prior_rate=_tuple_of(p["prior_rate"]),
+                        init=p["init"], n_init=p["n_init"], init_sweeps=p["init_sweeps"],
+                        init_batches=p["init_batches"])
 
-    def _face_state(self) -> dict:
-        return {"features": list(self._features)}
+        return cls._from_snapshot(path, (Model,), "a Poisson mixture", batch_size, settings)
 
     # ------------------------------------------------------------ counts
-    def _counts(self, X: np.ndarray) -> np.ndarray:
+    def _checked(self, X: np.ndarray) -> np.ndarray:
         """Raw rows as counts: a missing value (NaN) is 0; ``ValueError`` naming the first feature
         whose value is negative, not an integer or infinite."""
         X = np.where(np.isnan(X), 0.0, X)
@@ -958,47 +1012,19 @@ class PoissonMixture(_MixtureFace):
                              f"one is 0), got {float(X[r, c])!r}")
         return X
 
-    def _sync(self) -> None:
-        """Hand the records held back to the learner (their counts were checked as they came)."""
-        if self._pending is None or not self._pending.n:
-            return
-        self._learner.learn_many(self._counts(self._pending.take()))
-
-    def _rows_now(self, X: np.ndarray) -> np.ndarray:
-        """Raw rows as checked counts, after the held records are learned (for predictions)."""
-        self._sync()
-        return self._counts(X)
-
-    # ------------------------------------------------------------- learning
-    def learn_one(self, x: dict) -> None:
-        if self._features is None:
-            self._features = sorted(x)
-            self._build()
+    def _put(self, x: dict) -> None:
+        """Hold one record back once its counts are checked (nothing held on ``ValueError``)."""
         pending = self._pending
         pending.put(x)
         try:
-            self._counts(pending.rows[pending.n - 1:pending.n])
+            self._checked(pending.rows[pending.n - 1:pending.n])
         except ValueError:
             pending.n -= 1                          # not learned
             raise
-        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
-            self._sync()
-
-    def learn_many(self, X) -> None:
-        """Learn from a pandas DataFrame (columns = features; NaN counts 0); same batching, same
-        result as learn_one. The counts are checked before any is learned."""
-        if self._features is None:
-            if not len(X):
-                return
-            self._features = sorted(X.columns)
-            self._build()
-        rows = self._counts(self._pending.frame(X))
-        self._sync()
-        self._learner.learn_many(rows)
 
 
 # ------------------------------------------------------- 1-D Gaussian mixture
-class GaussianMixture1D(_MixtureFace):
+class GaussianMixture1D(_ImputingMixture):
     """Mixture of K 1-D Gaussians with known variance learned online with SVI / SVI+ (a
     ``river.base.Clusterer``).
 
@@ -1070,31 +1096,17 @@ class GaussianMixture1D(_MixtureFace):
         self.seed = seed
         self.annealing = annealing
         KnownVarianceGMM1D(n_components, sigma2=sigma2, prior_mean=prior_mean, prior_var=prior_var)  # checks
-        _check_batch_sizes(batch_size, effective_batch_size)
-        self._annealer = _annealer_of(annealing, batch_size, effective_batch_size)
-        self._features = [feature] if feature is not None else None
-        self._learner = None
-        if self._features is not None:
-            self._build()
+        self._init_learning([feature] if feature is not None else None)
 
     @classmethod
     def _unit_test_params(cls):
-        yield {"n_components": 2, "batch_size": 8, "n_total": 200.0, "seed": 0}
-        yield {"n_components": 3, "batch_size": 16, "effective_batch_size": 4, "sigma2": 0.5, "seed": 1}
-        yield {"n_components": 2, "batch_size": 8, "seed": 2,
-               "annealing": {"kind": "deterministic", "T0": 3.0, "n_steps": 5}}
+        yield from cls._mixture_test_params(sigma2=0.5)
 
-    def _build(self):
+    def _model(self):
         from .models import KnownVarianceGMM1D
 
-        model = KnownVarianceGMM1D(self.n_components, sigma2=self.sigma2, prior_mean=self.prior_mean,
-                                   prior_var=self.prior_var)
-        self._make_learner(SVI(model, n_total=self.n_total,
-                               schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                               effective_batch_size=self.effective_batch_size, short_batches="svi",
-                               annealer=self._annealer), _dense)
-        self._moments = _RunningMoments(1)
-        self._pending = _DictRows(self._features, self.batch_size)
+        return KnownVarianceGMM1D(self.n_components, sigma2=self.sigma2, prior_mean=self.prior_mean,
+                                  prior_var=self.prior_var)
 
     @classmethod
     def from_snapshot(cls, path, feature: str | None = None,
@@ -1112,61 +1124,24 @@ class GaussianMixture1D(_MixtureFace):
         """
         from .models import KnownVarianceGMM1D
 
-        snap, face = _face_snapshot(cls, path, (KnownVarianceGMM1D,), "a 1-D Gaussian mixture")
-        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
-        if feature is None and face is not None:
-            feature = face.get("feature")
-        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 32)
-        est = cls(n_components=p["n_components"], sigma2=p["sigma2"], prior_mean=p["prior_mean"],
-                  prior_var=p["prior_var"], batch_size=batch_size, effective_batch_size=M,
-                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng),
-                  feature="x0" if feature is None else feature)
-        if face is not None and face.get("moments") is not None:
-            est._moments = _RunningMoments.from_json(face["moments"], 1)
-        est._adopt(snap, face)
-        return est
+        def settings(p, face):
+            name = face.get("feature") if feature is None and face is not None else feature
+            return dict(sigma2=p["sigma2"], prior_mean=p["prior_mean"], prior_var=p["prior_var"],
+                        feature="x0" if name is None else name)
+
+        return cls._from_snapshot(path, (KnownVarianceGMM1D,), "a 1-D Gaussian mixture", batch_size, settings)
 
     def _face_state(self) -> dict:
         return {"feature": self._features[0], "moments": self._moments.to_json()}
 
-    # ------------------------------------------------------------ the feature
-    def _sync(self) -> None:
-        """Learn the running mean of the values held back, then hand them (imputed) to the learner."""
-        if self._pending is None or not self._pending.n:
-            return
-        X = self._pending.take()
-        self._learner.learn_many(_impute(X, self._moments.learn(X)[0]))
-
-    def _rows_now(self, X: np.ndarray) -> np.ndarray:
-        """Raw values imputed with the running mean as it is now (for predictions)."""
-        self._sync()
-        return _impute(X, self._moments.current()[0])
-
     # ------------------------------------------------------------- learning
-    def _start(self, keys) -> None:
+    def _start(self, keys) -> bool:
+        """The feature is the first of the sorted keys; no start from a record without any."""
+        if not len(keys):
+            return False
         self._features = [sorted(keys)[0]]
         self._build()
-
-    def learn_one(self, x: dict) -> None:
-        if self._features is None:
-            if not x:
-                return
-            self._start(x)
-        pending = self._pending
-        pending.put(x)
-        if pending.n + len(self._learner.buffer) >= self.batch_size:     # an update is due
-            self._sync()
-
-    def learn_many(self, X) -> None:
-        """Learn from a pandas DataFrame (the ``feature`` column; a missing one is imputed); same
-        batching, same result as learn_one."""
-        if self._features is None:
-            if not len(X) or not len(X.columns):
-                return
-            self._start(X.columns)
-        self._sync()
-        Xr = self._pending.frame(X)
-        self._learner.learn_many(_impute(Xr, self._moments.learn(Xr)[0]))
+        return True
 
 
 # ---------------------------------------------------------------- topic model
@@ -1434,8 +1409,38 @@ class _RatingsFace(_Face, _Ranker):
     pickling that rebuilds the engine, ``flush``, ``rank`` (by ``_predict``'s means) and
     ``recommend`` (the model's top k, leaving out rated items)."""
 
-    def _make_engine(self):
+    def _init_learning(self) -> None:
+        """The end of both faces' ``__init__``: check the batching and the annealing, and make the learner."""
+        if isinstance(self.batch_size, bool):
+            raise ValueError(f"batch_size must be an integer >= 1, got {self.batch_size}")
+        _check_batch_sizes(self.batch_size, self.effective_batch_size)
+        _annealer_of(self.annealing, self.batch_size, self.effective_batch_size)
+        self._make_learner(self._make_engine(), _ratings)
+
+    def _model(self):
+        """The face's model, from its settings."""
         raise NotImplementedError
+
+    def _make_engine(self) -> SVI:
+        """The engine of these settings (a function of the constructor arguments only), or the
+        engine of the snapshot the face started from (:meth:`from_snapshot`), rebuilt from its dicts."""
+        if self._spec is not None:
+            return _engine_of_spec(self._spec)
+        return SVI(self._model(), n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
+                   effective_batch_size=self.effective_batch_size, short_batches="svi",
+                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
+
+    @classmethod
+    def _from_snapshot(cls, path, models: tuple, what: str, batch_size, settings):
+        """The face of a snapshot of one of ``models``: ``settings(model)`` gives the model's own
+        settings, the shared ones come from the engine; then the snapshot's state is adopted."""
+        snap, face = _face_snapshot(cls, path, models, what)
+        eng = snap.engine.to_dict()
+        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 1000)
+        est = cls(**settings(snap.engine.model), batch_size=batch_size, effective_batch_size=M,
+                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng))
+        est._adopt(snap, face)
+        return est
 
     def _predict(self, users, items):
         """(predictive means, a second moment) of the pairs; the face's own."""
@@ -1570,27 +1575,15 @@ class MatrixFactorization(_RatingsFace):
         self.tau0 = tau0
         self.kappa = kappa
         self.annealing = annealing
-        if isinstance(batch_size, bool):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
-        _check_batch_sizes(batch_size, effective_batch_size)
-        _annealer_of(annealing, batch_size, effective_batch_size)
-        self._make_learner(self._make_engine(), _ratings)
+        self._init_learning()
 
-    def _make_engine(self) -> SVI:
-        """The engine of these settings (a function of the constructor arguments only), or the
-        engine of the snapshot the face started from (:meth:`from_snapshot`), rebuilt from its dicts."""
+    def _model(self):
         from .models import PMF
 
-        if self._spec is not None:
-            return _engine_of_spec(self._spec)
-
-        model = PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
-                    biases=self.biases, offset=self.offset, init_scale=self.init_scale,
-                    row_counts=self.row_counts, bias_var=self.bias_var, row_clock=self.row_clock,
-                    sweep=self.sweep)
-        return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                   effective_batch_size=self.effective_batch_size, short_batches="svi",
-                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
+        return PMF(n_factors=self.n_factors, sigma2=self.sigma2, prior_var=self.prior_var,
+                   biases=self.biases, offset=self.offset, init_scale=self.init_scale,
+                   row_counts=self.row_counts, bias_var=self.bias_var, row_clock=self.row_clock,
+                   sweep=self.sweep)
 
     @classmethod
     def _unit_test_params(cls):
@@ -1613,15 +1606,13 @@ class MatrixFactorization(_RatingsFace):
         """
         from .models import PMF
 
-        snap, face = _face_snapshot(cls, path, (PMF,), "a probabilistic matrix factorisation (PMF)")
-        m, eng = snap.engine.model, snap.engine.to_dict()
-        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 1000)
-        est = cls(n_factors=m.n_factors, sigma2=m.sigma2, prior_var=m.prior_var, biases=m.biases,
-                  offset=m.offset, init_scale=m.init_scale, batch_size=batch_size, effective_batch_size=M,
-                  n_total=eng["n_total"], row_counts=m.row_counts, **_schedule_settings(eng),
-                  bias_var=m.bias_var, row_clock=m.row_clock, sweep=m.sweep, annealing=annealing)
-        est._adopt(snap, face)
-        return est
+        def settings(m):
+            return dict(n_factors=m.n_factors, sigma2=m.sigma2, prior_var=m.prior_var, biases=m.biases,
+                        offset=m.offset, init_scale=m.init_scale, row_counts=m.row_counts,
+                        bias_var=m.bias_var, row_clock=m.row_clock, sweep=m.sweep)
+
+        return cls._from_snapshot(path, (PMF,), "a probabilistic matrix factorisation (PMF)", batch_size,
+                                  settings)
 
     def learn_one(self, user, item, y, x=None) -> None:
         self._learner.learn((user, item, float(y)))
@@ -1820,25 +1811,15 @@ class PoissonFactorization(_RatingsFace):
         self.tau0 = tau0
         self.kappa = kappa
         self.annealing = annealing
-        if isinstance(batch_size, bool):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size}")
-        _check_batch_sizes(batch_size, effective_batch_size)
-        _annealer_of(annealing, batch_size, effective_batch_size)
-        self._make_learner(self._make_engine(), _ratings)
+        self._init_learning()
 
     _MODEL_SETTINGS = ("n_factors", "theta_shape", "activity_shape", "activity_mean", "beta_shape",
                        "popularity_shape", "popularity_mean", "init_scale", "row_counts", "remember_rated")
 
-    def _make_engine(self) -> SVI:
-        """The engine of these settings, or of the snapshot the face started from (:meth:`from_snapshot`)."""
+    def _model(self):
         from .models import HPF
 
-        if self._spec is not None:
-            return _engine_of_spec(self._spec)
-        model = HPF(**{k: getattr(self, k) for k in self._MODEL_SETTINGS})
-        return SVI(model, n_total=self.n_total, schedule=RobbinsMonro(tau0=self.tau0, kappa=self.kappa),
-                   effective_batch_size=self.effective_batch_size, short_batches="svi",
-                   annealer=_annealer_of(self.annealing, self.batch_size, self.effective_batch_size))
+        return HPF(**{k: getattr(self, k) for k in self._MODEL_SETTINGS})
 
     @classmethod
     def _unit_test_params(cls):
@@ -1861,13 +1842,11 @@ class PoissonFactorization(_RatingsFace):
         """
         from .models import HPF
 
-        snap, face = _face_snapshot(cls, path, (HPF,), "a Poisson factorisation (HPF)")
-        p, eng = snap.engine.model.get_params(), snap.engine.to_dict()
-        batch_size, M, annealing = _snapshot_batching(snap, face, batch_size, 1000)
-        est = cls(**{k: p[k] for k in cls._MODEL_SETTINGS}, batch_size=batch_size, effective_batch_size=M,
-                  n_total=eng["n_total"], annealing=annealing, **_schedule_settings(eng))
-        est._adopt(snap, face)
-        return est
+        def settings(m):
+            p = m.get_params()
+            return {k: p[k] for k in cls._MODEL_SETTINGS}
+
+        return cls._from_snapshot(path, (HPF,), "a Poisson factorisation (HPF)", batch_size, settings)
 
     def learn_one(self, user, item, y, x=None) -> None:
         """Learn the count ``y`` (a finite number ≥ 0) of ``(user, item)``; ``ValueError`` otherwise,
